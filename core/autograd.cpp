@@ -1,0 +1,157 @@
+#include "core/autograd.h"
+
+#include <unordered_map>
+
+#include "core/ops.h"
+
+namespace roformer {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+
+// The node for a recorded op: the backward closure and what it captured.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : Node(name), fn_(std::move(fn)) {}
+  std::vector<Tensor> backward(const Tensor& grad_output) override { return fn_(grad_output); }
+  void release() override { fn_ = nullptr; }
+
+ private:
+  BackwardFn fn_;
+};
+
+// Adds a gradient into a leaf's .grad (out of place: the incoming tensor may be
+// shared with other consumers).
+void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
+  Tensor grad = g;
+  if (grad.dtype() != leaf.dtype) grad = grad.to(leaf.dtype);
+  if (grad.shape() != leaf.shape)
+    throw Error(detail::concat("autograd: gradient ", grad.desc(), " does not match leaf ",
+                               dtype_name(leaf.dtype), shape_str(leaf.shape)));
+  if (!leaf.grad) {
+    leaf.grad = grad.contiguous().impl_ptr();
+  } else {
+    leaf.grad = add(Tensor(leaf.grad), grad).impl_ptr();
+  }
+}
+}  // namespace
+
+const Tensor& SavedTensor::get() const {
+  if (tensor_.defined() && tensor_.version() != version_)
+    throw Error(
+        detail::concat("autograd: a tensor saved for the backward of '", op_, "' (", tensor_.desc(),
+                       ") was modified in place after it was saved (version ", tensor_.version(),
+                       ", expected ", version_, "); clone it before modifying it"));
+  return tensor_;
+}
+
+bool grad_enabled() {
+  return t_grad_enabled;
+}
+
+NoGradGuard::NoGradGuard() : previous_(t_grad_enabled) {
+  t_grad_enabled = false;
+}
+NoGradGuard::~NoGradGuard() {
+  t_grad_enabled = previous_;
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  return needs_grad(std::vector<const Tensor*>(inputs));
+}
+
+bool needs_grad(const std::vector<const Tensor*>& inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+Tensor record(const char* op, Tensor output, std::initializer_list<const Tensor*> inputs,
+              BackwardFn fn) {
+  return record(op, std::move(output), std::vector<const Tensor*>(inputs), std::move(fn));
+}
+
+Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
+              BackwardFn fn) {
+  if (!needs_grad(inputs)) return output;
+  auto node = std::make_shared<FunctionNode>(op, std::move(fn));
+  for (const Tensor* t : inputs) {
+    Edge edge;
+    if (t && t->defined() && t->requires_grad()) {
+      if (t->grad_fn()) {
+        edge.node = t->grad_fn();
+      } else {
+        edge.leaf = t->impl_ptr();
+      }
+    }
+    node->edges().push_back(std::move(edge));
+  }
+  output.impl().requires_grad = true;
+  output.impl().grad_fn = std::move(node);
+  return output;
+}
+
+void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph) {
+  if (!root.requires_grad())
+    throw Error("backward: " + root.desc() + " does not require grad and has no history");
+  NoGradGuard no_grad;  // gradients themselves are not differentiated
+  if (!root.grad_fn()) {
+    accumulate_into_leaf(root.impl(), grad_root);
+    return;
+  }
+  // Count, for every node reachable from the root, how many edges lead into
+  // it; a node runs once all of its consumers have passed their gradient.
+  std::unordered_map<Node*, int> pending;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  pending[root.grad_fn().get()] = 0;
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& e : node->edges()) {
+      if (!e.node) continue;
+      auto [it, inserted] = pending.try_emplace(e.node.get(), 0);
+      ++it->second;
+      if (inserted) stack.push_back(e.node.get());
+    }
+  }
+  std::unordered_map<Node*, Tensor> grads;
+  grads[root.grad_fn().get()] = grad_root;
+  std::vector<Node*> ready{root.grad_fn().get()};
+  while (!ready.empty()) {
+    Node* node = ready.back();
+    ready.pop_back();
+    if (node->released() && grads.count(node) && grads[node].defined())
+      throw Error(detail::concat("backward: the graph through '", node->name(),
+                                 "' was already freed by an earlier backward; pass "
+                                 "retain_graph=true to the first call to go through it twice"));
+    Tensor g = std::move(grads[node]);
+    grads.erase(node);
+    // A node no gradient reached still releases its inputs' pending counts.
+    std::vector<Tensor> input_grads =
+        g.defined() ? node->backward(g) : std::vector<Tensor>(node->edges().size());
+    if (input_grads.size() != node->edges().size())
+      throw Error(detail::concat("autograd: '", node->name(), "' returned ", input_grads.size(),
+                                 " gradients for ", node->edges().size(), " inputs"));
+    for (size_t i = 0; i < input_grads.size(); ++i) {
+      const Edge& e = node->edges()[i];
+      if (e.leaf && input_grads[i].defined()) accumulate_into_leaf(*e.leaf, input_grads[i]);
+      if (!e.node) continue;
+      if (input_grads[i].defined()) {
+        auto it = grads.find(e.node.get());
+        if (it == grads.end() || !it->second.defined()) {
+          grads[e.node.get()] = input_grads[i];
+        } else {
+          it->second = add(it->second, input_grads[i]);
+        }
+      }
+      if (--pending[e.node.get()] == 0) ready.push_back(e.node.get());
+    }
+    if (!retain_graph) {
+      node->release();
+      node->mark_released();
+    }
+  }
+}
+
+}  // namespace roformer

@@ -1,0 +1,94 @@
+// Define-by-run reverse-mode autograd. A differentiable op that runs while
+// grad mode is on and sees an input that requires grad records one Node: the
+// function that maps the output's gradient to its inputs' gradients, holding
+// only what that needs. backward() walks the nodes in reverse topological
+// order without recursion.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace roformer {
+
+// Where a node sends each input's gradient: another node, or a leaf tensor
+// that accumulates it in .grad, or nowhere (input needs no gradient).
+struct Edge {
+  std::shared_ptr<Node> node;
+  std::shared_ptr<TensorImpl> leaf;
+  bool active() const { return node || leaf; }
+};
+
+class Node {
+ public:
+  explicit Node(std::string name) : name_(std::move(name)) {}
+  virtual ~Node() = default;
+  // Gradients for each input edge given the output's gradient; an undefined
+  // tensor means "no gradient".
+  virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
+  // Frees what was saved for backward (after a backward without retain_graph).
+  virtual void release() = 0;
+  const std::string& name() const { return name_; }
+  std::vector<Edge>& edges() { return edges_; }
+  bool released() const { return released_; }
+  void mark_released() { released_ = true; }
+
+ private:
+  std::string name_;
+  std::vector<Edge> edges_;
+  bool released_ = false;
+};
+
+// A tensor kept for backward, with the version it had when saved: using it
+// after an in-place write is an error rather than a wrong gradient.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, const char* op)
+      : tensor_(t.defined() ? t.detach() : Tensor()),
+        version_(t.defined() ? t.version() : 0),
+        op_(op) {}
+  const Tensor& get() const;
+
+ private:
+  Tensor tensor_;
+  uint64_t version_ = 0;
+  const char* op_ = "";
+};
+
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+// Is grad mode on for this thread?
+bool grad_enabled();
+
+// Turns grad mode off for its scope (evaluation, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// True when recording `op` on these inputs would be needed.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+bool needs_grad(const std::vector<const Tensor*>& inputs);
+
+// Attaches a node computing input gradients with `fn` to `output` if any
+// input requires grad (and grad mode is on). `fn` returns one gradient per
+// input, in order; it is destroyed (freeing what it captured) after backward.
+Tensor record(const char* op, Tensor output, std::initializer_list<const Tensor*> inputs,
+              BackwardFn fn);
+Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
+              BackwardFn fn);
+
+// Runs reverse mode from `root` with `grad_root` as its gradient.
+void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph);
+
+}  // namespace roformer

@@ -1,0 +1,105 @@
+#include "core/cpu/matmul.h"
+
+#include "core/cpu/onednn.h"
+#include "core/cpu/strided_loop.h"
+
+namespace roformer::cpu {
+
+namespace {
+
+struct MatmulPrimitive {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, bias, out;
+};
+
+// oneDNN wants broadcast batch dims as size 1, not stride 0.
+dnnl::memory::desc operand_desc(const Tensor& t) {
+  Shape shape = t.shape(), strides = t.strides();
+  for (int64_t d = 0; d + 2 < t.dim(); ++d)
+    if (strides[d] == 0) shape[d] = 1;
+  return onednn_desc(shape, strides, t.dtype());
+}
+
+void matmul_onednn(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+  const std::string key = "matmul|" + geometry_key(a) + "|" + geometry_key(b) + "|" +
+                          geometry_key(bias) + "|" + geometry_key(out);
+  auto prim = cached_primitive<MatmulPrimitive>(key, [&] {
+    count_primitive_built();
+    MatmulPrimitive p;
+    p.a = operand_desc(a);
+    p.b = operand_desc(b);
+    p.out = onednn_desc(out);
+    if (bias.defined()) {
+      dnnl::memory::dims bias_dims(size_t(out.dim()), 1);
+      bias_dims.back() = out.shape().back();
+      // The bias broadcasts over every dim but the last.
+      dnnl::memory::dims st(bias_dims.size(), out.shape().back());
+      st.back() = 1;
+      p.bias = dnnl::memory::desc(bias_dims, onednn_dtype(bias.dtype()), st);
+    }
+    dnnl::matmul::desc desc = bias.defined() ? dnnl::matmul::desc(p.a, p.b, p.bias, p.out)
+                                             : dnnl::matmul::desc(p.a, p.b, p.out);
+    dnnl::matmul::primitive_desc pd(desc, onednn_engine());
+    p.primitive = dnnl::matmul(pd);
+    return p;
+  });
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn_memory(prim->a, a)},
+                                             {DNNL_ARG_WEIGHTS, onednn_memory(prim->b, b)},
+                                             {DNNL_ARG_DST, onednn_memory(prim->out, out)}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, onednn_memory(prim->bias, bias));
+  prim->primitive.execute(onednn_stream(), args);
+  onednn_stream().wait();
+}
+
+// Reference loop for f64 (oneDNN has no f64 matmul).
+template <class T>
+void matmul_loop(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+  const int64_t nd = out.dim();
+  const int64_t M = out.shape()[nd - 2], N = out.shape()[nd - 1], K = a.shape()[nd - 1];
+  const int64_t batches = out.numel() / std::max<int64_t>(M * N, 1);
+  const T* pa = static_cast<const T*>(a.data());
+  const T* pb = static_cast<const T*>(b.data());
+  const T* pbias = bias.defined() ? static_cast<const T*>(bias.data()) : nullptr;
+  T* po = static_cast<T*>(out.data());
+  const int64_t sam = a.strides()[nd - 2], sak = a.strides()[nd - 1];
+  const int64_t sbk = b.strides()[nd - 2], sbn = b.strides()[nd - 1];
+  const int64_t som = out.strides()[nd - 2], son = out.strides()[nd - 1];
+  parallel_rows(batches * M, N * K, [&](int64_t row) {
+    const int64_t batch = row / M, m = row % M;
+    int64_t oa = 0, ob = 0, oo = 0, rest = batch;
+    for (int64_t d = nd - 3; d >= 0; --d) {
+      const int64_t i = rest % out.shape()[d];
+      rest /= out.shape()[d];
+      oa += i * a.strides()[d];
+      ob += i * b.strides()[d];
+      oo += i * out.strides()[d];
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = pbias ? double(pbias[n * bias.strides().back()]) : 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(pa[oa + m * sam + k * sak]) * double(pb[ob + k * sbk + n * sbn]);
+      po[oo + m * som + n * son] = T(acc);
+    }
+  });
+}
+
+// oneDNN's fast kernels want one unit stride in the matrix dims.
+bool matrix_friendly(const Tensor& t) {
+  const int64_t nd = t.dim();
+  return t.strides()[nd - 1] == 1 || t.strides()[nd - 2] == 1;
+}
+
+}  // namespace
+
+void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& bias, const Tensor& out) {
+  if (out.numel() == 0) return;
+  if (a_in.dtype() == DType::f64) {
+    matmul_loop<double>(a_in, b_in, bias, out);
+    return;
+  }
+  const Tensor a = matrix_friendly(a_in) ? a_in : a_in.contiguous();
+  const Tensor b = matrix_friendly(b_in) ? b_in : b_in.contiguous();
+  matmul_onednn(a, b, bias, out);
+}
+
+}  // namespace roformer::cpu

@@ -1,0 +1,131 @@
+// The differentiable ops. Each is one autograd node with a hand-written
+// backward; forward and backward live side by side in core/ops/<family>.cpp,
+// CPU kernels in core/cpu/. Shapes broadcast as in NumPy where noted.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/tensor.h"
+
+namespace roformer {
+
+// --- elementwise, broadcasting (core/ops/binary.cpp) -------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor sub(const Tensor& a, double s);   // a - s
+Tensor rsub(const Tensor& a, double s);  // s - a
+Tensor mul(const Tensor& a, double s);
+Tensor div(const Tensor& a, double s);  // a / s
+
+// --- elementwise unary (core/ops/unary.cpp) ------------------------------------
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor pow(const Tensor& a, double exponent);
+Tensor gelu(const Tensor& a);          // erf form, oneDNN eltwise_gelu_erf
+Tensor elu_plus_one(const Tensor& a);  // elu(x) + 1: linear attention's feature map
+
+// --- reductions (core/ops/reduce.cpp) ------------------------------------------
+Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
+Tensor sum(const Tensor& a);  // all elements
+Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepdim = false);
+Tensor mean(const Tensor& a);
+// Maximum along dim: (values, indices as i64). Gradient flows to the argmax.
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
+// Sums `a` down to `shape` (the inverse of broadcasting), as broadcasting ops'
+// backward needs.
+Tensor sum_to(const Tensor& a, const Shape& shape);
+
+// --- matrix products on oneDNN (core/ops/matmul.cpp) ---------------------------
+// [..., M, K] x [..., K, N] with broadcast batch dims; transposed views are
+// passed to oneDNN as strides, never copied.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., in] * weight[out, in]^T + bias[out] (bias may be undefined).
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// --- normalisation and probabilities (core/ops/softmax.cpp, layer_norm.cpp) ---
+Tensor softmax(const Tensor& x);      // over the last dim
+Tensor log_softmax(const Tensor& x);  // over the last dim
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+
+// --- training-specific (core/ops/*.cpp) -----------------------------------------
+// Zeroes each element with probability p (Philox keyed by (seed, offset, index))
+// and scales the rest by 1/(1-p). Identity when !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// weight[ids]: ids (i32/i64) of any shape -> [..., dim]. Backward scatter-adds
+// rows in a fixed order (deterministic).
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+// Mean negative log-likelihood of targets under softmax(logits) over rows whose
+// target != ignore_index. logits [N, C], targets [N] (i32/i64). Log-softmax is
+// fused: only the row statistics are kept for backward.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+enum class RopeLayout { interleaved, half };
+// Rotary position embedding (paper eq. 34) of x [..., S, D] at positions [S]
+// (i32/i64): pairs (x[2i], x[2i+1]) (interleaved) or (x[i], x[i+D/2]) (half)
+// rotated by m * base^(-2i/D). D must be even.
+Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
+            RopeLayout layout = RopeLayout::interleaved);
+
+// --- structure (core/ops/structure.cpp) -----------------------------------------
+Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+// cond ? a : b with broadcasting; cond is any dtype (nonzero = true).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+Tensor cast(const Tensor& x, DType dtype);
+// Rows of x [N, ...] at indices [M] -> [M, ...]; backward scatter-adds.
+Tensor index_select(const Tensor& x, const Tensor& indices);
+
+// --- operators ------------------------------------------------------------------
+inline Tensor operator+(const Tensor& a, const Tensor& b) {
+  return add(a, b);
+}
+inline Tensor operator-(const Tensor& a, const Tensor& b) {
+  return sub(a, b);
+}
+inline Tensor operator*(const Tensor& a, const Tensor& b) {
+  return mul(a, b);
+}
+inline Tensor operator/(const Tensor& a, const Tensor& b) {
+  return div(a, b);
+}
+inline Tensor operator+(const Tensor& a, double s) {
+  return add(a, s);
+}
+inline Tensor operator-(const Tensor& a, double s) {
+  return sub(a, s);
+}
+inline Tensor operator*(const Tensor& a, double s) {
+  return mul(a, s);
+}
+inline Tensor operator/(const Tensor& a, double s) {
+  return div(a, s);
+}
+inline Tensor operator*(double s, const Tensor& a) {
+  return mul(a, s);
+}
+inline Tensor operator-(const Tensor& a) {
+  return neg(a);
+}
+
+// Broadcast shape of a and b; throws naming `op` and both shapes.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+
+// Throws unless every defined tensor lives on a device that has a kernel for
+// `op` and all share one device; returns that device.
+Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors);
+// Lets a backend declare that it has a kernel for `op` on `type`.
+void register_kernel(const char* op, DeviceType type);
+
+}  // namespace roformer

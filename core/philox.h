@@ -1,0 +1,97 @@
+// Philox4x32-10: a counter-based random generator (Salmon et al., SC'11).
+// A value is a pure function of (key, counter), so the numbers a tensor, a
+// dropout mask or an MLM mask receives do not depend on thread count, batch
+// layout or device, and a resumed run can draw the same numbers again.
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+namespace roformer {
+
+using PhiloxCounter = std::array<uint32_t, 4>;
+using PhiloxKey = std::array<uint32_t, 2>;
+
+inline PhiloxCounter philox4x32(PhiloxCounter ctr, PhiloxKey key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(kM0) * ctr[0];
+    const uint64_t p1 = uint64_t(kM1) * ctr[2];
+    ctr = {uint32_t(p1 >> 32) ^ ctr[1] ^ key[0], uint32_t(p1), uint32_t(p0 >> 32) ^ ctr[3] ^ key[1],
+           uint32_t(p0)};
+    key[0] += kW0;
+    key[1] += kW1;
+  }
+  return ctr;
+}
+
+// Maps 32 random bits to a float in [0, 1) (24 bits of mantissa).
+inline float uniform_from_bits(uint32_t bits) {
+  return float(bits >> 8) * (1.0f / 16777216.0f);
+}
+
+// Maps 32 random bits to a double in (0, 1], safe for log().
+inline double open_uniform_from_bits(uint32_t bits) {
+  return (double(bits) + 1.0) / 4294967296.0;
+}
+
+// A stream of random numbers for one (seed, subsequence): the key is the seed,
+// the counter is (block index, subsequence). Draws are sequential within the
+// stream; different subsequences (e.g. one per example, per layer, per epoch)
+// are independent.
+class PhiloxStream {
+ public:
+  PhiloxStream(uint64_t seed, uint64_t subsequence, uint64_t block = 0)
+      : key_{uint32_t(seed), uint32_t(seed >> 32)}, subsequence_(subsequence), block_(block) {}
+
+  uint32_t next_u32() {
+    if (index_ == 4) {
+      buffer_ = philox4x32({uint32_t(block_), uint32_t(block_ >> 32), uint32_t(subsequence_),
+                            uint32_t(subsequence_ >> 32)},
+                           key_);
+      ++block_;
+      index_ = 0;
+    }
+    return buffer_[index_++];
+  }
+  float next_uniform() { return uniform_from_bits(next_u32()); }
+  // Uniform integer in [0, n) (n > 0), by rejection so there is no modulo bias.
+  uint32_t next_below(uint32_t n) {
+    const uint32_t limit = uint32_t(-n) % n;  // 2^32 mod n
+    for (;;) {
+      const uint64_t product = uint64_t(next_u32()) * n;
+      if (uint32_t(product) >= limit) return uint32_t(product >> 32);
+    }
+  }
+  double next_normal() {
+    const double u1 = open_uniform_from_bits(next_u32());
+    const double u2 = open_uniform_from_bits(next_u32());
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  PhiloxKey key_;
+  uint64_t subsequence_;
+  uint64_t block_;
+  PhiloxCounter buffer_{};
+  int index_ = 4;
+};
+
+// Mixes several integers into one 64-bit subsequence id (splitmix64 finaliser),
+// e.g. subsequence_of(epoch, example_index) for MLM masking.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+template <class... Ints>
+uint64_t subsequence_of(uint64_t first, Ints... rest) {
+  uint64_t h = mix64(first);
+  ((h = mix64(h ^ uint64_t(rest))), ...);
+  return h;
+}
+
+}  // namespace roformer
