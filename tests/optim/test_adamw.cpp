@@ -1,0 +1,146 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/ops.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+
+namespace roformer::optim {
+namespace {
+
+TEST(AdamW, OneStepMatchesTheFormulaWorkedByHand) {
+  Tensor w = Tensor::from_vector<float>({1.0f, -2.0f}, {2});
+  Tensor b = Tensor::from_vector<float>({0.5f}, {1});
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  w.set_grad(Tensor::from_vector<float>({0.1f, -0.3f}, {2}));
+  b.set_grad(Tensor::from_vector<float>({2.0f}, {1}));
+  AdamW opt({{"layer.weight", w, true}, {"layer.bias", b, false}}, {0.9, 0.999, 1e-8, 0.1});
+  opt.step(0.01);
+  // Step 1: m = 0.1 g, v = 0.001 g^2, m_hat = g, v_hat = g^2, update = lr * g/(|g| + eps).
+  auto expected = [](double p, double g, double decay) {
+    p *= 1.0 - 0.01 * decay;
+    const double m = 0.1 * g, v = 0.001 * g * g;
+    return p - (0.01 / 0.1) * m / (std::sqrt(v) / std::sqrt(0.001) + 1e-8);
+  };
+  const auto wv = w.to_vector<float>();
+  EXPECT_NEAR(wv[0], expected(1.0, 0.1, 0.1), 1e-6);
+  EXPECT_NEAR(wv[1], expected(-2.0, -0.3, 0.1), 1e-6);
+  EXPECT_NEAR(b.to_vector<float>()[0], expected(0.5, 2.0, 0.0), 1e-6);
+  EXPECT_EQ(opt.step_count(), 1);
+}
+
+TEST(AdamW, TenStepsMatchTorchOptimAdamW) {
+  std::ifstream in(std::string(ROFORMER_FIXTURES_DIR) + "/adamw_golden.json");
+  ASSERT_TRUE(in) << "missing fixture adamw_golden.json";
+  const auto golden = nlohmann::json::parse(in);
+  std::vector<NamedParameter> params;
+  for (auto& [name, shape_json] : golden["shapes"].items()) {
+    const Shape shape = shape_json.get<Shape>();
+    Tensor t = Tensor::from_vector<float>(golden["initial"][name].get<std::vector<float>>(), shape);
+    t.set_requires_grad(true);
+    params.push_back({name, t, decays_by_default(name)});
+  }
+  ASSERT_FALSE(params[0].name.empty());
+  for (const auto& p : params) {
+    const bool listed_no_decay = std::find(golden["no_decay"].begin(), golden["no_decay"].end(),
+                                           p.name) != golden["no_decay"].end();
+    EXPECT_EQ(p.decay, !listed_no_decay) << p.name;
+  }
+  AdamW opt(params,
+            {golden["betas"][0], golden["betas"][1], golden["eps"], golden["weight_decay"]});
+  for (const auto& step_grads : golden["grads"]) {
+    for (auto& p : params)
+      p.tensor.set_grad(Tensor::from_vector<float>(step_grads[p.name].get<std::vector<float>>(),
+                                                   p.tensor.shape()));
+    opt.step(golden["lr"]);
+  }
+  for (const auto& p : params) {
+    const auto got = p.tensor.to_vector<float>();
+    const auto want = golden["final"][p.name].get<std::vector<float>>();
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-6 * (1 + std::abs(want[i]))) << p.name << "[" << i << "]";
+  }
+  // The moments match too (flat buffers in parameter order).
+  const auto m = opt.exp_avg().to_vector<float>();
+  size_t offset = 0;
+  for (const auto& p : params) {
+    const auto want = golden["exp_avg"][p.name].get<std::vector<float>>();
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(m[offset + i], want[i], 1e-6 * (1 + std::abs(want[i])));
+    offset += want.size();
+  }
+}
+
+TEST(AdamW, SkipsParametersWithoutGradientsAndRejectsNonF32) {
+  Tensor a = Tensor::ones({3});
+  a.set_requires_grad(true);
+  AdamW opt({{"a.weight", a, true}}, {});
+  opt.step(0.1);
+  EXPECT_EQ(a.to_vector<float>(), std::vector<float>(3, 1.0f));
+  Tensor d = Tensor::ones({3}, DType::f64);
+  EXPECT_THROW(AdamW({{"d", d, true}}, {}), Error);
+}
+
+TEST(AdamW, DecayDefaults) {
+  EXPECT_TRUE(decays_by_default("roformer.encoder.layer.0.attention.self.query.weight"));
+  EXPECT_FALSE(decays_by_default("roformer.encoder.layer.0.attention.self.query.bias"));
+  EXPECT_FALSE(decays_by_default("roformer.embeddings.LayerNorm.weight"));
+  EXPECT_FALSE(decays_by_default("cls.predictions.bias"));
+}
+
+TEST(Clipping, GlobalNormAndScale) {
+  Tensor a = Tensor::ones({4}), b = Tensor::ones({1});
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  a.set_grad(Tensor::full({4}, 3.0));
+  b.set_grad(Tensor::full({1}, 6.0));
+  const std::vector<NamedParameter> params{{"a", a, true}, {"b", b, true}};
+  const double norm = global_grad_norm(params);
+  EXPECT_NEAR(norm, std::sqrt(4 * 9.0 + 36.0), 1e-12);
+  EXPECT_NEAR(clip_scale(norm, 1.0), 1.0 / (norm + 1e-6), 1e-12);
+  EXPECT_EQ(clip_scale(norm, 100.0), 1.0);
+  EXPECT_EQ(clip_scale(norm, 0.0), 1.0);
+  // Clipping folded into the step: a huge gradient moves a parameter no more
+  // than a unit one would at step 1 (Adam normalises), but the moments differ.
+  AdamW opt(params, {0.9, 0.999, 1e-8, 0.0});
+  opt.step(0.1, clip_scale(norm, 1.0));
+  EXPECT_NEAR(opt.exp_avg().to_vector<float>()[0], 0.1 * 3.0 / (norm + 1e-6), 1e-6);
+  b.set_grad(Tensor::full({1}, std::nan("")));
+  EXPECT_TRUE(std::isnan(global_grad_norm(params)));
+}
+
+TEST(LrSchedule, WarmupThenLinearDecayAcrossStages) {
+  LrSchedule s(DecayKind::linear, 1e-3, 10, 0.0, {{50, {}, {}}, {50, {}, {}}});
+  EXPECT_EQ(s.total_steps(), 100);
+  EXPECT_NEAR(s.at(0), 1e-4, 1e-12);
+  EXPECT_NEAR(s.at(9), 1e-3, 1e-12);
+  EXPECT_NEAR(s.at(10), 1e-3, 1e-12);
+  EXPECT_NEAR(s.at(55), 1e-3 * (1 - 45.0 / 90.0), 1e-12);  // decay spans stages
+  EXPECT_NEAR(s.at(100), 0.0, 1e-12);
+}
+
+TEST(LrSchedule, CosineConstantMinRatio) {
+  LrSchedule cosine(DecayKind::cosine, 2.0, 0, 0.1, {{100, {}, {}}});
+  EXPECT_NEAR(cosine.at(0), 2.0, 1e-12);
+  EXPECT_NEAR(cosine.at(50), 2.0 * (0.1 + 0.9 * 0.5), 1e-12);
+  EXPECT_NEAR(cosine.at(100), 0.2, 1e-12);
+  LrSchedule constant(DecayKind::constant, 0.5, 4, 0.0, {{100, {}, {}}});
+  EXPECT_NEAR(constant.at(1), 0.25, 1e-12);
+  EXPECT_NEAR(constant.at(99), 0.5, 1e-12);
+  EXPECT_THROW(parse_decay_kind("exponential"), InputError);
+}
+
+TEST(LrSchedule, PerStagePeakAndReWarmup) {
+  LrSchedule s(DecayKind::constant, 1.0, 0, 0.0, {{10, {}, {}}, {10, 0.5, 5}});
+  EXPECT_NEAR(s.at(9), 1.0, 1e-12);
+  EXPECT_NEAR(s.at(10), 0.5 * 1.0 / 5.0, 1e-12);  // stage 2 ramps up again
+  EXPECT_NEAR(s.at(14), 0.5, 1e-12);
+  EXPECT_NEAR(s.at(19), 0.5, 1e-12);
+}
+
+}  // namespace
+}  // namespace roformer::optim
