@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "core/ops.h"
+#include "core/profile.h"
 
 namespace roformer {
 
@@ -29,12 +30,34 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
     throw Error(detail::concat("autograd: gradient ", grad.desc(), " does not match leaf ",
                                dtype_name(leaf.dtype), shape_str(leaf.shape)));
   if (!leaf.grad) {
-    leaf.grad = grad.contiguous().impl_ptr();
+    // Keep the tensor only if nothing else can see it: add passes one gradient
+    // to both inputs, and a root gradient is the caller's. .grad is written in
+    // place later (clipping, zeroing), so shared storage would leak across.
+    const bool exclusive = grad.is_contiguous() && grad.impl().storage.use_count() == 1 &&
+                           grad.impl_ptr().use_count() <= 2;  // `g`'s owner and `grad`
+    leaf.grad = (exclusive ? grad : grad.clone()).impl_ptr();
   } else {
     leaf.grad = add(Tensor(leaf.grad), grad).impl_ptr();
   }
 }
 }  // namespace
+
+Node::~Node() {
+  // A chain of N nodes would otherwise be freed by N nested destructor calls
+  // and overflow the stack: detach the inputs this node solely owns and free
+  // them one at a time, each after its own sole-owned inputs were detached.
+  std::vector<std::shared_ptr<Node>> orphans;
+  auto detach_inputs = [&orphans](Node& n) {
+    for (Edge& e : n.edges_)
+      if (e.node && e.node.use_count() == 1) orphans.push_back(std::move(e.node));
+  };
+  detach_inputs(*this);
+  while (!orphans.empty()) {
+    std::shared_ptr<Node> n = std::move(orphans.back());
+    orphans.pop_back();
+    detach_inputs(*n);
+  }
+}
 
 const Tensor& SavedTensor::get() const {
   if (tensor_.defined() && tensor_.version() != version_)
@@ -128,8 +151,11 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
     Tensor g = std::move(grads[node]);
     grads.erase(node);
     // A node no gradient reached still releases its inputs' pending counts.
-    std::vector<Tensor> input_grads =
-        g.defined() ? node->backward(g) : std::vector<Tensor>(node->edges().size());
+    std::vector<Tensor> input_grads(node->edges().size());
+    if (g.defined()) {
+      ProfileScope profile(node->name().c_str(), /*backward=*/true);  // ROFORMER_PROFILE=1
+      input_grads = node->backward(g);
+    }
     if (input_grads.size() != node->edges().size())
       throw Error(detail::concat("autograd: '", node->name(), "' returned ", input_grads.size(),
                                  " gradients for ", node->edges().size(), " inputs"));

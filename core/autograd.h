@@ -25,7 +25,8 @@ struct Edge {
 class Node {
  public:
   explicit Node(std::string name) : name_(std::move(name)) {}
-  virtual ~Node() = default;
+  // Frees the nodes only this one owns without recursion (deep graphs).
+  virtual ~Node();
   // Gradients for each input edge given the output's gradient; an undefined
   // tensor means "no gradient".
   virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/rope_layout.h"
 #include "core/tensor.h"
 
 namespace roformer {
@@ -69,12 +70,23 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 // fused: only the row statistics are kept for backward.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
-enum class RopeLayout { interleaved, half };
 // Rotary position embedding (paper eq. 34) of x [..., S, D] at positions [S]
 // (i32/i64): pairs (x[2i], x[2i+1]) (interleaved) or (x[i], x[i+D/2]) (half)
 // rotated by m * base^(-2i/D). D must be even.
 Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
             RopeLayout layout = RopeLayout::interleaved);
+
+// Softmax attention as one node (core/ops/attention.cpp): per (batch, head)
+// softmax(q k^T * scale, keys with key_padding_mask == 0 excluded), dropout p
+// on the probabilities when training (Philox keyed by gen's seed, offset and
+// element index), times v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv]
+// (strided views are fine), key_padding_mask [B, Sk] (nonzero = keep) or
+// undefined. Returns [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] in memory, so
+// out.transpose(1, 2).reshape({B, Sq, H * Dv}) is a free view. Backward keeps
+// only the row log-sum-exp (and dropout keep bits) and recomputes the
+// probabilities. f32 (oneDNN) and f64 (loops).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                 double dropout_p, bool training, Generator& gen, double scale);
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

@@ -38,7 +38,8 @@ Shape contiguous_strides(const Shape& shape) {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t wrapped = dim < 0 ? dim + ndim : dim;
-  if (wrapped < 0 || wrapped >= std::max<int64_t>(ndim, 1))
+  // A 0-d tensor has no dimension to name: every caller indexes shape()[dim].
+  if (wrapped < 0 || wrapped >= ndim)
     throw Error(detail::concat(op, ": dimension ", dim, " out of range for a tensor with ", ndim,
                                " dimensions"));
   return wrapped;
@@ -163,6 +164,7 @@ int64_t Tensor::stride(int64_t d) const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to be out of place
   int64_t expected = 1;
   for (int64_t d = dim() - 1; d >= 0; --d) {
     if (shape()[d] == 1) continue;
@@ -274,7 +276,8 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op, const Tensor& t) {
     }
   }
   if (infer_at >= 0 && known > 0 && numel % known == 0) shape[infer_at] = numel / known;
-  if (shape_numel(shape) != numel)
+  // An unresolved -1 (other dims multiply to 0) must not survive as a size.
+  if ((infer_at >= 0 && shape[infer_at] == -1) || shape_numel(shape) != numel)
     throw Error(detail::concat(op, ": shape ", shape_str(shape), " is invalid for ", t.desc(), " (",
                                numel, " elements)"));
   return shape;

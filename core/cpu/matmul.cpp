@@ -1,5 +1,6 @@
 #include "core/cpu/matmul.h"
 
+#include "core/cpu/copy.h"
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
 
@@ -12,11 +13,20 @@ struct MatmulPrimitive {
   dnnl::memory::desc a, b, bias, out;
 };
 
-// oneDNN wants broadcast batch dims as size 1, not stride 0.
+// oneDNN wants broadcast batch dims as size 1, not stride 0. A size-1 dim's
+// stride never moves the address, but oneDNN 2.6 matches it against its
+// kernels' layouts: stride 0 there reads as an odd layout ("bca") and falls
+// back to the reference kernel (~500x slower), so give it a plain outer stride.
 dnnl::memory::desc operand_desc(const Tensor& t) {
   Shape shape = t.shape(), strides = t.strides();
   for (int64_t d = 0; d + 2 < t.dim(); ++d)
     if (strides[d] == 0) shape[d] = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (shape[d] != 1) continue;
+    int64_t outer = 1;
+    for (int64_t e = d + 1; e < t.dim(); ++e) outer = std::max(outer, strides[e] * shape[e]);
+    strides[d] = outer;
+  }
   return onednn_desc(shape, strides, t.dtype());
 }
 
@@ -93,6 +103,16 @@ bool matrix_friendly(const Tensor& t) {
 
 void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& bias, const Tensor& out) {
   if (out.numel() == 0) return;
+  if (a_in.shape().back() == 0) {  // empty sums; oneDNN would divide by K = 0 (SIGFPE)
+    if (bias.defined()) {
+      Shape strides(out.shape().size(), 0);
+      strides.back() = bias.strides().back();
+      copy_strided(make_view(bias, out.shape(), strides, bias.offset()), out);
+    } else {
+      fill(out, 0.0);
+    }
+    return;
+  }
   if (a_in.dtype() == DType::f64) {
     matmul_loop<double>(a_in, b_in, bias, out);
     return;

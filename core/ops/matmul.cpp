@@ -54,6 +54,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     throw Error(detail::concat("linear: input ", x.desc(), " does not match weight ", weight.desc(),
                                " (expected input [..., ", weight.shape().back(),
                                "], weight [out, in])"));
+  if (x.dtype() != weight.dtype() || (bias.defined() && bias.dtype() != weight.dtype()))
+    throw Error(detail::concat("linear: dtype mismatch, input ", x.desc(), ", weight ",
+                               weight.desc(), ", bias ", bias.desc()));
   if (bias.defined() && (bias.dim() != 1 || bias.shape()[0] != weight.shape()[0]))
     throw Error(
         detail::concat("linear: bias ", bias.desc(), " does not match weight ", weight.desc()));

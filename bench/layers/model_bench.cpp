@@ -1,0 +1,189 @@
+// Model step on the CPU: forward + backward (no optimizer) of RoFormer MLM at
+// two sizes, side by side with the same model in PyTorch
+// (bench/layers/model_bench_torch.py, run with /usr/bin/python3), same
+// threads and batch. PyTorch runs twice: logits at every position (as Hugging
+// Face does) and only at the masked rows (the optimised peer).
+//
+//   model_bench [--size small|large|both] [--steps N] [--warmup N]
+//               [--no-torch] [--profile] [--threads N]
+// ROFORMER_PROFILE=1 (or --profile) prints our per-op time breakdown.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/profile.h"
+#include "layers/roformer.h"
+
+namespace {
+
+using roformer::Generator;
+using roformer::Tensor;
+
+struct Size {
+  const char* name;
+  int64_t layers, hidden, heads, seq, batch;
+};
+constexpr Size kSizes[] = {{"small", 4, 256, 4, 128, 32}, {"large", 6, 512, 8, 512, 8}};
+constexpr int64_t kVocab = 30522;
+constexpr double kMaskProb = 0.15;
+
+struct Options {
+  std::string size = "both";
+  int steps = 3, warmup = 1, threads = 0;
+  bool torch = true, profile = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Our step: returns the median step time in seconds.
+double run_ours(const Size& s, const Options& opt, std::string& profile) {
+  roformer::ModelConfig c;
+  c.vocab_size = kVocab;
+  c.hidden_size = s.hidden;
+  c.num_hidden_layers = s.layers;
+  c.num_attention_heads = s.heads;
+  c.intermediate_size = 4 * s.hidden;
+  c.max_position_embeddings = std::max<int64_t>(512, s.seq);
+  roformer::RoFormerForMaskedLM model(c, 1);
+
+  const int64_t B = s.batch, S = s.seq, N = B * S;
+  Generator data{42, 0};
+  std::vector<int32_t> ids(static_cast<size_t>(N)), types(static_cast<size_t>(N));
+  std::vector<int32_t> labels(static_cast<size_t>(N), -100);
+  const auto u = Tensor::rand({N, 3}, data, roformer::DType::f64).to_vector<double>();
+  for (int64_t i = 0; i < N; ++i) {
+    ids[size_t(i)] = int32_t(1 + int64_t(u[size_t(3 * i)] * double(kVocab - 1)));
+    types[size_t(i)] = (i % S) >= S / 2;
+  }
+  // Exactly round(15%) labelled rows, picked by a Philox shuffle.
+  std::vector<int64_t> order(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(),
+            [&](int64_t a, int64_t b) { return u[size_t(3 * a + 1)] < u[size_t(3 * b + 1)]; });
+  const int64_t masked = std::max<int64_t>(1, int64_t(kMaskProb * double(N) + 0.5));
+  for (int64_t i = 0; i < masked; ++i)
+    labels[size_t(order[size_t(i)])] =
+        int32_t(1 + int64_t(u[size_t(3 * order[size_t(i)] + 2)] * double(kVocab - 1)));
+  const Tensor t_ids = Tensor::from_vector(ids, {B, S});
+  const Tensor t_types = Tensor::from_vector(types, {B, S});
+  const Tensor t_mask = Tensor::ones({B, S}, roformer::DType::i32);
+  const Tensor t_labels = Tensor::from_vector(labels, {B, S});
+
+  Generator dropout{7, 0};
+  std::vector<double> times;
+  for (int step = 0; step < opt.warmup + opt.steps; ++step) {
+    const bool timed = step >= opt.warmup;
+    if (timed && opt.profile) roformer::set_profiling(true);
+    const auto start = std::chrono::steady_clock::now();
+    {
+      const roformer::MlmOutput out =
+          model.forward_mlm(t_ids, t_types, t_mask, t_labels, true, dropout);
+      out.loss.backward();
+    }
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    roformer::set_profiling(false);
+    model.zero_grad();
+    if (timed) times.push_back(elapsed);
+  }
+  if (opt.profile) {
+    profile = roformer::profile_report();
+    roformer::profile_reset();
+  }
+  return median(times);
+}
+
+// Runs the PyTorch peer; returns its median step time (0 on failure).
+double run_torch(const Size& s, const Options& opt, const char* mode) {
+  const std::string cmd = std::string("/usr/bin/python3 ") + ROFORMER_SOURCE_DIR +
+                          "/bench/layers/model_bench_torch.py --layers " +
+                          std::to_string(s.layers) + " --hidden " + std::to_string(s.hidden) +
+                          " --heads " + std::to_string(s.heads) + " --seq " +
+                          std::to_string(s.seq) + " --batch " + std::to_string(s.batch) +
+                          " --vocab " + std::to_string(kVocab) + " --steps " +
+                          std::to_string(opt.steps) + " --warmup " + std::to_string(opt.warmup) +
+                          " --threads " + std::to_string(opt.threads) + " --mode " + mode + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return 0.0;
+  std::string output;
+  char buf[4096];
+  while (fgets(buf, sizeof buf, pipe)) output += buf;
+  const int status = pclose(pipe);
+  const size_t at = output.rfind("\"step_s\": ");
+  if (status != 0 || at == std::string::npos) {
+    std::fprintf(stderr, "PyTorch peer (%s) failed:\n%s\n", mode, output.c_str());
+    return 0.0;
+  }
+  return std::atof(output.c_str() + at + 10);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  opt.profile = roformer::profiling_enabled();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--size") {
+      opt.size = value();
+    } else if (a == "--steps") {
+      opt.steps = std::atoi(value().c_str());
+    } else if (a == "--warmup") {
+      opt.warmup = std::atoi(value().c_str());
+    } else if (a == "--threads") {
+      opt.threads = std::atoi(value().c_str());
+    } else if (a == "--no-torch") {
+      opt.torch = false;
+    } else if (a == "--profile") {
+      opt.profile = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: model_bench [--size small|large|both] [--steps N] [--warmup N] "
+                   "[--threads N] [--no-torch] [--profile]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (opt.threads > 0) omp_set_num_threads(opt.threads);
+  opt.threads = omp_get_max_threads();
+  std::printf(
+      "RoFormer MLM step (forward + backward, no optimizer), vocab %lld, %.0f%% rows "
+      "masked, dropout 0.1, %d threads, median of %d steps\n",
+      (long long)kVocab, kMaskProb * 100, opt.threads, opt.steps);
+  std::printf("%-6s %-22s %12s %12s %12s %12s %12s\n", "size", "shape", "ours tok/s", "torch full",
+              "torch masked", "vs full", "vs masked");
+  for (const Size& s : kSizes) {
+    if (opt.size != "both" && opt.size != s.name) continue;
+    std::string profile;
+    const double ours = run_ours(s, opt, profile);
+    const double full = opt.torch ? run_torch(s, opt, "full") : 0.0;
+    const double masked = opt.torch ? run_torch(s, opt, "masked") : 0.0;
+    const double tokens = double(s.batch * s.seq);
+    char shape[64];
+    std::snprintf(shape, sizeof shape, "%lldx%lld s%lld b%lld", (long long)s.layers,
+                  (long long)s.hidden, (long long)s.seq, (long long)s.batch);
+    auto rate = [&](double t) { return t > 0 ? tokens / t : 0.0; };
+    std::printf("%-6s %-22s %12.0f %12.0f %12.0f %11.2fx %11.2fx\n", s.name, shape, rate(ours),
+                rate(full), rate(masked), full > 0 ? full / ours : 0.0,
+                masked > 0 ? masked / ours : 0.0);
+    std::fflush(stdout);
+    if (!profile.empty())
+      std::printf("\nper-op time of our step (%s):\n%s\n", s.name, profile.c_str());
+  }
+  return 0;
+}

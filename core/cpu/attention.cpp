@@ -1,0 +1,550 @@
+// The row loops compare and clamp floats; without trapping-math semantics
+// (nothing here reads floating-point exception flags) GCC if-converts and
+// vectorises them. Values are unchanged: no reassociation is allowed.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
+#include "core/cpu/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cpu/onednn.h"
+#include "core/philox.h"
+
+namespace roformer::cpu {
+
+namespace {
+
+// --- per-head GEMMs on oneDNN ---------------------------------------------------------
+//
+// Every (batch, head) has the same geometry, so one primitive per product
+// serves all heads; threads run it on their own heads concurrently, each with
+// its own stream and scratchpad (oneDNN's shared library scratchpad is not
+// safe for concurrent execution). Inside the parallel region oneDNN runs
+// single-threaded: a head's products do not depend on the thread count.
+
+struct HeadGemm {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c, scratchpad;
+};
+
+// 2-D f32 operand: rows x cols with the given strides (one of them 1).
+dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
+  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::f32, {row_stride, col_stride});
+}
+
+struct Matrix {
+  int64_t rows, cols, row_stride, col_stride;
+  dnnl::memory::desc desc() const { return matrix_desc(rows, cols, row_stride, col_stride); }
+  std::string key() const {
+    return std::to_string(rows) + "x" + std::to_string(cols) + "/" + std::to_string(row_stride) +
+           "," + std::to_string(col_stride);
+  }
+  Matrix t() const { return {cols, rows, col_stride, row_stride}; }
+};
+
+// c = a x b, all f32.
+std::shared_ptr<HeadGemm> head_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
+  const std::string key = "attn_head_gemm|" + a.key() + "|" + b.key() + "|" + c.key();
+  return cached_primitive<HeadGemm>(key, [&] {
+    count_primitive_built();
+    HeadGemm g;
+    g.a = a.desc();
+    g.b = b.desc();
+    g.c = c.desc();
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a, g.b, g.c), attr, onednn_engine());
+    g.scratchpad = pd.scratchpad_desc();
+    g.primitive = dnnl::matmul(pd);
+    return g;
+  });
+}
+
+// Per-thread execution state: a stream and a scratchpad buffer.
+struct ThreadGemmState {
+  dnnl::stream stream{onednn_engine()};
+  std::vector<char> scratchpad;
+};
+
+void run(const HeadGemm& g, const float* a, const float* b, float* c) {
+  thread_local ThreadGemmState state;
+  const size_t need = g.scratchpad.get_size();
+  if (state.scratchpad.size() < need) state.scratchpad.resize(need);
+  dnnl::engine& eng = onednn_engine();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(g.a, eng, const_cast<float*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(g.b, eng, const_cast<float*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(g.c, eng, c)}};
+  if (need)
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(g.scratchpad, eng, state.scratchpad.data()));
+  g.primitive.execute(state.stream, args);
+  state.stream.wait();
+}
+
+// --- elementwise helpers ---------------------------------------------------------
+
+// exp for f32 in a form the compiler vectorises (Cephes expf: range reduction
+// to [-ln2/2, ln2/2] and a degree-6 polynomial; about 1 ulp). Inputs are
+// clamped to [-87, 88]; callers zero masked entries separately. n = floor(.)
+// by truncating a positive value: floorf itself does not vectorise.
+[[gnu::always_inline]] inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const int32_t n = int32_t(x * 1.44269504088896341f + 128.5f) - 128;
+  const float fn = float(n);
+  const float r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((n + 127) << 23);
+}
+
+// Philox4x32-10 on 16 consecutive counter blocks at once (lanes are
+// independent, so the compiler vectorises the rounds): out[4 * i + w] is word
+// w of block first + i, the same numbers philox4x32 gives one block at a time.
+void philox_16_blocks(uint64_t first, const PhiloxKey& key, uint32_t* __restrict out) {
+  constexpr int kLanes = 16;
+  uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
+  for (int i = 0; i < kLanes; ++i) {
+    c0[i] = uint32_t(first + uint64_t(i));
+    c1[i] = uint32_t((first + uint64_t(i)) >> 32);
+    c2[i] = 0;
+    c3[i] = 0;
+  }
+  uint32_t k0 = key[0], k1 = key[1];
+  for (int round = 0; round < 10; ++round) {
+#pragma omp simd
+    for (int i = 0; i < kLanes; ++i) {
+      const uint64_t p0 = uint64_t(0xD2511F53u) * c0[i];
+      const uint64_t p1 = uint64_t(0xCD9E8D57u) * c2[i];
+      const uint32_t n0 = uint32_t(p1 >> 32) ^ c1[i] ^ k0;
+      const uint32_t n2 = uint32_t(p0 >> 32) ^ c3[i] ^ k1;
+      c1[i] = uint32_t(p1);
+      c3[i] = uint32_t(p0);
+      c0[i] = n0;
+      c2[i] = n2;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int i = 0; i < kLanes; ++i) {
+    out[4 * i] = c0[i];
+    out[4 * i + 1] = c1[i];
+    out[4 * i + 2] = c2[i];
+    out[4 * i + 3] = c3[i];
+  }
+}
+
+// Keep bits for one row of n probabilities whose first element has Philox word
+// index `word0` (word w is word w % 4 of counter block w / 4, as Tensor::rand
+// draws); keep when the 24-bit uniform is >= p (threshold = ceil(p 2^24)).
+void draw_keep_bits(const PhiloxKey& key, uint64_t word0, int64_t n, uint32_t threshold,
+                    uint32_t* words) {
+  thread_local std::vector<uint32_t> draws;
+  if (int64_t(draws.size()) < n + 68) draws.resize(size_t(n + 68));
+  // Whole counter blocks covering the row, then the row's words from them.
+  const uint64_t first = word0 >> 2;
+  const int64_t skip = int64_t(word0 & 3);
+  for (int64_t j = 0; j < skip + n; j += 64)
+    philox_16_blocks(first + uint64_t(j / 4), key, &draws[size_t(j)]);
+  const uint32_t* u = draws.data() + skip;
+  for (int64_t w = 0; w * 32 < n; ++w) {
+    const int len = int(std::min<int64_t>(32, n - w * 32));
+    const uint32_t* uw = u + w * 32;
+    uint32_t bits = 0;
+#pragma omp simd reduction(| : bits)
+    for (int t = 0; t < len; ++t) bits |= uint32_t((uw[t] >> 8) >= threshold) << t;
+    words[w] = bits;
+  }
+}
+
+// --- row kernels (vectorised) -------------------------------------------------------
+
+// x = x * scale + add; returns max(x).
+float scale_mask_max(float* __restrict x, const float* __restrict add, float scale, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = x[j] * scale + add[j];
+    x[j] = v;
+    m = std::max(m, v);
+  }
+  return m;
+}
+
+// x = exp(x - m) * keep; returns sum(x).
+float exp_sum(float* __restrict x, const float* __restrict keep, float m, int64_t n) {
+  float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = fast_exp(x[j] - m) * keep[j];
+    x[j] = e;
+    total += e;
+  }
+  return total;
+}
+
+// x *= bit j of bits ? kept : 0, 32 elements per word.
+void scale_kept(float* __restrict x, const uint32_t* __restrict bits, float kept, int64_t n) {
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    const uint32_t word = bits[j0 >> 5];
+    const int len = int(std::min<int64_t>(32, n - j0));
+    float* __restrict xs = x + j0;
+#pragma omp simd
+    for (int t = 0; t < len; ++t) xs[t] *= ((word >> t) & 1u) ? kept : 0.0f;
+  }
+}
+
+// Backward of one row: from raw scores x (q . k) and dPd y, writes
+// x = Pd = P z and y = dS = P (y z - D) scale, with P = exp(x scale + add - lse)
+// and z the dropout multiplier (1 without dropout).
+void backward_row(float* __restrict x, float* __restrict y, const float* __restrict add,
+                  const float* __restrict keep, const uint32_t* __restrict bits, float scale,
+                  float lse, float D, float inv_keep, int64_t n) {
+  if (!bits) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = fast_exp(x[j] * scale + add[j] - lse) * keep[j];
+      x[j] = p;
+      y[j] = p * (y[j] - D) * scale;
+    }
+    return;
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    const uint32_t word = bits[j0 >> 5];
+    const int len = int(std::min<int64_t>(32, n - j0));
+    float* __restrict xs = x + j0;
+    float* __restrict ys = y + j0;
+    const float* __restrict as = add + j0;
+    const float* __restrict ks = keep + j0;
+#pragma omp simd
+    for (int t = 0; t < len; ++t) {
+      const float p = fast_exp(xs[t] * scale + as[t] - lse) * ks[t];
+      const float z = ((word >> t) & 1u) ? inv_keep : 0.0f;
+      xs[t] = p * z;
+      ys[t] = p * (ys[t] * z - D) * scale;
+    }
+  }
+}
+
+uint32_t keep_threshold(double p) {
+  return uint32_t(std::ceil(p * 16777216.0));
+}
+
+// Additive key mask (0 or -inf) and multiplicative keep (1 or 0) per key of
+// batch element b.
+struct KeyMask {
+  std::vector<float> add, keep;
+  KeyMask(const uint8_t* key_keep, int64_t batch, int64_t sk)
+      : add(size_t(batch * sk), 0.0f), keep(size_t(batch * sk), 1.0f) {
+    if (!key_keep) return;
+    for (int64_t i = 0; i < batch * sk; ++i) {
+      if (key_keep[i]) continue;
+      add[size_t(i)] = -std::numeric_limits<float>::infinity();
+      keep[size_t(i)] = 0.0f;
+    }
+  }
+};
+
+struct Dims {
+  int64_t B, H, Sq, Sk, D, Dv;
+  explicit Dims(const AttentionArgs& a)
+      : B(a.q.shape()[0]),
+        H(a.q.shape()[1]),
+        Sq(a.q.shape()[2]),
+        Sk(a.k.shape()[2]),
+        D(a.q.shape()[3]),
+        Dv(a.v.shape()[3]) {}
+};
+
+// Element pointer of t at (b, h, i) (unit stride in the last dim).
+template <class T>
+T* row_ptr(const Tensor& t, int64_t b, int64_t h, int64_t i) {
+  const Shape& s = t.strides();
+  return static_cast<T*>(t.data()) + b * s[0] + h * s[1] + i * s[2];
+}
+
+// --- f32: per-head oneDNN GEMMs + fused row loops, parallel over (batch, head) ---
+
+// Threads working on heads (and so per-thread S x S buffers): no more than heads.
+int head_threads(const Dims& d) {
+  return int(std::clamp<int64_t>(d.B * d.H, 1, omp_get_max_threads()));
+}
+
+// The [rows, cols] matrix of head (b, h) of a [B, H, S, D] tensor.
+Matrix head_matrix(const Tensor& t) {
+  return {t.shape()[2], t.shape()[3], t.strides()[2], 1};
+}
+template <class T>
+T* head_ptr(const Tensor& t, int64_t b, int64_t h) {
+  return static_cast<T*>(t.data()) + b * t.strides()[0] + h * t.strides()[1];
+}
+
+void forward_f32(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                 const Tensor& keep_bits) {
+  const Dims d(args);
+  const KeyMask mask(args.key_keep, d.B, d.Sk);
+  const bool drop = args.dropout_p > 0.0;
+  const PhiloxKey key{uint32_t(args.seed), uint32_t(args.seed >> 32)};
+  const uint32_t threshold = keep_threshold(args.dropout_p);
+  const float inv_keep = drop ? float(1.0 / (1.0 - args.dropout_p)) : 1.0f;
+  const float scale = float(args.scale);
+  const int64_t W = keep_words(d.Sk);
+  const Matrix scores{d.Sq, d.Sk, d.Sk, 1};
+  const auto qk = head_gemm(head_matrix(args.q), head_matrix(args.k).t(), scores);
+  const auto pv = head_gemm(scores, head_matrix(args.v), head_matrix(out));
+  float* plse = lse.data_as<float>();
+  uint32_t* all_bits = drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  // One S x S scores buffer per thread (from the caching allocator: no page
+  // faults per call).
+  const int threads = head_threads(d);
+  const Tensor scratch = Tensor::empty({threads, d.Sq * d.Sk}, DType::f32);
+#pragma omp parallel num_threads(threads)
+  {
+    float* ps = scratch.data_as<float>() + omp_get_thread_num() * d.Sq * d.Sk;
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+      const int64_t b = bh / d.H, h = bh % d.H;
+      run(*qk, head_ptr<const float>(args.q, b, h), head_ptr<const float>(args.k, b, h), ps);
+      const float* add = mask.add.data() + b * d.Sk;
+      const float* keep = mask.keep.data() + b * d.Sk;
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        const int64_t global_row = bh * d.Sq + i;
+        float* x = ps + i * d.Sk;
+        const float m = scale_mask_max(x, add, scale, d.Sk);
+        uint32_t* bits = drop ? all_bits + global_row * W : nullptr;
+        if (drop)
+          draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
+        if (m == -std::numeric_limits<float>::infinity()) {  // no key to attend to
+          std::fill(x, x + d.Sk, 0.0f);
+          plse[global_row] = m;
+          continue;
+        }
+        const float total = exp_sum(x, keep, m, d.Sk);
+        plse[global_row] = m + std::log(total);
+        if (drop) {
+          scale_kept(x, bits, inv_keep / total, d.Sk);
+        } else {
+          const float inv = 1.0f / total;
+#pragma omp simd
+          for (int64_t j = 0; j < d.Sk; ++j) x[j] *= inv;
+        }
+      }
+      run(*pv, ps, head_ptr<const float>(args.v, b, h), head_ptr<float>(out, b, h));
+    }
+  }
+}
+
+void backward_f32(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                  const Tensor& keep_bits, const Tensor& grad_out, const Tensor& grad_q,
+                  const Tensor& grad_k, const Tensor& grad_v) {
+  const Dims d(args);
+  const KeyMask mask(args.key_keep, d.B, d.Sk);
+  const bool drop = args.dropout_p > 0.0;
+  const float inv_keep = drop ? float(1.0 / (1.0 - args.dropout_p)) : 1.0f;
+  const float scale = float(args.scale);
+  const int64_t W = keep_words(d.Sk);
+  const Matrix square{d.Sq, d.Sk, d.Sk, 1};
+  const Matrix q = head_matrix(args.q), k = head_matrix(args.k), v = head_matrix(args.v);
+  const Matrix dO = head_matrix(grad_out);
+  const auto qk = head_gemm(q, k.t(), square);                          // S = Q K^T
+  const auto dov = head_gemm(dO, v.t(), square);                        // dPd = dO V^T
+  const auto dv_gemm = head_gemm(square.t(), dO, head_matrix(grad_v));  // dV = Pd^T dO
+  const auto dq_gemm = head_gemm(square, k, head_matrix(grad_q));       // dQ = dS K
+  const auto dk_gemm = head_gemm(square.t(), q, head_matrix(grad_k));   // dK = dS^T Q
+  const float* plse = lse.data_as<float>();
+  const uint32_t* all_bits =
+      drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  // Per thread, the probabilities and their gradient for the head at hand.
+  const int threads = head_threads(d);
+  const Tensor scratch = Tensor::empty({threads, 2 * d.Sq * d.Sk}, DType::f32);
+#pragma omp parallel num_threads(threads)
+  {
+    float* pp = scratch.data_as<float>() + omp_get_thread_num() * 2 * d.Sq * d.Sk;
+    float* pdp = pp + d.Sq * d.Sk;
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+      const int64_t b = bh / d.H, h = bh % d.H;
+      const float* qh = head_ptr<const float>(args.q, b, h);
+      const float* kh = head_ptr<const float>(args.k, b, h);
+      const float* dOh = head_ptr<const float>(grad_out, b, h);
+      run(*qk, qh, kh, pp);
+      run(*dov, dOh, head_ptr<const float>(args.v, b, h), pdp);
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        const int64_t global_row = bh * d.Sq + i;
+        float* x = pp + i * d.Sk;
+        float* y = pdp + i * d.Sk;
+        const float row_lse = plse[global_row];
+        if (row_lse == -std::numeric_limits<float>::infinity()) {
+          std::fill(x, x + d.Sk, 0.0f);
+          std::fill(y, y + d.Sk, 0.0f);
+          continue;
+        }
+        // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
+        const float* go = dOh + i * grad_out.strides()[2];
+        const float* oo = head_ptr<const float>(out, b, h) + i * out.strides()[2];
+        float D = 0.0f;
+#pragma omp simd reduction(+ : D)
+        for (int64_t c = 0; c < d.Dv; ++c) D += go[c] * oo[c];
+        backward_row(x, y, mask.add.data() + b * d.Sk, mask.keep.data() + b * d.Sk,
+                     drop ? all_bits + global_row * W : nullptr, scale, row_lse, D, inv_keep, d.Sk);
+      }
+      run(*dv_gemm, pp, dOh, head_ptr<float>(grad_v, b, h));
+      run(*dq_gemm, pdp, kh, head_ptr<float>(grad_q, b, h));
+      run(*dk_gemm, pdp, qh, head_ptr<float>(grad_k, b, h));
+    }
+  }
+}
+
+// --- f64 (and reference): plain loops, parallel over (batch, head) ----------------
+
+template <class T>
+T dot(const T* a, const T* b, int64_t n) {
+  T acc = 0;
+  for (int64_t c = 0; c < n; ++c) acc += a[c] * b[c];
+  return acc;
+}
+
+template <class T>
+void forward_loop(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                  const Tensor& keep_bits) {
+  const Dims d(args);
+  const bool drop = args.dropout_p > 0.0;
+  const PhiloxKey key{uint32_t(args.seed), uint32_t(args.seed >> 32)};
+  const uint32_t threshold = keep_threshold(args.dropout_p);
+  const T inv_keep = drop ? T(1.0 / (1.0 - args.dropout_p)) : T(1);
+  const int64_t W = keep_words(d.Sk);
+  T* plse = lse.data_as<T>();
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    const int64_t b = bh / d.H, h = bh % d.H;
+    std::vector<T> x(size_t(d.Sk));
+    for (int64_t i = 0; i < d.Sq; ++i) {
+      const int64_t global_row = bh * d.Sq + i;
+      const T* qi = row_ptr<const T>(args.q, b, h, i);
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < d.Sk; ++j) {
+        const bool kept = !args.key_keep || args.key_keep[b * d.Sk + j];
+        x[j] = kept ? T(args.scale) * dot(qi, row_ptr<const T>(args.k, b, h, j), d.D)
+                    : -std::numeric_limits<T>::infinity();
+        m = std::max(m, x[j]);
+      }
+      uint32_t* bits = nullptr;
+      if (drop) {
+        bits = reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W;
+        draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
+      }
+      T* oi = row_ptr<T>(out, b, h, i);
+      std::fill(oi, oi + d.Dv, T(0));
+      if (m == -std::numeric_limits<T>::infinity()) {
+        plse[global_row] = m;
+        continue;
+      }
+      T total = 0;
+      for (int64_t j = 0; j < d.Sk; ++j) {
+        x[j] = std::exp(x[j] - m);
+        total += x[j];
+      }
+      plse[global_row] = m + std::log(total);
+      for (int64_t j = 0; j < d.Sk; ++j) {
+        T p = x[j] / total;
+        if (drop) p *= ((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0);
+        if (p == T(0)) continue;
+        const T* vj = row_ptr<const T>(args.v, b, h, j);
+        for (int64_t c = 0; c < d.Dv; ++c) oi[c] += p * vj[c];
+      }
+    }
+  }
+}
+
+template <class T>
+void backward_loop(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                   const Tensor& keep_bits, const Tensor& grad_out, const Tensor& grad_q,
+                   const Tensor& grad_k, const Tensor& grad_v) {
+  const Dims d(args);
+  const bool drop = args.dropout_p > 0.0;
+  const T inv_keep = drop ? T(1.0 / (1.0 - args.dropout_p)) : T(1);
+  const T scale = T(args.scale);
+  const int64_t W = keep_words(d.Sk);
+  const T* plse = lse.data_as<T>();
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
+    const int64_t b = bh / d.H, h = bh % d.H;
+    for (int64_t j = 0; j < d.Sk; ++j) {
+      T* dkj = row_ptr<T>(grad_k, b, h, j);
+      T* dvj = row_ptr<T>(grad_v, b, h, j);
+      std::fill(dkj, dkj + d.D, T(0));
+      std::fill(dvj, dvj + d.Dv, T(0));
+    }
+    for (int64_t i = 0; i < d.Sq; ++i) {
+      const int64_t global_row = bh * d.Sq + i;
+      T* dqi = row_ptr<T>(grad_q, b, h, i);
+      std::fill(dqi, dqi + d.D, T(0));
+      const T row_lse = plse[global_row];
+      if (row_lse == -std::numeric_limits<T>::infinity()) continue;
+      const T* qi = row_ptr<const T>(args.q, b, h, i);
+      const T* goi = row_ptr<const T>(grad_out, b, h, i);
+      const T D = dot(goi, row_ptr<const T>(out, b, h, i), d.Dv);
+      const uint32_t* bits =
+          drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W
+               : nullptr;
+      for (int64_t j = 0; j < d.Sk; ++j) {
+        if (args.key_keep && !args.key_keep[b * d.Sk + j]) continue;
+        const T* kj = row_ptr<const T>(args.k, b, h, j);
+        const T* vj = row_ptr<const T>(args.v, b, h, j);
+        const T p = std::exp(scale * dot(qi, kj, d.D) - row_lse);
+        const T z = drop ? (((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0)) : T(1);
+        const T ds = p * (dot(goi, vj, d.Dv) * z - D) * scale;
+        T* dkj = row_ptr<T>(grad_k, b, h, j);
+        T* dvj = row_ptr<T>(grad_v, b, h, j);
+        for (int64_t c = 0; c < d.D; ++c) {
+          dqi[c] += ds * kj[c];
+          dkj[c] += ds * qi[c];
+        }
+        for (int64_t c = 0; c < d.Dv; ++c) dvj[c] += p * z * goi[c];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                       const Tensor& keep_bits) {
+  if (out.numel() == 0) return;
+  if (args.q.dtype() == DType::f32) {
+    forward_f32(args, out, lse, keep_bits);
+  } else if (args.q.dtype() == DType::f64) {
+    forward_loop<double>(args, out, lse, keep_bits);
+  } else {
+    throw Error(detail::concat("attention: no CPU kernel for ", args.q.desc()));
+  }
+}
+
+void attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
+                        const Tensor& keep_bits, const Tensor& grad_out, const Tensor& grad_q,
+                        const Tensor& grad_k, const Tensor& grad_v) {
+  if (args.q.dtype() == DType::f32) {
+    backward_f32(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
+  } else if (args.q.dtype() == DType::f64) {
+    backward_loop<double>(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
+  } else {
+    throw Error(detail::concat("attention: no CPU kernel for ", args.q.desc()));
+  }
+}
+
+}  // namespace roformer::cpu

@@ -1,0 +1,204 @@
+#include "core/cpu/layer_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu/onednn.h"
+#include "core/cpu/strided_loop.h"
+
+namespace roformer::cpu {
+
+namespace {
+
+struct LayerNormPrimitives {
+  dnnl::memory::desc data, stat, param;
+  dnnl::layer_normalization_forward forward;
+  dnnl::layer_normalization_backward backward;
+  // oneDNN 2.6 rejects a use_shift backward without a SHIFT argument, though
+  // no gradient depends on it: it gets these zeros instead of the bias.
+  std::vector<float> zero_shift;
+};
+
+std::shared_ptr<LayerNormPrimitives> primitives(int64_t rows, int64_t cols, double eps, bool scale,
+                                                bool shift) {
+  uint32_t eps_bits;  // exact, not a rounded decimal: eps values must never share a primitive
+  const float eps_f = float(eps);
+  std::memcpy(&eps_bits, &eps_f, 4);
+  const std::string key =
+      detail::concat("layer_norm|f32|", rows, ',', cols, '|', eps_bits, '|', scale, shift);
+  return cached_primitive<LayerNormPrimitives>(key, [&] {
+    count_primitive_built();
+    LayerNormPrimitives p;
+    p.data = onednn_desc({rows, cols}, {cols, 1}, DType::f32);
+    p.stat = onednn_desc({rows}, {1}, DType::f32);
+    p.param = onednn_desc({cols}, {1}, DType::f32);
+    auto flags = dnnl::normalization_flags::none;
+    if (scale) flags |= dnnl::normalization_flags::use_scale;
+    if (shift) flags |= dnnl::normalization_flags::use_shift;
+    const dnnl::engine& engine = onednn_engine();
+    // forward_training writes mean and variance for the backward to reuse.
+    dnnl::layer_normalization_forward::primitive_desc fwd(
+        {dnnl::prop_kind::forward_training, p.data, p.stat, float(eps), flags}, engine);
+    dnnl::layer_normalization_backward::primitive_desc bwd(
+        {dnnl::prop_kind::backward, p.data, p.data, p.stat, float(eps), flags}, engine, fwd);
+    p.forward = dnnl::layer_normalization_forward(fwd);
+    p.backward = dnnl::layer_normalization_backward(bwd);
+    if (shift) p.zero_shift.assign(size_t(cols), 0.0f);
+    return p;
+  });
+}
+
+void execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::memory>& args) {
+  prim.execute(onednn_stream(), args);
+  onednn_stream().wait();
+}
+
+template <class T>
+void forward_loop(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  const Tensor& y, const Tensor& mean, const Tensor& var) {
+  using A = acc_t<T>;
+  const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+  const T* px = static_cast<const T*>(x.data());
+  const T* pw = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
+  const T* pb = bias.defined() ? static_cast<const T*>(bias.data()) : nullptr;
+  T* py = static_cast<T*>(y.data());
+  A* pm = static_cast<A*>(mean.data());
+  A* pv = static_cast<A*>(var.data());
+  parallel_rows(rows, cols, [&](int64_t r) {
+    const T* xr = px + r * cols;
+    T* yr = py + r * cols;
+    A m = 0;
+    for (int64_t c = 0; c < cols; ++c) m += A(xr[c]);
+    m /= A(cols);
+    A v = 0;
+    for (int64_t c = 0; c < cols; ++c) v += (A(xr[c]) - m) * (A(xr[c]) - m);
+    v /= A(cols);
+    const A rstd = A(1) / std::sqrt(v + A(eps));
+    for (int64_t c = 0; c < cols; ++c) {
+      A out = (A(xr[c]) - m) * rstd;
+      if (pw) out *= A(pw[c]);
+      if (pb) out += A(pb[c]);
+      yr[c] = T(out);
+    }
+    pm[r] = m;
+    pv[r] = v;
+  });
+}
+
+template <class T>
+void backward_loop(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& var,
+                   const Tensor& dy, double eps, const Tensor& dx, const Tensor& dweight,
+                   const Tensor& dbias) {
+  using A = acc_t<T>;
+  const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+  const T* px = static_cast<const T*>(x.data());
+  const T* pw = weight.defined() ? static_cast<const T*>(weight.data()) : nullptr;
+  const T* pg = static_cast<const T*>(dy.data());
+  const A* pm = static_cast<const A*>(mean.data());
+  const A* pv = static_cast<const A*>(var.data());
+  T* pdx = static_cast<T*>(dx.data());
+  std::vector<A> rstd(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) rstd[r] = A(1) / std::sqrt(pv[r] + A(eps));
+  // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * weight.
+  parallel_rows(rows, cols, [&](int64_t r) {
+    const T* xr = px + r * cols;
+    const T* gr = pg + r * cols;
+    A sum_g = 0, sum_gx = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const A gw = A(gr[c]) * (pw ? A(pw[c]) : A(1));
+      sum_g += gw;
+      sum_gx += gw * (A(xr[c]) - pm[r]) * rstd[r];
+    }
+    sum_g /= A(cols);
+    sum_gx /= A(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const A gw = A(gr[c]) * (pw ? A(pw[c]) : A(1));
+      const A xhat = (A(xr[c]) - pm[r]) * rstd[r];
+      pdx[r * cols + c] = T(rstd[r] * (gw - sum_g - xhat * sum_gx));
+    }
+  });
+  if (!dweight.defined() && !dbias.defined()) return;
+  // Column sums over rows, each column summed in row order: parallel over
+  // column blocks so the result does not depend on the thread count.
+  T* pdw = dweight.defined() ? static_cast<T*>(dweight.data()) : nullptr;
+  T* pdb = dbias.defined() ? static_cast<T*>(dbias.data()) : nullptr;
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  parallel_rows(blocks, rows * kBlock, [&](int64_t b) {
+    const int64_t c0 = b * kBlock, c1 = std::min(cols, c0 + kBlock);
+    A sw[kBlock] = {}, sb[kBlock] = {};
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) {
+        const A g = A(pg[r * cols + c]);
+        sw[c - c0] += g * (A(px[r * cols + c]) - pm[r]) * rstd[r];
+        sb[c - c0] += g;
+      }
+    for (int64_t c = c0; c < c1; ++c) {
+      if (pdw) pdw[c] = T(sw[c - c0]);
+      if (pdb) pdb[c] = T(sb[c - c0]);
+    }
+  });
+}
+
+}  // namespace
+
+void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                        const Tensor& y, const Tensor& mean, const Tensor& var) {
+  if (x.numel() == 0) return;
+  if (x.dtype() == DType::f32) {
+    const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+    auto p = primitives(rows, cols, eps, weight.defined(), bias.defined());
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn_memory(p->data, x)},
+                                               {DNNL_ARG_DST, onednn_memory(p->data, y)},
+                                               {DNNL_ARG_MEAN, onednn_memory(p->stat, mean)},
+                                               {DNNL_ARG_VARIANCE, onednn_memory(p->stat, var)}};
+    if (weight.defined()) args.emplace(DNNL_ARG_SCALE, onednn_memory(p->param, weight));
+    if (bias.defined()) args.emplace(DNNL_ARG_SHIFT, onednn_memory(p->param, bias));
+    execute(p->forward, args);
+    return;
+  }
+  dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
+    forward_loop<decltype(tag)>(x, weight, bias, eps, y, mean, var);
+  });
+}
+
+void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
+                         const Tensor& var, const Tensor& dy, double eps, const Tensor& dx,
+                         const Tensor& dweight, const Tensor& dbias) {
+  if (x.numel() == 0) {
+    for (Tensor t : {dweight, dbias})
+      if (t.defined()) t.zero_();
+    return;
+  }
+  if (x.dtype() == DType::f32) {
+    const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+    // The primitive's flags follow the forward's (weight given = use_scale);
+    // a shift gradient is always computed when the forward had a bias.
+    const bool shift = dbias.defined();
+    auto p = primitives(rows, cols, eps, weight.defined(), shift);
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn_memory(p->data, x)},
+                                               {DNNL_ARG_DIFF_DST, onednn_memory(p->data, dy)},
+                                               {DNNL_ARG_DIFF_SRC, onednn_memory(p->data, dx)},
+                                               {DNNL_ARG_MEAN, onednn_memory(p->stat, mean)},
+                                               {DNNL_ARG_VARIANCE, onednn_memory(p->stat, var)}};
+    Tensor scratch_dw;
+    if (weight.defined()) {
+      args.emplace(DNNL_ARG_SCALE, onednn_memory(p->param, weight));
+      scratch_dw = dweight.defined() ? dweight : Tensor::empty({cols}, DType::f32);
+      args.emplace(DNNL_ARG_DIFF_SCALE, onednn_memory(p->param, scratch_dw));
+    }
+    if (shift) {
+      args.emplace(DNNL_ARG_SHIFT, dnnl::memory(p->param, onednn_engine(), p->zero_shift.data()));
+      args.emplace(DNNL_ARG_DIFF_SHIFT, onednn_memory(p->param, dbias));
+    }
+    execute(p->backward, args);
+    return;
+  }
+  dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
+    backward_loop<decltype(tag)>(x, weight, mean, var, dy, eps, dx, dweight, dbias);
+  });
+}
+
+}  // namespace roformer::cpu

@@ -1,0 +1,104 @@
+// Fused softmax attention: one autograd node whose backward recomputes the
+// probabilities from q, k and the saved row log-sum-exp instead of keeping
+// [B, H, S, S] tensors alive between forward and backward.
+#include "core/cpu/attention.h"
+
+#include <memory>
+
+#include "core/ops.h"
+
+namespace roformer {
+
+namespace {
+
+// Buffer laid out [B, S, H, D], returned as its [B, H, S, D] view: the layout
+// the output projection (and the projections' gradients) read without copies.
+Tensor heads_view_buffer(int64_t B, int64_t H, int64_t S, int64_t D, DType dtype, Device device) {
+  const Tensor buf = Tensor::empty({B, S, H, D}, dtype, device);
+  return make_view(buf, {B, H, S, D}, {S * H * D, D, H * D, 1}, 0);
+}
+
+Tensor unit_last_stride(const Tensor& t) {
+  return t.strides().back() == 1 || t.shape().back() <= 1 ? t : t.contiguous();
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                 double dropout_p, bool training, Generator& gen, double scale) {
+  const Device device = kernel_device("attention", {&q, &k, &v, &key_padding_mask});
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    throw Error(detail::concat("attention: expected q, k, v as [B, H, S, D], got ", q.desc(), ", ",
+                               k.desc(), ", ", v.desc()));
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
+    throw Error(detail::concat("attention: dtype mismatch, q ", q.desc(), ", k ", k.desc(), ", v ",
+                               v.desc()));
+  if (q.dtype() != DType::f32 && q.dtype() != DType::f64)
+    throw Error(detail::concat("attention: expected f32 or f64 inputs, got ", q.desc()));
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3);
+  const int64_t Sk = k.size(2), Dv = v.size(3);
+  if (k.size(0) != B || k.size(1) != H || k.size(3) != D || v.size(0) != B || v.size(1) != H ||
+      v.size(2) != Sk)
+    throw Error(detail::concat("attention: shapes do not match: q ", q.desc(), ", k ", k.desc(),
+                               ", v ", v.desc(), " (expected k [B, H, Sk, D], v [B, H, Sk, Dv])"));
+  if (key_padding_mask.defined() && (key_padding_mask.dim() != 2 || key_padding_mask.size(0) != B ||
+                                     key_padding_mask.size(1) != Sk))
+    throw Error(detail::concat("attention: key_padding_mask ", key_padding_mask.desc(),
+                               " does not match [B, Sk] = [", B, ", ", Sk, "]"));
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    throw Error(
+        detail::concat("attention: dropout probability must be in [0, 1), got ", dropout_p));
+
+  auto keep = std::make_shared<std::vector<uint8_t>>();
+  if (key_padding_mask.defined()) {
+    const std::vector<double> m = key_padding_mask.to_vector<double>();
+    keep->resize(m.size());
+    for (size_t i = 0; i < m.size(); ++i) (*keep)[i] = m[i] != 0.0;
+  }
+  const bool drop = training && dropout_p > 0.0;
+  cpu::AttentionArgs args;
+  args.q = unit_last_stride(q.detach());
+  args.k = unit_last_stride(k.detach());
+  args.v = unit_last_stride(v.detach());
+  args.key_keep = keep->empty() ? nullptr : keep->data();
+  args.scale = scale;
+  args.dropout_p = drop ? dropout_p : 0.0;
+  args.seed = gen.seed;
+  args.offset = drop ? gen.take(uint64_t(B * H * Sq * Sk)) : 0;
+
+  Tensor out = heads_view_buffer(B, H, Sq, Dv, q.dtype(), device);
+  const Tensor lse = Tensor::empty({B, H, Sq}, q.dtype(), device);
+  const Tensor bits =
+      drop ? Tensor::empty({B, H, Sq, cpu::keep_words(Sk)}, DType::i32, device) : Tensor();
+  if (Sk == 0) {
+    out.fill_(0.0);
+    return out;
+  }
+  cpu::attention_forward(args, out, lse, bits);
+  if (!needs_grad({&q, &k, &v})) return out;
+
+  const SavedTensor sq(args.q, "attention"), sk(args.k, "attention"), sv(args.v, "attention");
+  const SavedTensor so(out, "attention");
+  const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
+  const double p_used = args.dropout_p;
+  const uint64_t seed = args.seed, offset = args.offset;
+  return record("attention", out, {&q, &k, &v}, [=](const Tensor& g) {
+    cpu::AttentionArgs a;
+    a.q = sq.get();
+    a.k = sk.get();
+    a.v = sv.get();
+    a.key_keep = keep->empty() ? nullptr : keep->data();
+    a.scale = scale;
+    a.dropout_p = p_used;
+    a.seed = seed;
+    a.offset = offset;
+    const Tensor grad_out = unit_last_stride(g);
+    Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
+    Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());
+    Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());
+    cpu::attention_backward(a, so.get(), lse, bits, grad_out, dq, dk, dv);
+    return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
+  });
+}
+
+}  // namespace roformer

@@ -1,0 +1,76 @@
+#include "layers/attention.h"
+
+#include <cmath>
+
+#include "core/profile.h"
+
+namespace roformer {
+
+Tensor rope_linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& key_mask, const Tensor& positions, bool rotate,
+                             double rope_base, RopeLayout layout) {
+  RF_PROFILE("linear_attention");
+  if (q.dim() != 4 || k.shape() != q.shape() || v.dim() != 4 || v.shape()[2] != q.shape()[2])
+    throw Error(detail::concat("rope_linear_attention: expected q, k [B, H, S, D] and v ",
+                               "[B, H, S, Dv], got ", q.desc(), ", ", k.desc(), ", ", v.desc()));
+  const Tensor phi_q = elu_plus_one(q);
+  Tensor phi_k = elu_plus_one(k);
+  if (key_mask.defined()) {
+    // Zeroing phi(k_n) removes key n from both sums (R_n 0 = 0).
+    const int64_t B = q.size(0), S = q.size(2);
+    phi_k = mul(phi_k, key_mask.to(q.dtype()).reshape({B, 1, S, 1}));
+  }
+  const Tensor rq = rotate ? rope(phi_q, positions, rope_base, layout) : phi_q;
+  const Tensor rk = rotate ? rope(phi_k, positions, rope_base, layout) : phi_k;
+  const Tensor kv = matmul(rk.transpose(-1, -2), v);                  // [B, H, D, Dv]
+  const Tensor numerator = matmul(rq, kv);                            // [B, H, S, Dv]
+  const Tensor k_sum = sum(phi_k, {2}, /*keepdim=*/true);             // [B, H, 1, D]
+  const Tensor denominator = matmul(phi_q, k_sum.transpose(-1, -2));  // [B, H, S, 1]
+  return div(numerator, denominator);
+}
+
+RoFormerSelfAttention::RoFormerSelfAttention(const ModelConfig& config)
+    : config_(config),
+      query_(config.hidden_size, config.hidden_size, true, config.initializer_range),
+      key_(config.hidden_size, config.hidden_size, true, config.initializer_range),
+      value_(config.hidden_size, config.hidden_size, true, config.initializer_range) {
+  register_module("query", query_);
+  register_module("key", key_);
+  register_module("value", value_);
+}
+
+Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_mask,
+                                      const Tensor& positions, bool training,
+                                      Generator& gen) const {
+  const int64_t B = hidden.size(0), S = hidden.size(1);
+  const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
+  // [B, S, hidden] -> [B, H, S, Dh] views of the projections (no copies).
+  auto heads = [&](const Tensor& x) { return x.view({B, S, H, Dh}).transpose(1, 2); };
+  Tensor q = heads(query_.forward(hidden));
+  Tensor k = heads(key_.forward(hidden));
+  Tensor v = heads(value_.forward(hidden));
+  const bool rotate = config_.position == PositionEncoding::kRope;
+  const RopeLayout layout = config_.rope_layout;
+  Tensor context;
+  if (config_.attention == AttentionKind::kLinear) {
+    if (rotate && config_.rotary_value) {
+      RF_PROFILE("rope");
+      v = rope(v, positions, config_.rope_base, layout);
+    }
+    context =
+        rope_linear_attention(q, k, v, key_mask, positions, rotate, config_.rope_base, layout);
+  } else {
+    if (rotate) {
+      RF_PROFILE("rope");
+      q = rope(q, positions, config_.rope_base, layout);
+      k = rope(k, positions, config_.rope_base, layout);
+      if (config_.rotary_value) v = rope(v, positions, config_.rope_base, layout);
+    }
+    RF_PROFILE("attention");
+    context = attention(q, k, v, key_mask, config_.attention_probs_dropout_prob, training, gen,
+                        1.0 / std::sqrt(double(Dh)));
+  }
+  return context.transpose(1, 2).reshape({B, S, H * Dh});
+}
+
+}  // namespace roformer

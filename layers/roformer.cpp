@@ -1,0 +1,308 @@
+#include "layers/roformer.h"
+
+#include "core/profile.h"
+
+namespace roformer {
+
+namespace {
+
+const ModelConfig& validated(const ModelConfig& config) {
+  validate_model_config(config);
+  return config;
+}
+
+int64_t checked_num_labels(int64_t num_labels) {
+  if (num_labels < 1)
+    throw InputError(detail::concat(
+        "RoFormerForSequenceClassification: num_labels must be >= 1, got ", num_labels));
+  return num_labels;
+}
+
+Tensor gelu_profiled(const Tensor& x) {
+  RF_PROFILE("gelu");
+  return gelu(x);
+}
+
+// Host copy of a [B, S]-shaped integer tensor, checked against the ids' shape.
+std::vector<int64_t> host_ints(const Tensor& t, const Shape& expected, const char* what) {
+  if (t.shape() != expected)
+    throw Error(detail::concat("RoFormer: ", what, " ", t.desc(), " does not match input_ids ",
+                               shape_str(expected)));
+  return t.to_vector<int64_t>();
+}
+
+}  // namespace
+
+// --- embeddings --------------------------------------------------------------------
+
+RoFormerEmbeddings::RoFormerEmbeddings(const ModelConfig& config)
+    : config_(config),
+      word_embeddings_(config.vocab_size, config.embedding_dim(), config.initializer_range,
+                       config.pad_token_id),
+      token_type_embeddings_(config.type_vocab_size, config.embedding_dim(),
+                             config.initializer_range),
+      layer_norm_(config.embedding_dim(), config.layer_norm_eps),
+      dropout_(config.hidden_dropout_prob) {
+  register_module("word_embeddings", word_embeddings_);
+  register_module("token_type_embeddings", token_type_embeddings_);
+  if (config.position == PositionEncoding::kAbsolute) {
+    position_embeddings_ = std::make_unique<Embedding>(
+        config.max_position_embeddings, config.embedding_dim(), config.initializer_range);
+    register_module("position_embeddings", *position_embeddings_);
+  }
+  register_module("LayerNorm", layer_norm_);
+}
+
+Tensor RoFormerEmbeddings::forward(const Tensor& ids, const Tensor& token_types, bool training,
+                                   Generator& gen) const {
+  if (ids.dim() != 2)
+    throw Error(detail::concat("RoFormerEmbeddings: expected input_ids [B, S], got ", ids.desc()));
+  const int64_t B = ids.size(0), S = ids.size(1);
+  Tensor x = word_embeddings_.forward(ids);
+  {
+    const Tensor types =
+        token_types.defined() ? token_types : Tensor::zeros({B, S}, DType::i32, ids.device());
+    const Tensor type_emb = token_type_embeddings_.forward(types);
+    RF_PROFILE("add");
+    x = add(x, type_emb);
+  }
+  if (position_embeddings_) {
+    if (S > config_.max_position_embeddings)
+      throw Error(detail::concat("RoFormerEmbeddings: sequence length ", S,
+                                 " exceeds max_position_embeddings ",
+                                 config_.max_position_embeddings));
+    const Tensor pos = position_embeddings_->forward(Tensor::arange(0, S));  // [S, E]
+    RF_PROFILE("add");
+    x = add(x, pos);
+  }
+  return dropout_.forward(layer_norm_.forward(x), training, gen);
+}
+
+// --- encoder layer -------------------------------------------------------------------
+
+RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_t in_features)
+    : dense_(in_features, config.hidden_size, true, config.initializer_range),
+      layer_norm_(config.hidden_size, config.layer_norm_eps),
+      dropout_(config.hidden_dropout_prob) {
+  register_module("dense", dense_);
+  register_module("LayerNorm", layer_norm_);
+}
+
+Tensor RoFormerResidualOutput::forward(const Tensor& x, const Tensor& residual, bool training,
+                                       Generator& gen) const {
+  const Tensor y = dropout_.forward(dense_.forward(x), training, gen);
+  Tensor sum_xy;
+  {
+    RF_PROFILE("add");
+    sum_xy = add(y, residual);
+  }
+  return layer_norm_.forward(sum_xy);
+}
+
+RoFormerLayer::RoFormerLayer(const ModelConfig& config)
+    : self_(config),
+      attention_output_(config, config.hidden_size),
+      attention_(self_, attention_output_),
+      intermediate_dense_(config.hidden_size, config.intermediate_size, true,
+                          config.initializer_range),
+      intermediate_(intermediate_dense_),
+      output_(config, config.intermediate_size) {
+  register_module("attention", attention_);
+  register_module("intermediate", intermediate_);
+  register_module("output", output_);
+}
+
+Tensor RoFormerLayer::forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
+                              bool training, Generator& gen) const {
+  const Tensor context = self_.forward(hidden, key_mask, positions, training, gen);
+  const Tensor attended = attention_output_.forward(context, hidden, training, gen);
+  const Tensor inner = gelu_profiled(intermediate_dense_.forward(attended));
+  return output_.forward(inner, attended, training, gen);
+}
+
+// --- model -----------------------------------------------------------------------------
+
+RoFormerModel::RoFormerModel(const ModelConfig& config)
+    : config_(validated(config)), embeddings_(config) {
+  register_module("embeddings", embeddings_);
+  if (config.embedding_dim() != config.hidden_size) {
+    embeddings_project_ = std::make_unique<Linear>(config.embedding_dim(), config.hidden_size, true,
+                                                   config.initializer_range);
+    register_module("embeddings_project", *embeddings_project_);
+  }
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    layers_.push_back(std::make_unique<RoFormerLayer>(config));
+    layer_list_.add(std::to_string(i), *layers_.back());
+  }
+  encoder_.add("layer", layer_list_);
+  register_module("encoder", encoder_);
+}
+
+Tensor RoFormerModel::forward(const Tensor& ids, const Tensor& token_types,
+                              const Tensor& attention_mask, bool training, Generator& gen) const {
+  if (ids.dim() != 2)
+    throw Error(detail::concat("RoFormerModel: expected input_ids [B, S], got ", ids.desc()));
+  const int64_t S = ids.size(1);
+  if (token_types.defined() && token_types.shape() != ids.shape())
+    throw Error(detail::concat("RoFormerModel: token_type_ids ", token_types.desc(),
+                               " do not match input_ids ", ids.desc()));
+  if (attention_mask.defined() && attention_mask.shape() != ids.shape())
+    throw Error(detail::concat("RoFormerModel: attention_mask ", attention_mask.desc(),
+                               " does not match input_ids ", ids.desc()));
+  Tensor x = embeddings_.forward(ids, token_types, training, gen);
+  if (embeddings_project_) x = embeddings_project_->forward(x);
+  const Tensor positions = Tensor::arange(0, S);
+  for (const auto& layer : layers_) x = layer->forward(x, attention_mask, positions, training, gen);
+  return x;
+}
+
+// --- MLM head ----------------------------------------------------------------------------
+
+RoFormerLMHead::RoFormerLMHead(const ModelConfig& config, const Embedding& word_embeddings)
+    : word_embeddings_(word_embeddings),
+      dense_(config.hidden_size, config.embedding_dim(), true, config.initializer_range),
+      layer_norm_(config.embedding_dim(), config.layer_norm_eps),
+      transform_(dense_, layer_norm_) {
+  bias_ = register_parameter("bias", Tensor::zeros({config.vocab_size}));
+  register_module("transform", transform_);
+}
+
+void RoFormerLMHead::init_own(Generator&) {
+  bias_.zero_();
+}
+
+Tensor RoFormerLMHead::forward(const Tensor& rows) const {
+  const Tensor h = layer_norm_.forward(gelu_profiled(dense_.forward(rows)));
+  RF_PROFILE("decoder");
+  return linear(h, word_embeddings_.weight(), bias_);
+}
+
+Tensor RoFormerLMHead::logits(const Tensor& hidden, const Tensor& positions) const {
+  if (hidden.dim() != 3)
+    throw Error(detail::concat("RoFormerLMHead: expected hidden [B, S, H], got ", hidden.desc()));
+  const Tensor flat = hidden.reshape({hidden.size(0) * hidden.size(1), hidden.size(2)});
+  if (!positions.defined()) return forward(flat);
+  Tensor rows;
+  {
+    RF_PROFILE("index_select");
+    rows = index_select(flat, positions);
+  }
+  return forward(rows);
+}
+
+// --- masked LM ----------------------------------------------------------------------------
+
+RoFormerForMaskedLM::RoFormerForMaskedLM(const ModelConfig& config, uint64_t seed)
+    : roformer_(config), head_(config, roformer_.embeddings().word_embeddings()), cls_(head_) {
+  register_module("roformer", roformer_);
+  register_module("cls", cls_);
+  Generator gen{seed, 0};
+  reset_parameters(gen);
+}
+
+MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
+                                           const Tensor& attention_mask, const Tensor& labels,
+                                           bool training, Generator& dropout_gen) const {
+  const std::vector<int64_t> label = host_ints(labels, input_ids.shape(), "labels");
+  std::vector<int64_t> rows, targets;
+  for (size_t i = 0; i < label.size(); ++i) {
+    if (label[i] == -100) continue;
+    if (label[i] < 0 || label[i] >= config().vocab_size)
+      throw InputError(detail::concat("forward_mlm: label ", label[i], " at position ", i,
+                                      " is outside [0, vocab_size=", config().vocab_size,
+                                      ") and is not -100"));
+    rows.push_back(int64_t(i));
+    targets.push_back(label[i]);
+  }
+  const Tensor hidden =
+      roformer_.forward(input_ids, token_type_ids, attention_mask, training, dropout_gen);
+  MlmOutput out;
+  out.num_masked = int64_t(rows.size());
+  if (rows.empty()) {
+    out.loss = mul(sum(hidden), 0.0);
+    return out;
+  }
+  const Tensor logits =
+      head_.logits(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}));  // [M, V]
+  const Tensor target = Tensor::from_vector(targets, {int64_t(targets.size())});
+  {
+    RF_PROFILE("cross_entropy");
+    out.loss = cross_entropy(logits, target);
+  }
+  RF_PROFILE("argmax");
+  const std::vector<int64_t> best = argmax(logits.detach(), 1).to_vector<int64_t>();
+  for (size_t i = 0; i < best.size(); ++i) out.num_correct += best[i] == targets[i];
+  return out;
+}
+
+Tensor RoFormerForMaskedLM::mlm_logits(const Tensor& input_ids, const Tensor& token_type_ids,
+                                       const Tensor& attention_mask, const Tensor& rows) const {
+  NoGradGuard no_grad;
+  Generator unused{0, 0};
+  const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, false, unused);
+  return head_.logits(hidden, rows);
+}
+
+// --- sequence classification -----------------------------------------------------------------
+
+RoFormerClassificationHead::RoFormerClassificationHead(const ModelConfig& config,
+                                                       int64_t num_labels)
+    : dense_(config.hidden_size, config.hidden_size, true, config.initializer_range),
+      out_proj_(config.hidden_size, num_labels, true, config.initializer_range),
+      dropout_(config.hidden_dropout_prob) {
+  register_module("dense", dense_);
+  register_module("out_proj", out_proj_);
+}
+
+Tensor RoFormerClassificationHead::forward(const Tensor& hidden, bool training,
+                                           Generator& gen) const {
+  Tensor x = hidden.select(1, 0);  // the first ([CLS]) token
+  x = dropout_.forward(x, training, gen);
+  x = gelu_profiled(dense_.forward(x));
+  x = dropout_.forward(x, training, gen);
+  return out_proj_.forward(x);
+}
+
+RoFormerForSequenceClassification::RoFormerForSequenceClassification(const ModelConfig& config,
+                                                                     int64_t num_labels,
+                                                                     uint64_t seed)
+    : num_labels_(checked_num_labels(num_labels)),
+      roformer_(config),
+      classifier_(config, num_labels) {
+  register_module("roformer", roformer_);
+  register_module("classifier", classifier_);
+  Generator gen{seed, 0};
+  reset_parameters(gen);
+}
+
+ClassificationOutput RoFormerForSequenceClassification::forward(const Tensor& input_ids,
+                                                                const Tensor& token_type_ids,
+                                                                const Tensor& attention_mask,
+                                                                const Tensor& labels, bool training,
+                                                                Generator& dropout_gen) const {
+  const Tensor hidden =
+      roformer_.forward(input_ids, token_type_ids, attention_mask, training, dropout_gen);
+  ClassificationOutput out;
+  out.logits = classifier_.forward(hidden, training, dropout_gen);
+  if (!labels.defined()) return out;
+  const int64_t B = input_ids.size(0);
+  if (labels.dim() != 1 || labels.size(0) != B)
+    throw Error(detail::concat("RoFormerForSequenceClassification: labels ", labels.desc(),
+                               " do not match the batch of ", B));
+  if (num_labels_ == 1) {
+    const Tensor diff = sub(out.logits.select(1, 0), labels.to(out.logits.dtype()));
+    out.loss = mean(mul(diff, diff));
+    return out;
+  }
+  const std::vector<int64_t> label = labels.to_vector<int64_t>();
+  for (int64_t l : label)
+    if (l != -100 && (l < 0 || l >= num_labels_))
+      throw InputError(detail::concat("RoFormerForSequenceClassification: label ", l,
+                                      " is outside [0, ", num_labels_, ")"));
+  out.loss = cross_entropy(out.logits, labels.to(DType::i64));
+  const std::vector<int64_t> best = argmax(out.logits.detach(), 1).to_vector<int64_t>();
+  for (size_t i = 0; i < best.size(); ++i) out.num_correct += best[i] == label[i];
+  return out;
+}
+
+}  // namespace roformer

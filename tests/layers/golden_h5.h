@@ -1,0 +1,76 @@
+// Reads the golden fixtures written by tests/golden/make_golden_roformer.py:
+// datasets as f64/i32 tensors, string attributes, and the names in a group.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace roformer::testing {
+
+class GoldenFile {
+ public:
+  explicit GoldenFile(const std::string& path) : path_(path) {
+    file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file_ < 0) throw Error("golden: cannot open " + path);
+  }
+  ~GoldenFile() { H5Fclose(file_); }
+  GoldenFile(const GoldenFile&) = delete;
+  GoldenFile& operator=(const GoldenFile&) = delete;
+
+  // The dataset at `name` as a tensor of `dtype` (f64 or i32).
+  Tensor read(const std::string& name, DType dtype = DType::f64) const {
+    const hid_t ds = H5Dopen2(file_, name.c_str(), H5P_DEFAULT);
+    if (ds < 0) throw Error("golden: no dataset '" + name + "' in " + path_);
+    const hid_t space = H5Dget_space(ds);
+    const int nd = H5Sget_simple_extent_ndims(space);
+    std::vector<hsize_t> dims(size_t(std::max(nd, 0)));
+    H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+    Shape shape(dims.begin(), dims.end());
+    Tensor out = Tensor::empty(shape, dtype);
+    const hid_t mem = dtype == DType::f64 ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT32;
+    const herr_t status = H5Dread(ds, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data());
+    H5Sclose(space);
+    H5Dclose(ds);
+    if (status < 0) throw Error("golden: cannot read '" + name + "' in " + path_);
+    return out;
+  }
+
+  // A variable-length string attribute of the root group.
+  std::string attribute(const std::string& name) const {
+    const hid_t attr = H5Aopen(file_, name.c_str(), H5P_DEFAULT);
+    if (attr < 0) throw Error("golden: no attribute '" + name + "' in " + path_);
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);
+    char* value = nullptr;
+    const herr_t status = H5Aread(attr, type, &value);
+    std::string out = status >= 0 && value ? value : "";
+    if (value) H5free_memory(value);
+    H5Tclose(type);
+    H5Aclose(attr);
+    return out;
+  }
+
+  // Names of the members of a group, in the file's (alphabetical) order.
+  std::vector<std::string> members(const std::string& group) const {
+    std::vector<std::string> names;
+    H5Literate_by_name(
+        file_, group.c_str(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
+        [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+          static_cast<std::vector<std::string>*>(data)->push_back(name);
+          return 0;
+        },
+        &names, H5P_DEFAULT);
+    return names;
+  }
+
+ private:
+  std::string path_;
+  hid_t file_;
+};
+
+}  // namespace roformer::testing

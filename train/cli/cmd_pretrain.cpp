@@ -1,0 +1,42 @@
+// roformer pretrain --config FILE [overrides]: the staged MLM pretraining.
+// Pointed at a run directory with checkpoints, it resumes from the newest
+// valid one. SIGINT/SIGTERM finish the current step, save and exit 0.
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "train/cli/command.h"
+#include "train/pretrain.h"
+#include "train/signals.h"
+
+namespace {
+
+class PretrainCommand : public roformer::cli::Command {
+ public:
+  std::string name() const override { return "pretrain"; }
+  std::string description() const override {
+    return "Masked-LM pretraining through the config's stages; resumes from the run "
+           "directory's newest valid checkpoint";
+  }
+  void setup(CLI::App&) override {}
+  int run(const roformer::cli::Invocation& inv) override {
+    roformer::StopRequest stop;
+    roformer::PretrainOptions options;
+    options.stop = &stop;
+    const roformer::PretrainResult r = roformer::run_pretrain(*inv.config, options);
+    if (r.interrupted) {
+      std::cerr << "roformer: interrupted; checkpoint " << r.last_checkpoint.string()
+                << "\nresume with: roformer pretrain --config " << inv.config_path.string()
+                << "\n";
+      return 0;
+    }
+    std::cout << roformer::format_stage_table(r.stages);
+    if (!r.last_checkpoint.empty())
+      std::cout << "final checkpoint: " << r.last_checkpoint.string() << "\n";
+    return 0;
+  }
+};
+
+}  // namespace
+
+ROFORMER_REGISTER_COMMAND(PretrainCommand)

@@ -1,0 +1,156 @@
+// The `roformer` executable: parses the command line, loads the config for
+// the chosen command, and is the only place that turns errors into exit codes
+// (0 success, 1 internal/runtime failure, 2 bad input or bad command line).
+#include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "core/error.h"
+#include "train/cli/command.h"
+#include "train/config.h"
+
+#ifndef ROFORMER_VERSION
+#define ROFORMER_VERSION "unknown"
+#endif
+
+namespace {
+
+using roformer::cli::Command;
+using roformer::cli::ConfigMode;
+
+// The options main.cpp adds to every command that takes a config.
+struct ConfigOptions {
+  std::string path;
+  bool print_config = false;
+  std::vector<std::string> overrides;
+};
+
+void setup_logging(const std::string& level) {
+  // Logs go to stderr so stdout stays clean for output such as --print-config.
+  auto logger = spdlog::stderr_color_mt("roformer");
+  logger->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  spdlog::set_default_logger(logger);
+}
+
+// CLI11 reports an unknown command as "a subcommand is required"; name it
+// instead, with the commands this build has.
+void check_command_name(int argc, char** argv,
+                        const std::vector<std::unique_ptr<Command>>& commands) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--log-level") {
+      ++i;  // skip its value
+      continue;
+    }
+    if (arg.empty() || arg[0] == '-') continue;
+    std::string names;
+    for (const auto& command : commands) {
+      if (command->name() == arg) return;
+      names += (names.empty() ? "" : ", ") + command->name();
+    }
+    throw roformer::InputError(fmt::format(
+        "unknown command '{}' (commands in this build: {}); run 'roformer --help'", arg, names));
+  }
+}
+
+int run_main(int argc, char** argv) {
+  CLI::App app{
+      "roformer: pretrain RoFormer (BERT with rotary position embedding) with masked-"
+      "language modelling and fine-tune it.",
+      "roformer"};
+  app.set_version_flag("--version", "roformer " ROFORMER_VERSION);
+  app.require_subcommand(1);
+  app.fallthrough();  // global options may also follow the command name
+  app.footer(
+      "Run 'roformer <command> --help' for a command's options. Commands that take --config "
+      "accept trailing key=value overrides (optim.lr=3e-4 stages.0.steps=10); config keys are "
+      "documented in docs/config.md.\n");
+  std::vector<CLI::App*> subcommands;
+  app.failure_message([&subcommands](const CLI::App*, const CLI::Error& e) {
+    std::string help = "roformer --help";
+    for (const CLI::App* sub : subcommands)
+      if (sub->parsed()) help = "roformer " + sub->get_name() + " --help";
+    return fmt::format("roformer: error: {}\nRun '{}' for usage.\n", e.what(), help);
+  });
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "Log verbosity")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+
+  auto commands = roformer::cli::make_registered_commands();
+  check_command_name(argc, argv, commands);
+  std::vector<ConfigOptions> options(commands.size());
+  for (size_t i = 0; i < commands.size(); ++i) {
+    Command& command = *commands[i];
+    CLI::App* sub = app.add_subcommand(command.name(), command.description());
+    command.setup(*sub);
+    if (command.config_mode() != ConfigMode::kNone) {
+      CLI::Option* config =
+          sub->add_option("--config", options[i].path, "YAML config file (see docs/config.md)")
+              ->type_name("FILE");
+      if (command.config_mode() == ConfigMode::kRequired) config->required();
+      sub->add_flag("--print-config", options[i].print_config,
+                    "Print the resolved config (defaults filled in, overrides applied) as YAML "
+                    "and exit");
+      sub->add_option("overrides", options[i].overrides,
+                      "Config overrides, e.g. optim.lr=3e-4 stages.0.steps=10")
+          ->type_name("KEY=VALUE");
+    }
+    subcommands.push_back(sub);
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version arrive here too, with exit code 0.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  setup_logging(log_level);
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (!subcommands[i]->parsed()) continue;
+    Command& command = *commands[i];
+    const ConfigOptions& opts = options[i];
+    roformer::cli::Invocation invocation;
+    invocation.overrides = opts.overrides;
+    if (!opts.path.empty()) {
+      invocation.config_path = opts.path;
+      invocation.config = roformer::load_config(opts.path, opts.overrides);
+      spdlog::debug("loaded config {} with {} override(s)", opts.path, opts.overrides.size());
+    }
+    if (opts.print_config) {
+      if (!invocation.config)
+        throw roformer::InputError(
+            fmt::format("{}: --print-config needs --config FILE", command.name()));
+      std::cout << roformer::to_yaml(*invocation.config) << std::flush;
+      return 0;
+    }
+    return command.run(invocation);
+  }
+  return 2;  // unreachable: require_subcommand(1) guarantees a command
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const roformer::InputError& e) {
+    std::cout << std::flush;
+    fmt::print(stderr, "roformer: error: {}\n", e.what());
+    return 2;
+  } catch (const roformer::Error& e) {
+    std::cout << std::flush;
+    fmt::print(stderr, "roformer: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::cout << std::flush;
+    fmt::print(stderr, "roformer: internal error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,61 @@
+#include "train/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace roformer {
+
+MetricsLog::MetricsLog(const std::filesystem::path& jsonl_path, bool write_files, bool progress)
+    : progress_(progress && ::isatty(STDERR_FILENO)) {
+  if (!write_files) return;
+  file_ = std::fopen(jsonl_path.c_str(), "a");
+  if (!file_)
+    throw Error(detail::concat("cannot open metrics file ", jsonl_path.string(), ": ",
+                               std::strerror(errno)));
+}
+
+MetricsLog::~MetricsLog() {
+  clear_progress();
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  if (!file_) return;
+  const std::string line = record.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+void MetricsLog::progress(const std::string& line) {
+  if (!progress_) return;
+  std::fprintf(stderr, "\r\033[K%s", line.c_str());
+  std::fflush(stderr);
+  progress_shown_ = true;
+}
+
+void MetricsLog::clear_progress() {
+  if (!progress_shown_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  progress_shown_ = false;
+}
+
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0)) return "?";
+  const long s = long(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+  } else if (s >= 60) {
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lds", s);
+  }
+  return buf;
+}
+
+}  // namespace roformer

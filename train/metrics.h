@@ -1,0 +1,39 @@
+// Training metrics: a console line through spdlog every N steps (with a
+// one-line progress bar when stderr is a terminal) and the same record
+// appended to metrics.jsonl in the run directory, for plots and tools.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace roformer {
+
+class MetricsLog {
+ public:
+  // Appends to `jsonl_path` (created if missing); `write_files` is false on
+  // ranks other than 0. `progress`: draw a progress line on a terminal.
+  MetricsLog(const std::filesystem::path& jsonl_path, bool write_files, bool progress);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // One JSON object per line, flushed so a killed run keeps what it logged.
+  void write(const nlohmann::json& record);
+  // Redraws the progress line (no-op without a terminal).
+  void progress(const std::string& line);
+  // Ends the progress line before a normal log line is printed.
+  void clear_progress();
+
+ private:
+  std::FILE* file_ = nullptr;
+  bool progress_ = false;
+  bool progress_shown_ = false;
+};
+
+// "1h02m", "3m05s", "12s": for elapsed and ETA columns.
+std::string format_duration(double seconds);
+
+}  // namespace roformer
