@@ -327,11 +327,10 @@ TEST(RoFormerMlm, PlainSgdLearnsATinyBatch) {
       const MlmOutput out = mlm_step(model, 1, false);
       out.loss.backward();
       NoGradGuard no_grad;
-      for (Tensor p : model.parameters()) p.copy_(sub(p, mul(p.grad(), 0.3)));
+      for (Tensor p : model.parameters()) p.copy_(sub(p, mul(p.grad(), 0.1)));
       last = out.loss.item();
-      std::printf("%d %f\n", step, last);
     }
-    EXPECT_LT(last, 0.5 * first) << (kind == AttentionKind::kLinear ? "linear" : "softmax");
+    EXPECT_LT(last, 0.3 * first) << (kind == AttentionKind::kLinear ? "linear" : "softmax");
   }
 }
 

@@ -2,7 +2,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include "core/error.h"
 #include "train/cli/command.h"
+#include "train/finetune.h"
 #include "train/predict.h"
 
 namespace {
@@ -18,13 +20,26 @@ class PredictCommand : public roformer::cli::Command {
   }
   void setup(CLI::App& app) override {
     app.add_option("--checkpoint", checkpoint_, "Checkpoint file or run directory")->required();
-    app.add_option("--text", texts_, "Text with one or more [MASK] tokens (repeatable)")
-        ->required();
+    app.add_option("--text", texts_, "Text with one or more [MASK] tokens (repeatable)");
+    // Fine-tuned checkpoints: label + probabilities per example of a task file.
+    app.add_option("--input", input_,
+                   "Task file (JSON lines/TSV, fields as fine-tuned) to classify with a "
+                   "fine-tuned checkpoint; writes one JSON object per example");
     app.add_option("--top-k", top_k_, "Candidates per mask")->check(CLI::PositiveNumber);
     app.add_option("--vocab", vocab_, "vocab.txt (default: the one the checkpoint's config names)");
     app.add_flag("--json", json_, "One JSON object per text");
   }
   int run(const roformer::cli::Invocation&) override {
+    if (!input_.empty()) {
+      if (!texts_.empty()) throw roformer::InputError("predict: give --text or --input, not both");
+      if (!roformer::is_finetuned_checkpoint(checkpoint_))
+        throw roformer::InputError("predict --input needs a fine-tuned checkpoint (roformer "
+                                   "finetune); " + checkpoint_ + " is a pretraining checkpoint: "
+                                   "use --text \"... [MASK] ...\" for fill-mask");
+      roformer::TaskModel(checkpoint_).predict(input_, std::cout);
+      return 0;
+    }
+    if (texts_.empty()) throw roformer::InputError("predict: --text (fill-mask) or --input (fine-tuned) is required");
     const roformer::FillMask fill(checkpoint_, vocab_);
     for (const std::string& text : texts_) {
       const auto masks = fill.predict(text, top_k_);
@@ -48,6 +63,7 @@ class PredictCommand : public roformer::cli::Command {
 
  private:
   std::string checkpoint_, vocab_;
+  std::string input_;
   std::vector<std::string> texts_;
   int64_t top_k_ = 5;
   bool json_ = false;

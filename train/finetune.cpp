@@ -1,0 +1,633 @@
+#include "train/finetune.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <ostream>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "data/tokenizer.h"
+#include "layers/roformer.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/checkpoint.h"
+#include "train/hf_convert.h"
+#include "train/metrics.h"
+#include "train/signals.h"
+#include "train/task_data.h"
+
+namespace roformer {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kCreatedBy = "roformer finetune";
+
+bool starts_with(const std::string& s, const std::string& p) {
+  return s.rfind(p, 0) == 0;
+}
+
+// The classifier network of every task: RoFormerForSequenceClassification
+// with num_labels outputs, or 1 output (a score) for triplets, whose logits
+// are the two pair scores [s_AB, s_AC].
+struct TaskNet {
+  FinetuneTask task;
+  int64_t num_labels;
+  int32_t pad_id;
+  std::unique_ptr<RoFormerForSequenceClassification> model;
+
+  TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed)
+      : task(t),
+        num_labels(labels),
+        pad_id(int32_t(config.pad_token_id)),
+        model(std::make_unique<RoFormerForSequenceClassification>(
+            config, t == FinetuneTask::kTriplet ? 1 : labels, seed)) {}
+
+  // Logits [B, num_labels] of the examples.
+  Tensor logits(const std::vector<const EncodedExample*>& batch, bool training,
+                Generator& gen) const {
+    std::vector<const data::Encoding*> rows;  // triplets: (A,B), (A,C) interleaved
+    for (const EncodedExample* ex : batch)
+      for (const auto& part : ex->parts) rows.push_back(&part);
+    int64_t S = 0;
+    for (const auto* r : rows) S = std::max<int64_t>(S, int64_t(r->input_ids.size()));
+    const int64_t R = int64_t(rows.size());
+    std::vector<int32_t> ids(size_t(R * S), pad_id), types(size_t(R * S), 0),
+        mask(size_t(R * S), 0);
+    for (int64_t i = 0; i < R; ++i)
+      for (size_t j = 0; j < rows[size_t(i)]->input_ids.size(); ++j) {
+        ids[size_t(i * S) + j] = rows[size_t(i)]->input_ids[j];
+        types[size_t(i * S) + j] = rows[size_t(i)]->token_type_ids[j];
+        mask[size_t(i * S) + j] = 1;
+      }
+    const ClassificationOutput out =
+        model->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
+                       Tensor::from_vector(mask, {R, S}), Tensor(), training, gen);
+    if (task == FinetuneTask::kTriplet) return triplet_scores(out.logits);
+    return out.logits;
+  }
+};
+
+Tensor labels_of(const std::vector<const EncodedExample*>& batch) {
+  std::vector<int64_t> l;
+  for (const auto* ex : batch) l.push_back(ex->label);
+  return Tensor::from_vector(l, {int64_t(l.size())});
+}
+
+// Loss and predictions of a whole encoded file, without dropout or history.
+struct Scored {
+  std::vector<int32_t> truth, predicted;
+  std::vector<std::vector<float>> probabilities;
+  double loss = 0;
+};
+
+Scored score(const TaskNet& net, const EncodedTask& task, int64_t batch_size) {
+  NoGradGuard no_grad;
+  Scored s;
+  Generator unused{0, 0};
+  double loss_sum = 0;
+  int64_t labelled = 0;
+  for (size_t start = 0; start < task.examples.size(); start += size_t(batch_size)) {
+    std::vector<const EncodedExample*> batch;
+    for (size_t i = start; i < std::min(task.examples.size(), start + size_t(batch_size)); ++i)
+      batch.push_back(&task.examples[i]);
+    const Tensor logits = net.logits(batch, false, unused);
+    const std::vector<float> p = softmax(logits).to_vector<float>();
+    const int64_t C = logits.size(1);
+    bool all_labelled = true;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      std::vector<float> row(p.begin() + int64_t(b) * C, p.begin() + int64_t(b + 1) * C);
+      s.predicted.push_back(int32_t(std::max_element(row.begin(), row.end()) - row.begin()));
+      s.truth.push_back(batch[b]->label);
+      s.probabilities.push_back(std::move(row));
+      all_labelled &= batch[b]->label >= 0;
+    }
+    if (all_labelled) {
+      loss_sum += cross_entropy(logits, labels_of(batch)).item() * double(batch.size());
+      labelled += int64_t(batch.size());
+    }
+  }
+  s.loss = labelled ? loss_sum / double(labelled) : NAN;
+  return s;
+}
+
+EvalReport evaluate_encoded(const TaskNet& net, const EncodedTask& task, int64_t batch_size,
+                            const std::vector<std::string>& labels) {
+  const Scored s = score(net, task, batch_size);
+  EvalReport r = score_predictions(s.truth, s.predicted, labels);
+  r.path = task.path;
+  r.loss = s.loss;
+  r.truncated = task.truncated;
+  return r;
+}
+
+// The architecture keys of a model config (dropout and init left out, which
+// fine-tuning may change), as config.json writes them.
+nlohmann::json architecture(const ModelConfig& c) {
+  nlohmann::json j = to_hf_config_json(c);
+  for (const char* k : {"hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range",
+                        "architectures"})
+    j.erase(k);
+  return j;
+}
+
+std::vector<uint32_t> permutation(size_t n, uint64_t seed) {
+  std::vector<uint32_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = uint32_t(i);
+  std::mt19937_64 rng(seed);
+  for (size_t i = n; i > 1; --i) {  // Fisher-Yates, so the order is the same everywhere
+    const size_t j = size_t(rng() % i);
+    std::swap(order[i - 1], order[j]);
+  }
+  return order;
+}
+
+data::Tokenizer make_tokenizer(const Config& c) {
+  data::TokenizerOptions o;
+  o.lowercase = c.data.lowercase;
+  return data::Tokenizer(c.data.vocab, o);
+}
+
+struct InitWeights {
+  ModelConfig model;
+  StateDict encoder;  // roformer.*
+  std::string vocab;
+  std::optional<bool> lowercase;
+  std::string source;
+};
+
+InitWeights load_init(const std::string& path) {
+  InitWeights w;
+  if (fs::is_directory(path) && fs::exists(fs::path(path) / "config.json")) {
+    HfFolder hf = read_hf_folder(path, false);
+    w.model = hf.config;
+    w.encoder = std::move(hf.parameters);
+    w.vocab = hf.vocab.string();
+    w.lowercase = hf.lowercase;
+    w.source = path;
+    return w;
+  }
+  const fs::path p = resolve_checkpoint(path);
+  CheckpointData data = load_checkpoint(p, false);
+  const Config saved = parse_config_string(data.config_yaml, p.string());
+  w.model = saved.model;
+  w.vocab = saved.data.vocab;
+  w.lowercase = saved.data.lowercase;
+  for (auto& t : data.parameters)
+    if (starts_with(t.name, "roformer.")) w.encoder.push_back(std::move(t));
+  w.source = p.string();
+  return w;
+}
+
+void save_model(const fs::path& path, const TaskNet& net, const Config& config,
+                const TrainingState& state, const optim::AdamW* adamw) {
+  CheckpointData data;
+  data.state = state;
+  data.parameters = net.model->named_parameters();
+  if (adamw) {
+    data.exp_avg = adamw->exp_avg();
+    data.exp_avg_sq = adamw->exp_avg_sq();
+    data.optimizer_step = adamw->step_count();
+  }
+  data.config_yaml = to_yaml(config);
+  data.created_by =
+      std::string(kCreatedBy) + " (task: " + std::string(enum_name(config.finetune->task)) + ")";
+  save_checkpoint(path, data);
+}
+
+fs::path resolve_task_checkpoint(const fs::path& path) {
+  if (fs::is_directory(path) && fs::is_regular_file(path / "best.h5")) return path / "best.h5";
+  return resolve_checkpoint(path);
+}
+
+}  // namespace
+
+Tensor triplet_scores(const Tensor& pair_scores) {
+  if (pair_scores.dim() != 2 || pair_scores.size(1) != 1 || pair_scores.size(0) % 2 != 0)
+    throw Error("triplet_scores: expected [2B, 1] pair scores, got " + pair_scores.desc());
+  return pair_scores.reshape({pair_scores.size(0) / 2, 2});
+}
+
+EvalReport score_predictions(const std::vector<int32_t>& truth,
+                             const std::vector<int32_t>& predicted,
+                             const std::vector<std::string>& labels) {
+  RF_CHECK(truth.size() == predicted.size(), "score_predictions: sizes differ");
+  EvalReport r;
+  r.labels = labels;
+  const size_t C = labels.size();
+  r.confusion.assign(C, std::vector<int64_t>(C, 0));
+  int64_t correct = 0;
+  for (size_t i = 0; i < truth.size(); ++i) {
+    if (truth[i] < 0) continue;
+    ++r.examples;
+    correct += truth[i] == predicted[i];
+    r.confusion[size_t(truth[i])][size_t(predicted[i])]++;
+  }
+  r.accuracy = r.examples ? double(correct) / double(r.examples) : 0.0;
+  double f1_sum = 0;
+  int64_t counted = 0;
+  for (size_t c = 0; c < C; ++c) {
+    int64_t tp = r.confusion[c][c], fp = 0, fn = 0;
+    for (size_t o = 0; o < C; ++o)
+      if (o != c) fp += r.confusion[o][c], fn += r.confusion[c][o];
+    if (tp + fp + fn == 0) continue;  // label absent from truth and predictions
+    f1_sum += 2.0 * double(tp) / double(2 * tp + fp + fn);
+    ++counted;
+  }
+  r.macro_f1 = counted ? f1_sum / double(counted) : 0.0;
+  return r;
+}
+
+std::string format_eval_report(const EvalReport& r) {
+  std::ostringstream out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%s: %lld examples, accuracy %.2f%%, macro-F1 %.4f, loss %.4f\n",
+                r.path.c_str(), (long long)r.examples, 100 * r.accuracy, r.macro_f1, r.loss);
+  out << line;
+  if (r.truncated) out << "  " << r.truncated << " examples truncated to max_seq_len\n";
+  size_t w = 6;
+  for (const auto& l : r.labels) w = std::max(w, l.size());
+  out << "confusion matrix (rows: true label, columns: predicted)\n";
+  std::snprintf(line, sizeof line, "  %*s", int(w), "");
+  out << line;
+  for (const auto& l : r.labels) {
+    std::snprintf(line, sizeof line, " %*s", int(w), l.c_str());
+    out << line;
+  }
+  out << "\n";
+  for (size_t i = 0; i < r.labels.size(); ++i) {
+    std::snprintf(line, sizeof line, "  %*s", int(w), r.labels[i].c_str());
+    out << line;
+    for (int64_t v : r.confusion[i]) {
+      std::snprintf(line, sizeof line, " %*lld", int(w), (long long)v);
+      out << line;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+nlohmann::json eval_report_json(const EvalReport& r) {
+  return {{"file", r.path},
+          {"examples", r.examples},
+          {"accuracy", r.accuracy},
+          {"macro_f1", r.macro_f1},
+          {"loss", std::isfinite(r.loss) ? nlohmann::json(r.loss) : nlohmann::json()},
+          {"truncated", r.truncated},
+          {"labels", r.labels},
+          {"confusion", r.confusion}};
+}
+
+FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& options) {
+  require_for(input_config, ConfigUse::kFinetune);
+  if (input_config.run.device != DeviceType::cpu)
+    throw InputError(input_config.source + ": run.device: fine-tuning runs on the CPU only");
+  if (input_config.run.threads > 0) omp_set_num_threads(int(input_config.run.threads));
+  Config config = input_config;
+  FinetuneConfig& spec = *config.finetune;
+
+  // --- encoder weights and vocabulary -----------------------------------------------
+  std::optional<InitWeights> init;
+  if (!spec.init_checkpoint.empty()) {
+    init = load_init(spec.init_checkpoint);
+    const nlohmann::json a = architecture(init->model), b = architecture(config.model);
+    if (a != b) {
+      std::string diff;
+      for (auto it = a.begin(); it != a.end(); ++it)
+        if (!b.contains(it.key()) || b[it.key()] != it.value())
+          diff += detail::concat("\n  model.", it.key(), ": checkpoint ", it.value().dump(),
+                                 ", config ", b.contains(it.key()) ? b[it.key()].dump() : "unset");
+      for (auto it = b.begin(); it != b.end(); ++it)
+        if (!a.contains(it.key()))
+          diff += detail::concat("\n  model.", it.key(), ": checkpoint unset, config ",
+                                 it.value().dump());
+      throw InputError(detail::concat("finetune.init_checkpoint ", init->source,
+                                      " holds a different model than the model section of ",
+                                      config.source,
+                                      " (copy the checkpoint's model section):", diff));
+    }
+    if (config.data.vocab.empty()) {
+      config.data.vocab = init->vocab;
+      if (init->lowercase) config.data.lowercase = *init->lowercase;
+    }
+  }
+  if (config.data.vocab.empty())
+    throw InputError(config.source +
+                     ": data.vocab: fine-tuning needs a vocab.txt (set data.vocab "
+                     "or finetune.init_checkpoint)");
+  const data::Tokenizer tokenizer = make_tokenizer(config);
+  if (tokenizer.vocab().size() > config.model.vocab_size)
+    throw InputError(detail::concat(config.source, ": model.vocab_size is ",
+                                    config.model.vocab_size, " but ", config.data.vocab, " has ",
+                                    tokenizer.vocab().size(), " pieces"));
+
+  // --- task data --------------------------------------------------------------------
+  const TaskFile train_file = read_task_file(spec.train_file, spec, LabelUse::kRequired);
+  spec.labels = resolve_labels(spec, train_file);
+  const EncodedTask train = encode_task(train_file, tokenizer, spec, spec.labels);
+  std::optional<EncodedTask> val;
+  if (!spec.validation_file.empty())
+    val = encode_task(read_task_file(spec.validation_file, spec, LabelUse::kRequired), tokenizer,
+                      spec, spec.labels);
+  spdlog::info(
+      "task {}: {} training examples ({} truncated to {} tokens){}, labels: {}",
+      enum_name(spec.task), train.examples.size(), train.truncated, spec.max_seq_len,
+      val ? fmt::format(", {} validation ({} truncated)", val->examples.size(), val->truncated)
+          : std::string(", no validation file"),
+      fmt::join(spec.labels, ", "));
+
+  // --- model, optimizer, schedule ---------------------------------------------------
+  TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed);
+  if (init) {
+    std::vector<std::string> missing;
+    std::set<std::string> have;
+    for (const auto& t : init->encoder) have.insert(t.name);
+    for (const auto& p : net.model->named_parameters())
+      if (starts_with(p.name, "roformer.") && !have.count(p.name)) missing.push_back(p.name);
+    if (!missing.empty())
+      throw InputError(detail::concat(init->source, ": ", missing.size(),
+                                      " encoder tensors missing, e.g. '", missing[0], "'"));
+    try {
+      net.model->load_state_dict(init->encoder, /*strict=*/false);
+    } catch (const InputError& e) {
+      throw InputError(init->source + ": cannot load the encoder: " + e.what());
+    }
+    spdlog::info("encoder (roformer.*, {} tensors) from {}; fresh classifier head",
+                 init->encoder.size(), init->source);
+  } else {
+    spdlog::info("no finetune.init_checkpoint: training from random weights (no pretraining)");
+  }
+  std::vector<optim::NamedParameter> params;
+  for (const NamedTensor& p : net.model->named_parameters())
+    params.push_back(
+        {p.name, p.tensor, config.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
+  optim::AdamW adamw(params, {config.optim.betas[0], config.optim.betas[1], config.optim.eps,
+                              config.optim.weight_decay});
+  const int64_t n_train = int64_t(train.examples.size());
+  const int64_t steps_per_epoch = (n_train + spec.batch_size - 1) / spec.batch_size;
+  const int64_t total_steps = steps_per_epoch * spec.epochs;
+  const int64_t warmup = std::llround(spec.warmup_ratio * double(total_steps));
+  const optim::LrSchedule schedule(optim::DecayKind::linear, spec.lr, warmup, 0.0,
+                                   {optim::StageLr{total_steps, std::nullopt, std::nullopt}});
+
+  // --- run directory and resume -------------------------------------------------------
+  const fs::path run_dir = config.run.dir, ckpt_dir = run_dir / "checkpoints";
+  const fs::path best_path = run_dir / "best.h5";
+  fs::create_directories(ckpt_dir);
+  save_config(config, run_dir / "config.yaml");
+  TrainingState state;
+  state.rng_seed = config.run.seed * 0x9E3779B97F4A7C15ull + 3;
+  double best = -1;
+  int64_t bad_epochs = 0;
+  bool stopped_early = false;
+  nlohmann::json history = nlohmann::json::array();
+  std::vector<std::string> problems;
+  if (auto latest = latest_valid_checkpoint(ckpt_dir, &problems)) {
+    for (const auto& p : problems) spdlog::warn("skipping a checkpoint that does not load: {}", p);
+    CheckpointData ckpt = load_checkpoint(*latest, true);
+    const Config saved = parse_config_string(ckpt.config_yaml, latest->string());
+    if (!saved.finetune || !(saved.model == config.model) ||
+        saved.finetune->labels != spec.labels || saved.finetune->task != spec.task)
+      throw InputError(detail::concat(
+          "cannot resume from ", latest->string(),
+          ": it was written for a different model, task or label set (use a new run.dir)"));
+    net.model->load_state_dict(ckpt.parameters);
+    adamw.load_state(ckpt.exp_avg, ckpt.exp_avg_sq, ckpt.optimizer_step);
+    state = ckpt.state;
+    const auto extra = nlohmann::json::parse(state.stage_results);
+    best = extra.at("best_validation_accuracy").get<double>();
+    bad_epochs = extra.at("epochs_without_improvement").get<int64_t>();
+    stopped_early = extra.value("stopped_early", false);
+    history = extra.at("history");
+    spdlog::info("resuming from {}: {} of {} epochs done, restarting at epoch {}", latest->string(),
+                 state.stage, spec.epochs, state.stage + 1);
+  } else {
+    spdlog::info("fine-tuning {} parameters for {} epochs ({} steps, {} warm-up) in {}",
+                 net.model->num_parameters(), spec.epochs, total_steps, warmup, run_dir.string());
+  }
+  Generator dropout_gen{state.rng_seed, state.rng_offset};
+  MetricsLog metrics(run_dir / "metrics.jsonl", true, config.log.progress != ProgressMode::kNever);
+  FinetuneResult result;
+
+  const auto run_start = Clock::now();
+  for (int64_t epoch = state.stage; epoch < spec.epochs && !stopped_early; ++epoch) {
+    // Each epoch's order depends only on the seed and the epoch: a restarted
+    // epoch sees the same batches.
+    const uint64_t data_seed = config.run.seed * 1000003ull + uint64_t(epoch);
+    const std::vector<uint32_t> order = permutation(train.examples.size(), data_seed);
+    double loss_sum = 0;
+    int64_t correct = 0, seen = 0;
+    double window_loss = 0;
+    int64_t window = 0;
+    for (int64_t step = 0; step < steps_per_epoch; ++step) {
+      std::vector<const EncodedExample*> batch;
+      for (int64_t i = step * spec.batch_size; i < std::min(n_train, (step + 1) * spec.batch_size);
+           ++i)
+        batch.push_back(&train.examples[order[size_t(i)]]);
+      const Tensor logits = net.logits(batch, true, dropout_gen);
+      const Tensor labels = labels_of(batch);
+      const Tensor loss = cross_entropy(logits, labels);
+      loss.backward();
+      const double gnorm = optim::global_grad_norm(params);
+      const double lr = schedule.at(state.global_step);
+      const double l = loss.item();
+      if (std::isfinite(l) && std::isfinite(gnorm))
+        adamw.step(lr, optim::clip_scale(gnorm, config.optim.clip_grad_norm));
+      else
+        spdlog::warn("step {}: non-finite loss or gradient; update skipped", state.global_step + 1);
+      adamw.zero_grad();
+      ++state.global_step;
+      const auto pred = argmax(logits.detach(), 1).to_vector<int64_t>();
+      const auto truth = labels.to_vector<int64_t>();
+      for (size_t i = 0; i < pred.size(); ++i) correct += pred[i] == truth[i];
+      seen += int64_t(batch.size());
+      loss_sum += l * double(batch.size());
+      window_loss += l;
+      ++window;
+      if (config.log.every_steps > 0 && (state.global_step % config.log.every_steps == 0)) {
+        metrics.clear_progress();
+        spdlog::info(
+            "epoch {}/{} step {:>4}/{} | loss {:.4f} | acc {:5.2f}% | lr {:.2e} | {}", epoch + 1,
+            spec.epochs, step + 1, steps_per_epoch, window_loss / double(window),
+            100.0 * double(correct) / double(seen), lr,
+            format_duration(std::chrono::duration<double>(Clock::now() - run_start).count()));
+        metrics.write({{"type", "train"},
+                       {"epoch", epoch + 1},
+                       {"global_step", state.global_step},
+                       {"loss", window_loss / double(window)},
+                       {"lr", lr},
+                       {"grad_norm", gnorm}});
+        window_loss = 0;
+        window = 0;
+      } else {
+        metrics.progress(fmt::format("epoch {}/{} step {}/{} loss {:.4f}", epoch + 1, spec.epochs,
+                                     step + 1, steps_per_epoch, l));
+      }
+      if (options.stop && options.stop->requested()) {
+        metrics.clear_progress();
+        spdlog::warn(
+            "stopped by signal {} in epoch {}; rerun the same command to restart epoch {} "
+            "from the last epoch checkpoint",
+            options.stop->signal_number(), epoch + 1, epoch + 1);
+        result.interrupted = true;
+        result.epochs_done = epoch;
+        return result;
+      }
+    }
+    const double train_loss = loss_sum / double(seen), train_acc = double(correct) / double(seen);
+    nlohmann::json row = {{"epoch", epoch + 1},
+                          {"train_loss", train_loss},
+                          {"train_accuracy", train_acc},
+                          {"data_seed", data_seed}};
+    bool improved = !val;
+    if (val) {
+      const EvalReport r = evaluate_encoded(net, *val, spec.batch_size, spec.labels);
+      row["validation_accuracy"] = r.accuracy;
+      row["validation_macro_f1"] = r.macro_f1;
+      row["validation_loss"] = r.loss;
+      improved = r.accuracy > best;
+      metrics.clear_progress();
+      spdlog::info(
+          "epoch {}/{}: train loss {:.4f} acc {:.2f}% | validation loss {:.4f} acc {:.2f}% "
+          "macro-F1 {:.4f}{}",
+          epoch + 1, spec.epochs, train_loss, 100 * train_acc, r.loss, 100 * r.accuracy, r.macro_f1,
+          improved ? " (best so far)" : "");
+      if (improved) best = r.accuracy;
+    } else {
+      spdlog::info("epoch {}/{}: train loss {:.4f} acc {:.2f}%", epoch + 1, spec.epochs, train_loss,
+                   100 * train_acc);
+    }
+    bad_epochs = improved ? 0 : bad_epochs + 1;
+    {
+      nlohmann::json rec = row;
+      rec["type"] = "epoch";
+      metrics.write(rec);
+    }
+    history.push_back(row);
+    state.stage = epoch + 1;
+    state.rng_offset = dropout_gen.offset;
+    if (spec.early_stopping_patience > 0 && bad_epochs >= spec.early_stopping_patience &&
+        epoch + 1 < spec.epochs) {
+      stopped_early = true;
+      spdlog::info("early stopping: {} epochs without a better validation accuracy", bad_epochs);
+    }
+    state.stage_results = nlohmann::json{
+        {"best_validation_accuracy", best},
+        {"epochs_without_improvement", bad_epochs},
+        {"stopped_early", stopped_early},
+        {"history", history}}.dump();
+    if (improved) save_model(best_path, net, config, state, nullptr);
+    save_model(ckpt_dir / checkpoint_file_name(state.global_step, std::nullopt), net, config, state,
+               &adamw);
+    prune_checkpoints(ckpt_dir, std::max<int64_t>(config.checkpoint.keep_last, 1), false);
+  }
+
+  // --- the best model on the validation and test files ----------------------------------
+  result.finished = true;
+  result.epochs_done = state.stage;
+  result.best_checkpoint = best_path;
+  result.best_validation_accuracy = best;
+  CheckpointData best_ckpt = load_checkpoint(best_path, false);
+  net.model->load_state_dict(best_ckpt.parameters);
+  if (val) {
+    result.validation = evaluate_encoded(net, *val, spec.batch_size, spec.labels);
+    spdlog::info("best model ({}) on validation:\n{}", best_path.string(),
+                 format_eval_report(*result.validation));
+  }
+  if (!spec.test_file.empty()) {
+    const EncodedTask test = encode_task(read_task_file(spec.test_file, spec, LabelUse::kRequired),
+                                         tokenizer, spec, spec.labels);
+    result.test = evaluate_encoded(net, test, spec.batch_size, spec.labels);
+    spdlog::info("best model on test:\n{}", format_eval_report(*result.test));
+    nlohmann::json rec = eval_report_json(*result.test);
+    rec["type"] = "test";
+    metrics.write(rec);
+  }
+  return result;
+}
+
+// --- TaskModel ---------------------------------------------------------------------------
+
+struct TaskModel::Impl {
+  Config config;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::unique_ptr<TaskNet> net;
+};
+
+TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>()) {
+  const fs::path path = resolve_task_checkpoint(checkpoint);
+  CheckpointData data = load_checkpoint(path, false);
+  impl_->config = parse_config_string(data.config_yaml, path.string());
+  const bool has_head =
+      std::any_of(data.parameters.begin(), data.parameters.end(),
+                  [](const NamedTensor& t) { return starts_with(t.name, "classifier."); });
+  if (!impl_->config.finetune || impl_->config.finetune->labels.empty() || !has_head)
+    throw InputError(path.string() +
+                     ": not a fine-tuned checkpoint (no classifier head or task labels); "
+                     "`roformer predict --text` does fill-mask with pretraining checkpoints");
+  const FinetuneConfig& spec = *impl_->config.finetune;
+  impl_->tokenizer = std::make_unique<data::Tokenizer>(make_tokenizer(impl_->config));
+  impl_->net =
+      std::make_unique<TaskNet>(impl_->config.model, spec.task, int64_t(spec.labels.size()), 0);
+  impl_->net->model->load_state_dict(data.parameters);
+  impl_->net->model->eval();
+}
+
+TaskModel::~TaskModel() = default;
+
+const Config& TaskModel::config() const {
+  return impl_->config;
+}
+const std::vector<std::string>& TaskModel::labels() const {
+  return impl_->config.finetune->labels;
+}
+
+EvalReport TaskModel::evaluate(const std::string& path, const FinetuneConfig& file_spec) const {
+  FinetuneConfig spec = file_spec;
+  const FinetuneConfig& model_spec = *impl_->config.finetune;
+  if (spec.task != model_spec.task)
+    throw InputError(detail::concat("the checkpoint was fine-tuned for task ",
+                                    enum_name(model_spec.task), ", the config says ",
+                                    enum_name(spec.task)));
+  spec.max_seq_len = std::min(spec.max_seq_len, impl_->config.model.max_position_embeddings);
+  const EncodedTask task = encode_task(read_task_file(path, spec, LabelUse::kRequired),
+                                       *impl_->tokenizer, spec, labels());
+  return evaluate_encoded(*impl_->net, task, spec.batch_size, labels());
+}
+
+int64_t TaskModel::predict(const std::string& path, std::ostream& out) const {
+  const FinetuneConfig& spec = *impl_->config.finetune;
+  const EncodedTask task = encode_task(read_task_file(path, spec, LabelUse::kIgnored),
+                                       *impl_->tokenizer, spec, labels());
+  const Scored s = score(*impl_->net, task, spec.batch_size);
+  for (size_t i = 0; i < task.examples.size(); ++i) {
+    nlohmann::ordered_json row;
+    row["line"] = task.examples[i].line;
+    row["label"] = labels()[size_t(s.predicted[i])];
+    nlohmann::ordered_json probs;
+    for (size_t c = 0; c < labels().size(); ++c) probs[labels()[c]] = s.probabilities[i][c];
+    row["probabilities"] = probs;
+    out << row.dump() << "\n";
+  }
+  if (task.truncated)
+    spdlog::warn("{}: {} examples truncated to {} tokens", path, task.truncated, spec.max_seq_len);
+  return int64_t(task.examples.size());
+}
+
+bool is_finetuned_checkpoint(const fs::path& checkpoint) {
+  const fs::path path = resolve_task_checkpoint(checkpoint);
+  const CheckpointData data = load_checkpoint(path, false);
+  return data.created_by.rfind(kCreatedBy, 0) == 0;
+}
+
+}  // namespace roformer
