@@ -50,8 +50,8 @@ Tensor read_tensor(const hdf5::Group& group, const std::string& name) {
   const hdf5::Dataset ds = group.open_dataset(name);
   const Shape shape = ds.has_attr("shape") ? ds.attr_array<int64_t>("shape") : Shape{ds.size()};
   if (shape_numel(shape) != ds.size())
-    throw InputError(detail::concat("'", name, "' has ", ds.size(), " values but shape ",
-                                    shape_str(shape)));
+    throw InputError(
+        detail::concat("'", name, "' has ", ds.size(), " values but shape ", shape_str(shape)));
   Tensor t = Tensor::empty(shape, DType::f32);
   ds.read<float>(t.data_as<float>(), 0, ds.size());
   return t;

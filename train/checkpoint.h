@@ -23,18 +23,18 @@ struct TrainingState {
   int64_t step_in_stage = 0;  // steps done within that stage
   uint64_t rng_seed = 0;      // the dropout generator (Philox seed and offset)
   uint64_t rng_offset = 0;
-  data::LoaderState loader;   // the training stream's cursor
+  data::LoaderState loader;  // the training stream's cursor
   int64_t nonfinite_skipped = 0;
   int64_t nonfinite_in_a_row = 0;
-  bool stage_end = false;        // saved at the end of a stage (kept by pruning)
-  std::string stage_results;     // JSON array: per finished stage, its summary row
+  bool stage_end = false;     // saved at the end of a stage (kept by pruning)
+  std::string stage_results;  // JSON array: per finished stage, its summary row
   bool operator==(const TrainingState&) const = default;
 };
 
 struct CheckpointData {
   TrainingState state;
-  StateDict parameters;   // f32, under their Hugging Face names
-  Tensor exp_avg;         // AdamW moments, flat f32 in parameter order
+  StateDict parameters;  // f32, under their Hugging Face names
+  Tensor exp_avg;        // AdamW moments, flat f32 in parameter order
   Tensor exp_avg_sq;
   int64_t optimizer_step = 0;
   std::string config_yaml;  // the resolved config of the run that wrote it

@@ -720,7 +720,8 @@ Config read_config(Context& ctx, const YAML::Node& root) {
   if (const MapReader::Entry* e = top.find("stages")) {
     const YAML::Node& list = e->value;
     ctx.record("stages", list.IsNull() ? e->key_node.Mark() : list.Mark());
-    if (!list.IsSequence() || list.size() == 0)
+    // A finetune config may have no stages: to_yaml writes them as [].
+    if (!list.IsSequence() || (list.size() == 0 && !has_finetune))
       ctx.fail("stages", fmt::format("expected a non-empty list of stages, got {}",
                                      describe_node(list, true)));
     for (size_t i = 0; i < list.size(); ++i) {

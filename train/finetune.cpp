@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <ostream>
 #include <random>
@@ -189,6 +190,25 @@ InitWeights load_init(const std::string& path) {
   return w;
 }
 
+// to_yaml writes "stages: []" for a config without stages, which the loader
+// refuses even when a finetune section makes stages optional; leave it out.
+std::string finetune_yaml(const Config& config) {
+  if (!config.stages.empty()) return to_yaml(config);
+  std::istringstream in(to_yaml(config));
+  std::string out, line;
+  bool skipping = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("stages:", 0) == 0) {
+      skipping = true;
+      continue;
+    }
+    if (skipping && !line.empty() && (line[0] == ' ' || line[0] == '-')) continue;
+    skipping = false;
+    out += line + "\n";
+  }
+  return out;
+}
+
 void save_model(const fs::path& path, const TaskNet& net, const Config& config,
                 const TrainingState& state, const optim::AdamW* adamw) {
   CheckpointData data;
@@ -199,7 +219,7 @@ void save_model(const fs::path& path, const TaskNet& net, const Config& config,
     data.exp_avg_sq = adamw->exp_avg_sq();
     data.optimizer_step = adamw->step_count();
   }
-  data.config_yaml = to_yaml(config);
+  data.config_yaml = finetune_yaml(config);
   data.created_by =
       std::string(kCreatedBy) + " (task: " + std::string(enum_name(config.finetune->task)) + ")";
   save_checkpoint(path, data);
@@ -339,12 +359,14 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   if (!spec.validation_file.empty())
     val = encode_task(read_task_file(spec.validation_file, spec, LabelUse::kRequired), tokenizer,
                       spec, spec.labels);
+  std::string label_list;
+  for (const auto& l : spec.labels) label_list += (label_list.empty() ? "" : ", ") + l;
   spdlog::info(
       "task {}: {} training examples ({} truncated to {} tokens){}, labels: {}",
-      enum_name(spec.task), train.examples.size(), train.truncated, spec.max_seq_len,
+      std::string(enum_name(spec.task)), train.examples.size(), train.truncated, spec.max_seq_len,
       val ? fmt::format(", {} validation ({} truncated)", val->examples.size(), val->truncated)
           : std::string(", no validation file"),
-      fmt::join(spec.labels, ", "));
+      label_list);
 
   // --- model, optimizer, schedule ---------------------------------------------------
   TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed);
@@ -384,7 +406,11 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   const fs::path run_dir = config.run.dir, ckpt_dir = run_dir / "checkpoints";
   const fs::path best_path = run_dir / "best.h5";
   fs::create_directories(ckpt_dir);
-  save_config(config, run_dir / "config.yaml");
+  {
+    const fs::path tmp = run_dir / "config.yaml.tmp";
+    std::ofstream(tmp) << finetune_yaml(config);
+    fs::rename(tmp, run_dir / "config.yaml");
+  }
   TrainingState state;
   state.rng_seed = config.run.seed * 0x9E3779B97F4A7C15ull + 3;
   double best = -1;

@@ -36,7 +36,9 @@ FillMask::FillMask(const std::filesystem::path& checkpoint, const std::string& v
   }
 }
 
-FillMask::~FillMask() { delete impl_; }
+FillMask::~FillMask() {
+  delete impl_;
+}
 
 std::vector<MaskPrediction> FillMask::predict(const std::string& text, int64_t top_k) const {
   const data::Tokenizer& tok = *impl_->tokenizer;
@@ -67,8 +69,8 @@ std::vector<MaskPrediction> FillMask::predict(const std::string& text, int64_t t
     MaskPrediction m;
     m.index = rows[r];
     for (int64_t k = 0; k < top_k; ++k)
-      m.candidates.push_back({tok.vocab().token(order[size_t(k)]), order[size_t(k)],
-                              double(row[order[size_t(k)]])});
+      m.candidates.push_back(
+          {tok.vocab().token(order[size_t(k)]), order[size_t(k)], double(row[order[size_t(k)]])});
     out.push_back(std::move(m));
   }
   return out;

@@ -116,8 +116,7 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     throw InputError("no training shards in " + config.data.shard_dir +
                      " (run `roformer prepare --config " + config.source + "` first)");
   const data::ShardSet train_shards = data::open_shards(train_paths, &identity);
-  const std::vector<std::string> val_paths =
-      data::list_shards(config.data.shard_dir, "validation");
+  const std::vector<std::string> val_paths = data::list_shards(config.data.shard_dir, "validation");
   const data::ShardSet val_shards =
       val_paths.empty() ? data::ShardSet{} : data::open_shards(val_paths, &identity);
 
@@ -125,15 +124,14 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
   RoFormerForMaskedLM model(config.model, config.run.seed);
   std::vector<optim::NamedParameter> params;
   for (const NamedTensor& p : model.named_parameters())
-    params.push_back({p.name, p.tensor,
-                      config.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
+    params.push_back(
+        {p.name, p.tensor, config.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
   optim::AdamW adamw(params, {config.optim.betas[0], config.optim.betas[1], config.optim.eps,
                               config.optim.weight_decay});
   std::vector<optim::StageLr> stage_lrs;
   for (const StageConfig& s : config.stages) stage_lrs.push_back({s.steps, s.lr, s.warmup_steps});
   const optim::LrSchedule schedule(config.optim.schedule, config.optim.lr,
-                                   config.optim.warmup_steps, config.optim.min_lr_ratio,
-                                   stage_lrs);
+                                   config.optim.warmup_steps, config.optim.min_lr_ratio, stage_lrs);
 
   // --- run directory and resume -----------------------------------------------------
   const fs::path run_dir = config.run.dir;
@@ -161,10 +159,10 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     if (cur < int64_t(config.stages.size()) && cur < int64_t(saved.stages.size()) &&
         ckpt.state.step_in_stage > 0 &&
         saved.stages[size_t(cur)].max_seq_len != config.stages[size_t(cur)].max_seq_len)
-      throw InputError(detail::concat("cannot resume ", latest->string(), ": stage ", cur + 1,
-                                      " is in progress at max_seq_len ",
-                                      saved.stages[size_t(cur)].max_seq_len, ", the config now says ",
-                                      config.stages[size_t(cur)].max_seq_len));
+      throw InputError(
+          detail::concat("cannot resume ", latest->string(), ": stage ", cur + 1,
+                         " is in progress at max_seq_len ", saved.stages[size_t(cur)].max_seq_len,
+                         ", the config now says ", config.stages[size_t(cur)].max_seq_len));
     for (const std::string& line : changed_lines(saved, config))
       spdlog::info("config changed since the checkpoint: {}", line);
     model.load_state_dict(ckpt.parameters);
@@ -178,9 +176,11 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
       s.batch_size = row.at("batch_size");
       s.steps = row.at("steps");
       s.train_loss = row.at("train_loss").is_null() ? NAN : row.at("train_loss").get<double>();
-      s.train_accuracy = row.at("train_accuracy").is_null() ? NAN : row.at("train_accuracy").get<double>();
+      s.train_accuracy =
+          row.at("train_accuracy").is_null() ? NAN : row.at("train_accuracy").get<double>();
       s.val_loss = row.at("val_loss").is_null() ? NAN : row.at("val_loss").get<double>();
-      s.val_accuracy = row.at("val_accuracy").is_null() ? NAN : row.at("val_accuracy").get<double>();
+      s.val_accuracy =
+          row.at("val_accuracy").is_null() ? NAN : row.at("val_accuracy").get<double>();
       summaries.push_back(s);
     }
     result.last_checkpoint = *latest;
@@ -188,9 +188,9 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
                  state.global_step, state.stage + 1, state.step_in_stage);
   } else {
     for (const std::string& p : problems) spdlog::warn("no usable checkpoint: {}", p);
-    spdlog::info("starting {}: {} parameters, {} stages, {} steps, {} threads",
-                 run_dir.string(), model.num_parameters(), config.stages.size(),
-                 config.total_steps(), omp_get_max_threads());
+    spdlog::info("starting {}: {} parameters, {} stages, {} steps, {} threads", run_dir.string(),
+                 model.num_parameters(), config.stages.size(), config.total_steps(),
+                 omp_get_max_threads());
   }
   Generator dropout_gen{state.rng_seed, state.rng_offset};
 
@@ -221,9 +221,9 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     data.config_yaml = to_yaml(config);
     data.created_by = "roformer pretrain";
     const fs::path path =
-        ckpt_dir / checkpoint_file_name(state.global_step,
-                                        stage_end ? std::optional<int64_t>(state.stage)
-                                                  : std::nullopt);
+        ckpt_dir / checkpoint_file_name(state.global_step, stage_end
+                                                               ? std::optional<int64_t>(state.stage)
+                                                               : std::nullopt);
     const auto t0 = Clock::now();
     save_checkpoint(path, data);
     prune_checkpoints(ckpt_dir, config.checkpoint.keep_last, config.checkpoint.keep_stage_ends);
@@ -289,9 +289,10 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     data::Loader loader(train_shards, vocab, lo, state.loader);
     if (state.step_in_stage == 0) {
       metrics.clear_progress();
-      spdlog::info("stage {}/{}: max_seq_len {}, batch {} ({} x {}), {} steps, {} sequences per epoch",
-                   state.stage + 1, config.stages.size(), stage.max_seq_len, stage.batch_size,
-                   n_micro, stage.micro_batch_size, stage.steps, loader.num_sequences());
+      spdlog::info(
+          "stage {}/{}: max_seq_len {}, batch {} ({} x {}), {} steps, {} sequences per epoch",
+          state.stage + 1, config.stages.size(), stage.max_seq_len, stage.batch_size, n_micro,
+          stage.micro_batch_size, stage.steps, loader.num_sequences());
       metrics.write({{"type", "stage"},
                      {"stage", state.stage + 1},
                      {"global_step", state.global_step},
@@ -407,8 +408,7 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
         window_start = Clock::now();
       } else {
         metrics.progress(fmt::format("stage {}/{} step {}/{} loss {:.4f}", state.stage + 1,
-                                     config.stages.size(), state.step_in_stage, stage.steps,
-                                     loss));
+                                     config.stages.size(), state.step_in_stage, stage.steps, loss));
       }
 
       const bool eval_now = config.log.eval_every_steps > 0 &&
@@ -417,10 +417,10 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
         const EvalResult ev = evaluate(stage);
         if (ev.masked > 0) {
           metrics.clear_progress();
-          spdlog::info("validation at step {} (max_seq_len {}): loss {:.4f} | mlm acc {:.2f}% | "
-                       "perplexity {:.1f}",
-                       state.global_step, stage.max_seq_len, ev.loss, 100 * ev.accuracy,
-                       std::exp(ev.loss));
+          spdlog::info(
+              "validation at step {} (max_seq_len {}): loss {:.4f} | mlm acc {:.2f}% | "
+              "perplexity {:.1f}",
+              state.global_step, stage.max_seq_len, ev.loss, 100 * ev.accuracy, std::exp(ev.loss));
           metrics.write({{"type", "validation"},
                          {"stage", state.stage + 1},
                          {"global_step", state.global_step},
@@ -447,15 +447,14 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
         save(false);
       }
       if (options.stop && options.stop->requested()) {
-        if (!stage_done &&
-            !(config.checkpoint.every_steps > 0 &&
-              state.global_step % config.checkpoint.every_steps == 0))
+        if (!stage_done && !(config.checkpoint.every_steps > 0 &&
+                             state.global_step % config.checkpoint.every_steps == 0))
           save(false);
         metrics.clear_progress();
-        spdlog::warn("stopped by signal {} after global step {}; resume with the same command "
-                     "(it continues from {})",
-                     options.stop->signal_number(), state.global_step,
-                     result.last_checkpoint.string());
+        spdlog::warn(
+            "stopped by signal {} after global step {}; resume with the same command "
+            "(it continues from {})",
+            options.stop->signal_number(), state.global_step, result.last_checkpoint.string());
         result.interrupted = true;
         result.global_step = state.global_step;
         result.stages = summaries;

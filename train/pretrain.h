@@ -24,8 +24,8 @@ struct StageSummary {
 
 struct PretrainResult {
   int64_t global_step = 0;
-  bool finished = false;      // every stage done
-  bool interrupted = false;   // stopped by a signal, checkpoint written
+  bool finished = false;     // every stage done
+  bool interrupted = false;  // stopped by a signal, checkpoint written
   std::filesystem::path last_checkpoint;
   std::vector<StageSummary> stages;
 };

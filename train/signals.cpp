@@ -10,7 +10,9 @@ using Handler = void (*)(int);
 Handler g_previous_int = SIG_DFL;
 Handler g_previous_term = SIG_DFL;
 
-extern "C" void on_stop_signal(int sig) { g_signal = sig; }
+extern "C" void on_stop_signal(int sig) {
+  g_signal = sig;
+}
 }  // namespace
 
 StopRequest::StopRequest() {
@@ -24,7 +26,11 @@ StopRequest::~StopRequest() {
   std::signal(SIGTERM, g_previous_term);
 }
 
-bool StopRequest::requested() const { return g_signal != 0; }
-int StopRequest::signal_number() const { return int(g_signal); }
+bool StopRequest::requested() const {
+  return g_signal != 0;
+}
+int StopRequest::signal_number() const {
+  return int(g_signal);
+}
 
 }  // namespace roformer
