@@ -256,6 +256,35 @@ TEST(Finetune, LearnsASyntheticTaskAndResumes) {
   EXPECT_DOUBLE_EQ(again.test->accuracy, r.test->accuracy);
 }
 
+// An interrupted run (here: its last epoch checkpoint lost) restarts that
+// epoch from the previous checkpoint and ends bit for bit where an
+// uninterrupted run ends.
+TEST(Finetune, ResumeRestartsTheInterruptedEpochExactly) {
+  TempDir t;
+  const std::string yaml = tiny_config(t, "");
+  Config a = parse_config_string(yaml, "a.yaml",
+                                 {"finetune.epochs=2", "run.dir=" + (t.path / "a").string()});
+  Config b = parse_config_string(yaml, "b.yaml",
+                                 {"finetune.epochs=2", "run.dir=" + (t.path / "b").string()});
+  run_finetune(a);
+  run_finetune(b);
+  auto b_ckpts = list_checkpoints(t.path / "b" / "checkpoints");
+  ASSERT_EQ(b_ckpts.size(), 2u);
+  fs::remove(b_ckpts.back());  // as if killed during epoch 2
+  const FinetuneResult resumed = run_finetune(b);
+  EXPECT_TRUE(resumed.finished);
+  const auto last_a = load_checkpoint(list_checkpoints(t.path / "a" / "checkpoints").back(), true);
+  const auto last_b = load_checkpoint(list_checkpoints(t.path / "b" / "checkpoints").back(), true);
+  EXPECT_EQ(last_a.state.global_step, last_b.state.global_step);
+  EXPECT_EQ(last_a.state.stage, 2);
+  ASSERT_EQ(last_a.parameters.size(), last_b.parameters.size());
+  for (size_t i = 0; i < last_a.parameters.size(); ++i)
+    EXPECT_EQ(last_a.parameters[i].tensor.to_vector<float>(),
+              last_b.parameters[i].tensor.to_vector<float>())
+        << last_a.parameters[i].name;
+  EXPECT_EQ(last_a.exp_avg.to_vector<float>(), last_b.exp_avg.to_vector<float>());
+}
+
 TEST(Finetune, RejectsACheckpointOfAnotherShape) {
   TempDir t;
   // A "pretraining" checkpoint of a wider model.

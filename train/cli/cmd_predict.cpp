@@ -33,13 +33,17 @@ class PredictCommand : public roformer::cli::Command {
     if (!input_.empty()) {
       if (!texts_.empty()) throw roformer::InputError("predict: give --text or --input, not both");
       if (!roformer::is_finetuned_checkpoint(checkpoint_))
-        throw roformer::InputError("predict --input needs a fine-tuned checkpoint (roformer "
-                                   "finetune); " + checkpoint_ + " is a pretraining checkpoint: "
-                                   "use --text \"... [MASK] ...\" for fill-mask");
+        throw roformer::InputError(
+            "predict --input needs a fine-tuned checkpoint (roformer "
+            "finetune); " +
+            checkpoint_ +
+            " is a pretraining checkpoint: "
+            "use --text \"... [MASK] ...\" for fill-mask");
       roformer::TaskModel(checkpoint_).predict(input_, std::cout);
       return 0;
     }
-    if (texts_.empty()) throw roformer::InputError("predict: --text (fill-mask) or --input (fine-tuned) is required");
+    if (texts_.empty())
+      throw roformer::InputError("predict: --text (fill-mask) or --input (fine-tuned) is required");
     const roformer::FillMask fill(checkpoint_, vocab_);
     for (const std::string& text : texts_) {
       const auto masks = fill.predict(text, top_k_);

@@ -26,8 +26,7 @@ class PretrainCommand : public roformer::cli::Command {
     const roformer::PretrainResult r = roformer::run_pretrain(*inv.config, options);
     if (r.interrupted) {
       std::cerr << "roformer: interrupted; checkpoint " << r.last_checkpoint.string()
-                << "\nresume with: roformer pretrain --config " << inv.config_path.string()
-                << "\n";
+                << "\nresume with: roformer pretrain --config " << inv.config_path.string() << "\n";
       return 0;
     }
     std::cout << roformer::format_stage_table(r.stages);
