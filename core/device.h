@@ -17,7 +17,8 @@ struct Device {
   static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
   bool is_cpu() const { return type == DeviceType::cpu; }
   bool is_cuda() const { return type == DeviceType::cuda; }
-  bool operator==(const Device&) const = default;
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
   std::string str() const {
     return type == DeviceType::cpu ? "cpu" : "cuda:" + std::to_string(index);
   }

@@ -181,7 +181,8 @@ void* Tensor::data() const {
 std::string Tensor::desc() const {
   if (!defined()) return "undefined";
   std::string s = std::string(dtype_name(dtype())) + shape_str(shape());
-  if (!device().is_cpu()) s += "@" + device().str();
+  // append() rather than "@" + str: g++ 12 warns falsely (-Wrestrict) on the latter.
+  if (!device().is_cpu()) s.append("@").append(device().str());
   return s;
 }
 
