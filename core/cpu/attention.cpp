@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/cpu/onednn.h"
+#include "core/cpu/vector_math.h"
 #include "core/philox.h"
 
 namespace roformer::cpu {
@@ -93,25 +94,6 @@ void run(const HeadGemm& g, const float* a, const float* b, float* c) {
 }
 
 // --- elementwise helpers ---------------------------------------------------------
-
-// exp for f32 in a form the compiler vectorises (Cephes expf: range reduction
-// to [-ln2/2, ln2/2] and a degree-6 polynomial; about 1 ulp). Inputs are
-// clamped to [-87, 88]; callers zero masked entries separately. n = floor(.)
-// by truncating a positive value: floorf itself does not vectorise.
-[[gnu::always_inline]] inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const int32_t n = int32_t(x * 1.44269504088896341f + 128.5f) - 128;
-  const float fn = float(n);
-  const float r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  return p * std::bit_cast<float>((n + 127) << 23);
-}
 
 // Philox4x32-10 on 16 consecutive counter blocks at once (lanes are
 // independent, so the compiler vectorises the rounds): out[4 * i + w] is word
@@ -191,7 +173,7 @@ float exp_sum(float* __restrict x, const float* __restrict keep, float m, int64_
   float total = 0.0f;
 #pragma omp simd reduction(+ : total)
   for (int64_t j = 0; j < n; ++j) {
-    const float e = fast_exp(x[j] - m) * keep[j];
+    const float e = vexp(x[j] - m) * keep[j];
     x[j] = e;
     total += e;
   }
@@ -218,7 +200,7 @@ void backward_row(float* __restrict x, float* __restrict y, const float* __restr
   if (!bits) {
 #pragma omp simd
     for (int64_t j = 0; j < n; ++j) {
-      const float p = fast_exp(x[j] * scale + add[j] - lse) * keep[j];
+      const float p = vexp(x[j] * scale + add[j] - lse) * keep[j];
       x[j] = p;
       y[j] = p * (y[j] - D) * scale;
     }
@@ -233,7 +215,7 @@ void backward_row(float* __restrict x, float* __restrict y, const float* __restr
     const float* __restrict ks = keep + j0;
 #pragma omp simd
     for (int t = 0; t < len; ++t) {
-      const float p = fast_exp(xs[t] * scale + as[t] - lse) * ks[t];
+      const float p = vexp(xs[t] * scale + as[t] - lse) * ks[t];
       const float z = ((word >> t) & 1u) ? inv_keep : 0.0f;
       xs[t] = p * z;
       ys[t] = p * (ys[t] * z - D) * scale;
