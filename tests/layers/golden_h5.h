@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "layers/model_config.h"
 
 namespace roformer::testing {
 
@@ -72,5 +73,22 @@ class GoldenFile {
   std::string path_;
   hid_t file_;
 };
+
+// The fixtures' model (tests/golden/make_golden_roformer.py CONFIG).
+inline ModelConfig golden_config() {
+  ModelConfig c;
+  c.vocab_size = 1000;
+  c.embedding_size = 64;
+  c.hidden_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.intermediate_size = 128;
+  c.hidden_dropout_prob = 0.0;
+  c.attention_probs_dropout_prob = 0.0;
+  c.max_position_embeddings = 64;
+  c.type_vocab_size = 2;
+  c.layer_norm_eps = 1e-12;
+  return c;
+}
 
 }  // namespace roformer::testing

@@ -14,6 +14,8 @@
 namespace roformer {
 namespace {
 
+using testing::golden_config;
+
 using testing::all_close;
 using testing::GoldenFile;
 
@@ -27,23 +29,6 @@ double max_rel_error(const Tensor& a, const Tensor& b) {
     scale = std::max(scale, std::abs(vb[i]));
   }
   return scale > 0 ? diff / scale : diff;
-}
-
-// The fixtures' model (tests/golden/make_golden_roformer.py CONFIG).
-ModelConfig golden_config() {
-  ModelConfig c;
-  c.vocab_size = 1000;
-  c.embedding_size = 64;
-  c.hidden_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.intermediate_size = 128;
-  c.hidden_dropout_prob = 0.0;
-  c.attention_probs_dropout_prob = 0.0;
-  c.max_position_embeddings = 64;
-  c.type_vocab_size = 2;
-  c.layer_norm_eps = 1e-12;
-  return c;
 }
 
 StateDict golden_weights(const GoldenFile& f) {

@@ -18,6 +18,8 @@
 namespace roformer {
 namespace {
 
+using testing::golden_config;
+
 namespace fs = std::filesystem;
 
 struct TempDir {
@@ -107,21 +109,6 @@ TEST(HfConvert, OursToHfToOursIsBitExact) {
     ASSERT_NE(it, back.parameters.end()) << p.name;
     EXPECT_TRUE(bit_equal(it->tensor, p.tensor)) << p.name;
   }
-}
-
-// The fixture's model (tests/golden/make_golden_roformer.py CONFIG).
-ModelConfig golden_config() {
-  ModelConfig c;
-  c.vocab_size = 1000;
-  c.embedding_size = 64;
-  c.hidden_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.intermediate_size = 128;
-  c.hidden_dropout_prob = 0.0;
-  c.attention_probs_dropout_prob = 0.0;
-  c.max_position_embeddings = 64;
-  return c;
 }
 
 // A folder as transformers' save_pretrained writes it for the golden model:
