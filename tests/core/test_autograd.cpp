@@ -8,6 +8,7 @@
 
 #include "core/ops.h"
 #include "gradcheck.h"
+#include "tests/test_support.h"
 
 namespace roformer {
 namespace {
@@ -16,12 +17,7 @@ using testing::all_close;
 using testing::random_f64;
 
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return ::roformer::testing::error_of<Error>(fn);
 }
 
 Tensor leaf(const Shape& shape, uint64_t seed, DType dtype = DType::f64) {

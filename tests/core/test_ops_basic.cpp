@@ -9,6 +9,7 @@
 
 #include "core/ops.h"
 #include "gradcheck.h"
+#include "tests/test_support.h"
 
 namespace roformer {
 namespace {
@@ -142,12 +143,7 @@ double abs_max(const Tensor& t) {
 }
 
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return ::roformer::testing::error_of<Error>(fn);
 }
 
 #define EXPECT_MENTIONS(msg, text) \

@@ -14,6 +14,7 @@
 #include "data/text_reader.h"
 #include "data/vocab_builder.h"
 #include "test_util.h"
+#include "tests/test_support.h"
 
 namespace roformer::data {
 namespace {
@@ -38,14 +39,7 @@ PrepareOptions corpus_options(const TempDir& dir) {
 }
 
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("NOT AN InputError: ") + e.what();
-  }
-  return "no error";
+  return ::roformer::testing::error_of<InputError>(fn);
 }
 
 bool has_temp_files(const fs::path& dir) {

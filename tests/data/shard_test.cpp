@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/hdf5.h"
 #include "test_util.h"
+#include "tests/test_support.h"
 
 namespace roformer::data {
 namespace {
@@ -42,14 +43,7 @@ Fixture make_fixture(int docs = 50) {
 }
 
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("NOT AN InputError: ") + e.what();
-  }
-  return "no error";
+  return ::roformer::testing::error_of<InputError>(fn);
 }
 
 TEST(Shard, RoundTripAndMetadata) {

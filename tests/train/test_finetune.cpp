@@ -9,6 +9,7 @@
 
 #include "core/ops.h"
 #include "layers/roformer.h"
+#include "tests/test_support.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/finetune.h"
@@ -55,12 +56,7 @@ FinetuneConfig spec(FinetuneTask task) {
 }
 
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
+  return ::roformer::testing::error_of<InputError>(fn);
 }
 
 TEST(TaskFile, ReadsJsonlAndTsv) {
