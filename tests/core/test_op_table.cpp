@@ -373,6 +373,112 @@ std::vector<OpCase> make_table() {
                .fd = false,
                .no_fd_reason = "70,400 elements; the small sum entries check the gradient"});
 
+  // --- edge shapes and index layouts ------------------------------------------------------
+  t.push_back({.op = "add",
+               .name = "add_zero_dim_plus_matrix",
+               .inputs = {in({}), in({3, 4}, transposed)},
+               .build = [](const X& x) { return add(x[0], x[1]); }});
+  t.push_back({.op = "mul",
+               .name = "mul_zero_size_rows",
+               .inputs = {in({0, 4}), in({4})},
+               .build = [](const X& x) { return mul(x[0], x[1]); }});
+  t.push_back({.op = "sum", .name = "sum_of_zero_dim", .inputs = {in({})}, .build = [](const X& x) {
+                 return sum(x[0]);
+               }});
+  t.push_back({.op = "max",
+               .name = "max_keepdim_negative_dim",
+               .inputs = {in({2, 3, 4}, strided)},
+               .build = [](const X& x) { return max(x[0], -2, true).first; }});
+  t.push_back({.op = "softmax",
+               .name = "softmax_single_column",
+               .inputs = {in({4, 1})},
+               .build = [](const X& x) { return softmax(x[0]); }});
+  t.push_back({.op = "layer_norm",
+               .name = "layer_norm_single_column",
+               .inputs = {in({4, 1}), in({1}), in({1})},
+               .build = [](const X& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  t.push_back({.op = "cross_entropy",
+               .name = "cross_entropy_every_row_ignored",
+               .inputs = {in({3, 4}), fixed(i64({-100, -100, -100}, {3}))},
+               .build = [](const X& x) { return cross_entropy(x[0], x[1]); }});
+  t.push_back({.op = "embedding",
+               .name = "embedding_transposed_i32_ids",
+               .inputs = {in({6, 3}), fixed(i32({0, 5, 2, 2, 4, 1}, {3, 2}).transpose(0, 1))},
+               .build = [](const X& x) { return embedding(x[0], x[1]); }});
+  t.push_back({.op = "index_select",
+               .name = "index_select_strided_indices",
+               .inputs = {in({5, 2, 3}), fixed(i64({4, 9, 1, 9, 1, 9}, {3, 2}).select(1, 0))},
+               .build = [](const X& x) { return index_select(x[0], x[1]); }});
+  t.push_back({.op = "rope",
+               .name = "rope_strided_positions",
+               .inputs = {in({3, 4}), fixed(i64({5, 0, 6, 0, 7, 0}, {3, 2}).select(1, 0))},
+               .build = [](const X& x) { return rope(x[0], x[1], 100.0); }});
+  t.push_back({.op = "where",
+               .name = "where_float_transposed_condition",
+               .inputs = {fixed(Tensor::from_vector<float>({0.f, 1.f, 2.f, 0.f, -1.f, 0.f}, {2, 3})
+                                    .transpose(0, 1)),
+                          in({3, 2}), in({3, 2}, strided)},
+               .build = [](const X& x) { return where(x[0], x[1], x[2]); }});
+  t.push_back({.op = "split",
+               .name = "split_with_empty_part",
+               .inputs = {in({2, 5})},
+               .build = [](const X& x) {
+                 const auto parts = split(x[0], {0, 5}, 1);
+                 return concat({parts[1], parts[0]}, 1);
+               }});
+  t.push_back({.op = "concat",
+               .name = "concat_negative_dim",
+               .inputs = {in({2, 3}, strided), in({2, 1})},
+               .build = [](const X& x) {
+                 return concat({x[0], x[1]}, -1);
+               }});
+  t.push_back({.op = "matmul",
+               .name = "matmul_vector_like",
+               .inputs = {in({1, 4}), in({4, 1}, transposed)},
+               .build = [](const X& x) { return matmul(x[0], x[1]); }});
+  t.push_back({.op = "linear",
+               .name = "linear_expanded_input",
+               .inputs = {in({3, 4}, broadcast), in({2, 4}), in({2})},
+               .build = [](const X& x) { return linear(x[0], x[1], x[2]); }});
+
+  // --- only some inputs take a gradient (the nodes save less) ------------------------------
+  t.push_back({.op = "mul",
+               .name = "mul_gradient_to_a_only",
+               .inputs = {in({3, 4}, strided), no_grad(in({4}))},
+               .build = [](const X& x) { return mul(x[0], x[1]); }});
+  t.push_back({.op = "div",
+               .name = "div_gradient_to_denominator_only",
+               .inputs = {no_grad(in({3, 4})), in({3, 1}, contiguous, 0.5, 2.0)},
+               .build = [](const X& x) { return div(x[0], x[1]); }});
+  t.push_back({.op = "matmul",
+               .name = "matmul_gradient_to_b_only",
+               .inputs = {no_grad(in({2, 3, 4})), in({4, 5}, transposed)},
+               .build = [](const X& x) { return matmul(x[0], x[1]); }});
+  t.push_back({.op = "linear",
+               .name = "linear_gradient_to_parameters_only",
+               .inputs = {no_grad(in({2, 3, 4}, transposed)), in({5, 4}), in({5})},
+               .build = [](const X& x) { return linear(x[0], x[1], x[2]); }});
+  t.push_back({.op = "layer_norm",
+               .name = "layer_norm_gradient_to_input_only",
+               .inputs = {in({3, 8}, contiguous, -2.0, 2.0), no_grad(in({8}, contiguous, 0.5, 1.5)),
+                          no_grad(in({8}))},
+               .build = [](const X& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  t.push_back({.op = "attention",
+               .name = "attention_gradient_to_v_only",
+               .inputs = {no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)),
+                          no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)), in({1, 2, 4, 4}, heads)},
+               .build =
+                   [](const X& x) {
+                     Generator gen{0, 0};
+                     return attention(x[0], x[1], x[2], Tensor(), 0.0, false, gen, 0.5);
+                   },
+               .dtypes = {DType::f64, DType::f32},
+               .unsupported = kAttentionF32F64Only});
+  t.push_back({.op = "where",
+               .name = "where_gradient_to_b_only",
+               .inputs = {fixed(i32({1, 0, 0, 1}, {4})), no_grad(in({3, 4})), in({3, 1})},
+               .build = [](const X& x) { return where(x[0], x[1], x[2]); }});
+
   // --- differentiable Tensor views and copies ----------------------------------------------
   t.push_back({.op = "view", .name = "view", .inputs = {in({2, 6})}, .build = [](const X& x) {
                  return x[0].view({3, 4});
