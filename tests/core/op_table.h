@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,11 @@ struct OpCase {
     return false;
   }
 };
+
+// Test names and CTest names show the entry's name, not its address.
+inline void PrintTo(const OpCase* c, std::ostream* os) {
+  *os << c->name;
+}
 
 // --- inputs -----------------------------------------------------------------------------
 
