@@ -209,8 +209,8 @@ std::vector<OpCase> make_table() {
                .name = "dropout",
                .inputs = {in({4, 8}, strided)},
                .build = [](const X& x) {
-                 Generator gen{7, 0};  // the same mask in every run
-                 return dropout(x[0], 0.3, /*training=*/true, gen);
+                 DropoutContext ctx{7, 0, 0};  // the same mask in every run
+                 return dropout(x[0], 0.3, /*training=*/true, ctx);
                }});
   t.push_back({.op = "embedding",
                .name = "embedding_repeated_ids",
@@ -236,8 +236,8 @@ std::vector<OpCase> make_table() {
                   in({2, 2, 5, 4}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
        .build =
            [](const X& x) {
-             Generator gen{0, 0};
-             return attention(x[0], x[1], x[2], x[3], 0.0, false, gen, 0.5);
+             DropoutContext ctx{0, 0, 0};
+             return attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.5);
            },
        .dtypes = {DType::f64, DType::f32},
        .unsupported = kAttentionF32F64Only});
@@ -247,8 +247,8 @@ std::vector<OpCase> make_table() {
                           in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 6}, transposed)},
                .build =
                    [](const X& x) {
-                     Generator gen{11, 0};  // the same dropout mask in every run
-                     return attention(x[0], x[1], x[2], Tensor(), 0.25, true, gen, 0.5);
+                     DropoutContext ctx{11, 0, 0};  // the same dropout mask in every run
+                     return attention(x[0], x[1], x[2], Tensor(), 0.25, true, ctx, 0.5);
                    },
                .dtypes = {DType::f64, DType::f32},
                .unsupported = kAttentionF32F64Only});
@@ -337,8 +337,8 @@ std::vector<OpCase> make_table() {
                           }())},
                .build =
                    [](const X& x) {
-                     Generator gen{5, 0};
-                     return attention(x[0], x[1], x[2], x[3], 0.1, true, gen, 0.25);
+                     DropoutContext ctx{5, 0, 0};
+                     return attention(x[0], x[1], x[2], x[3], 0.1, true, ctx, 0.25);
                    },
                .dtypes = {DType::f64, DType::f32},
                .unsupported = kAttentionF32F64Only});
@@ -361,8 +361,8 @@ std::vector<OpCase> make_table() {
                .inputs = {in({300, 257})},
                .build =
                    [](const X& x) {
-                     Generator gen{3, 5};
-                     return dropout(x[0], 0.1, /*training=*/true, gen);
+                     DropoutContext ctx{3, 5, 0};
+                     return dropout(x[0], 0.1, /*training=*/true, ctx);
                    },
                .fd = false,
                .no_fd_reason = "77,100 elements; dropout checks the gradient"});
@@ -469,8 +469,8 @@ std::vector<OpCase> make_table() {
                           no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)), in({1, 2, 4, 4}, heads)},
                .build =
                    [](const X& x) {
-                     Generator gen{0, 0};
-                     return attention(x[0], x[1], x[2], Tensor(), 0.0, false, gen, 0.5);
+                     DropoutContext ctx{0, 0, 0};
+                     return attention(x[0], x[1], x[2], Tensor(), 0.0, false, ctx, 0.5);
                    },
                .dtypes = {DType::f64, DType::f32},
                .unsupported = kAttentionF32F64Only});

@@ -75,10 +75,10 @@ Batch batch_at(const GoldenFile& f, int64_t step) {
 // --- the trainer's calls, kept together so an API change touches only these --------
 
 // Forward and backward of one batch (dropout is off in this model); returns the loss.
-double forward_backward(const RoFormerForMaskedLM& model, const Batch& b) {
-  Generator dropout_gen{0, 0};
+double forward_backward(const RoFormerForMaskedLM& model, const Batch& b, int64_t step) {
+  DropoutContext dropout{0, uint64_t(step), 0};
   const MlmOutput out =
-      model.forward_mlm(b.ids, b.types, b.mask, b.labels, /*training=*/true, dropout_gen);
+      model.forward_mlm(b.ids, b.types, b.mask, b.labels, /*training=*/true, dropout);
   out.loss.backward();
   return out.loss.item();
 }
@@ -135,7 +135,7 @@ TEST(GoldenTrain10, TenStepsOfClippedAdamWWithScheduleMatchPyTorch) {
   double worst_loss = 0, worst_norm = 0, worst_grad = 0, worst_weight = 0;
   std::string worst_grad_name, worst_weight_name;
   for (int64_t step = 0; step < steps; ++step) {
-    const double loss = forward_backward(model, batch_at(f, step));
+    const double loss = forward_backward(model, batch_at(f, step), step);
     const double ref_loss = ref_losses.select(0, step).item();
     const double loss_err = std::abs(loss - ref_loss) / std::abs(ref_loss);
     EXPECT_LT(loss_err, kLossTol) << "step " << step << ": " << loss << " vs " << ref_loss;
