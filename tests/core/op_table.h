@@ -243,6 +243,23 @@ inline double scaled_error(const Tensor& a, const Tensor& ref) {
   return scale > 0 ? diff / scale : diff;
 }
 
+// The first non-finite value in the output or a gradient, or "" (the table's
+// inputs keep every op in its finite range, so NaN or inf is a bug).
+inline std::string first_non_finite(const Result& r) {
+  auto check = [](const Tensor& t, const std::string& what) -> std::string {
+    if (!t.defined() || !is_floating(t.dtype())) return "";
+    const auto v = t.to_vector<double>();
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]))
+        return what + " element " + std::to_string(i) + " is " + std::to_string(v[i]);
+    return "";
+  };
+  std::string bad = check(r.out, "output");
+  for (size_t i = 0; bad.empty() && i < r.grads.size(); ++i)
+    bad = check(r.grads[i], "gradient of input " + std::to_string(i));
+  return bad;
+}
+
 // Compares a run with a reference run: forward, then each gradient. Returns
 // a description of the first mismatch, or "" when everything is within tol.
 inline std::string compare(const OpCase& c, const Result& got, const Result& ref, double fwd_tol,
