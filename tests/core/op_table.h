@@ -169,8 +169,11 @@ inline Tensor projection(const Shape& shape) {
 // one out first. Filling a stack of free blocks of every bin up to 512 KiB
 // with 0xFF bytes (NaN in every floating dtype, -1 in integers) makes the
 // next allocations of a run come back poisoned, so an output element a kernel
-// never writes shows as NaN. PoisonShowsAnUnwrittenElement checks that this
-// still works.
+// never writes shows as NaN. Best effort: a buffer that reuses a block freed
+// during the same run (a backward's temporaries, typically) is not poisoned;
+// an allocator hook in core would close that gap. CUDA allocations are all
+// poisoned (PoisonedCudaAllocations). PoisonShowsAnUnwrittenElement checks
+// that the forward case still works.
 inline void poison_cpu_allocations() {
   Allocator& a = allocator_for(Device::cpu());
   std::vector<std::pair<void*, size_t>> blocks;
@@ -214,7 +217,9 @@ inline Result run(const OpCase& c, const std::vector<Tensor>& bases, DType dtype
   const Tensor out = c.build(views);
   if (backward) {
     const Tensor p = projection(out.shape()).to(out.dtype()).to(device);
-    sum(mul(out, p)).backward();
+    const Tensor loss = sum(mul(out, p));
+    if (device.is_cpu()) poison_cpu_allocations();  // the gradients' first buffers too
+    loss.backward();
     for (size_t i = 0; i < leaves.size(); ++i) {
       const bool wanted = c.inputs[i].grad && !c.inputs[i].fixed.defined();
       r.grads.push_back(wanted && leaves[i].grad().defined()
