@@ -3,10 +3,12 @@
 RoFormer MLM, the end-to-end golden state the C++ trainer APIs are checked
 against (as llm.c's test_gpt2 checks its training loop against PyTorch).
 
-The model is the independent PyTorch re-implementation of Hugging Face's
-modeling_roformer.py in make_golden_roformer.py (imported, not copied), run in
-float64 from float32-representable weights with dropout off, so the reference
-is deterministic. Each step: forward on that step's batch, backward, global-norm
+The model is transformers' RoFormerForMaskedLM when `import transformers`
+works, else the independent PyTorch re-implementation of Hugging Face's
+modeling_roformer.py in make_golden_roformer.py (imported, not copied); the
+`reference` attribute says which. It runs in float64 from
+float32-representable weights with dropout off, so the reference is
+deterministic. Each step: forward on that step's batch, backward, global-norm
 clipping (torch.nn.utils.clip_grad_norm_), torch.optim.AdamW with two parameter
 groups (no weight decay for biases and LayerNorm parameters, the rule of
 optim::decays_by_default), and the learning rate of optim::LrSchedule (linear
@@ -96,11 +98,44 @@ def make_batches(gen):
     return dict(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels)
 
 
+def make_model(weights, dtype):
+    """(model, forward(batch) -> (loss, logits)): transformers' RoFormerForMaskedLM
+    when it is installed, else the re-implementation in make_golden_roformer.py."""
+    state = {k: torch.from_numpy(w).to(dtype) for k, w in weights.items()}
+    if ref.HAVE_TRANSFORMERS:
+        model = ref.transformers.RoFormerForMaskedLM(ref.transformers.RoFormerConfig(**CONFIG)).to(dtype)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert not unexpected, unexpected
+        # Only the tied decoder and the fixed sinusoidal table may be absent.
+        assert all(("decoder" in m) or ("embed_positions" in m) for m in missing), missing
+
+        def forward(b):
+            out = model(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                token_type_ids=b["token_type_ids"],
+                labels=b["labels"],
+            )
+            return out.loss, out.logits
+
+    else:
+        model = ref.RoFormerForMaskedLM(CONFIG).to(dtype)
+        model.load_state_dict(state)
+
+        def forward(b):
+            return model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"])
+
+    model.train()  # dropout probabilities are 0: training mode changes nothing else
+    return model, forward
+
+
 def train(weights, batches, dtype):
     """The ten steps in `dtype`; returns the recorded state."""
-    model = ref.RoFormerForMaskedLM(CONFIG).to(dtype)
-    model.load_state_dict({k: torch.from_numpy(w).to(dtype) for k, w in weights.items()})
-    named = list(model.named_parameters())
+    model, forward = make_model(weights, dtype)
+    # Trainable parameters, each once (transformers' sinusoidal table is frozen,
+    # its decoder weight and bias are the word embedding and cls.predictions.bias).
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert sorted(n for n, _ in named) == sorted(weights), sorted(n for n, _ in named)
     groups = [
         dict(params=[p for n, p in named if decays(n)], weight_decay=OPTIM["weight_decay"]),
         dict(params=[p for n, p in named if not decays(n)], weight_decay=0.0),
@@ -111,7 +146,7 @@ def train(weights, batches, dtype):
     for s in range(STEPS):
         opt.zero_grad()
         b = {k: v[s] for k, v in batches.items()}
-        loss, logits = model(b["input_ids"], b["attention_mask"], b["token_type_ids"], b["labels"])
+        loss, logits = forward(b)
         loss.backward()
         if s == 0:
             out["logits"] = logits.detach().double().numpy()
@@ -152,10 +187,13 @@ def main():
         ),
     )
     with h5py.File(args.out, "w") as f:
-        f.attrs["reference"] = (
-            "independent PyTorch re-implementation of transformers RoFormerForMaskedLM "
-            "(tests/golden/make_golden_roformer.py), torch.optim.AdamW, clip_grad_norm_, LambdaLR"
+        model = (
+            f"transformers {ref.transformers.__version__} RoFormerForMaskedLM"
+            if ref.HAVE_TRANSFORMERS
+            else "independent PyTorch re-implementation of transformers RoFormerForMaskedLM "
+            "(tests/golden/make_golden_roformer.py; transformers not available)"
         )
+        f.attrs["reference"] = f"{model}, torch.optim.AdamW, clip_grad_norm_, LambdaLR"
         f.attrs["model"] = "RoFormerForMaskedLM"
         f.attrs["config"] = json.dumps(CONFIG)
         f.attrs["optim"] = json.dumps(dict(OPTIM, steps=STEPS))
