@@ -56,12 +56,17 @@ enum class UnaryOp : uint8_t {
 // Dropout's random numbers. Element j of sequence (row) b of the call keeps
 // its value when the Philox uniform for (seed, step, site, first_sequence + b,
 // j) -- see core/philox.h -- is >= p. p == 0: no dropout.
+// TRANSITION: until the DropoutContext change lands in main, the CPU kernels
+// use only (seed, offset): element i (flat) draws Philox word offset + i of
+// the stream keyed by seed (counter block = word / 4, high words 0), as the
+// Generator API does today. `offset` goes away with that change.
 struct DropoutKey {
   double p = 0.0;
   uint64_t seed = 0;
   uint64_t step = 0;
   uint64_t site = 0;            // which dropout in the model (layer and place)
   int64_t first_sequence = 0;   // index in the global batch of row 0
+  uint64_t offset = 0;          // TRANSITION (see above)
 };
 
 struct AttentionParams {
