@@ -1,5 +1,6 @@
 #include "core/flat_parameters.h"
 
+#include <cstring>
 #include <unordered_set>
 
 #include "core/autograd.h"
@@ -77,7 +78,12 @@ std::shared_ptr<FlatParameters> FlatParameters::of(const std::vector<Tensor>& pa
 }
 
 void FlatParameters::zero_grad() {
-  grad_.zero_();
+  if (grad_.device().is_cpu()) {
+    std::memset(grad_.data(), 0, grad_.nbytes());
+    grad_.bump_version();
+  } else {
+    grad_.zero_();
+  }
   for (const Tensor& p : params_) p.impl().grad.reset();
 }
 
