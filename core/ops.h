@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/dropout_context.h"
 #include "core/rope_layout.h"
 #include "core/tensor.h"
 
@@ -59,9 +60,12 @@ Tensor log_softmax(const Tensor& x);  // over the last dim
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 
 // --- training-specific (core/ops/*.cpp) -----------------------------------------
-// Zeroes each element with probability p (Philox keyed by (seed, offset, index))
-// and scales the rest by 1/(1-p). Identity when !training or p == 0.
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// Zeroes each element with probability p and scales the rest by 1/(1-p).
+// x is [B, S, ...] (or [B, F]); row b is sequence ctx.first_sequence + b of
+// the global batch, and each element's draw follows the shared rule of
+// core/philox.h for the context's next site. Identity (no site taken) when
+// !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx);
 // weight[ids]: ids (i32/i64) of any shape -> [..., dim]. Backward scatter-adds
 // rows in a fixed order (deterministic).
 Tensor embedding(const Tensor& weight, const Tensor& ids);
@@ -78,15 +82,15 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 
 // Softmax attention as one node (core/ops/attention.cpp): per (batch, head)
 // softmax(q k^T * scale, keys with key_padding_mask == 0 excluded), dropout p
-// on the probabilities when training (Philox keyed by gen's seed, offset and
-// element index), times v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv]
-// (strided views are fine), key_padding_mask [B, Sk] (nonzero = keep) or
-// undefined. Returns [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] in memory, so
-// out.transpose(1, 2).reshape({B, Sq, H * Dv}) is a free view. Backward keeps
-// only the row log-sum-exp (and dropout keep bits) and recomputes the
-// probabilities. f32 (oneDNN) and f64 (loops).
+// on the probabilities when training (the shared Philox rule of core/philox.h
+// at the context's next site: batch row b is sequence ctx.first_sequence + b,
+// the query is the position, the key the feature), times v. q [B, H, Sq, D], k [B, H, Sk, D], v [B,
+// H, Sk, Dv] (strided views are fine), key_padding_mask [B, Sk] (nonzero = keep) or undefined.
+// Returns [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] in memory, so out.transpose(1, 2).reshape({B,
+// Sq, H * Dv}) is a free view. Backward keeps only the row log-sum-exp (and dropout keep bits) and
+// recomputes the probabilities. f32 (oneDNN) and f64 (loops).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                 double dropout_p, bool training, Generator& gen, double scale);
+                 double dropout_p, bool training, DropoutContext& ctx, double scale);
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "core/dropout_context.h"
 #include "core/tensor.h"
 
 namespace roformer::cpu {
@@ -19,10 +20,10 @@ struct AttentionArgs {
   // batch element with no key kept get zero output and zero gradient.
   const uint8_t* key_keep = nullptr;
   double scale = 1.0;
-  // Dropout on the probabilities: keep bits are drawn in forward from
-  // Philox(seed, offset + element index) and read back in backward.
+  // Dropout on the probabilities: keep bits are drawn in forward by the
+  // shared rule of core/philox.h at this site and read back in backward.
   double dropout_p = 0.0;
-  uint64_t seed = 0, offset = 0;
+  DropoutKey dropout;
 };
 
 // out [B, H, Sq, Dv] (any strides, unit last), lse [B, H, Sq] contiguous (the

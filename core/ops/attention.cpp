@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/ops.h"
+#include "core/philox.h"
 
 namespace roformer {
 
@@ -25,7 +26,7 @@ Tensor unit_last_stride(const Tensor& t) {
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                 double dropout_p, bool training, Generator& gen, double scale) {
+                 double dropout_p, bool training, DropoutContext& ctx, double scale) {
   const Device device = kernel_device("attention", {&q, &k, &v, &key_padding_mask});
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
     throw Error(detail::concat("attention: expected q, k, v as [B, H, S, D], got ", q.desc(), ", ",
@@ -63,8 +64,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   args.key_keep = keep->empty() ? nullptr : keep->data();
   args.scale = scale;
   args.dropout_p = drop ? dropout_p : 0.0;
-  args.seed = gen.seed;
-  args.offset = drop ? gen.take(uint64_t(B * H * Sq * Sk)) : 0;
+  if (drop) {
+    if (H > kDropoutMaxHeads)
+      throw Error(detail::concat("attention: dropout supports at most ", kDropoutMaxHeads,
+                                 " heads, got ", q.desc()));
+    args.dropout = ctx.next_site_key();
+  }
 
   Tensor out = heads_view_buffer(B, H, Sq, Dv, q.dtype(), device);
   const Tensor lse = Tensor::empty({B, H, Sq}, q.dtype(), device);
@@ -81,7 +86,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   const SavedTensor so(out, "attention");
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   const double p_used = args.dropout_p;
-  const uint64_t seed = args.seed, offset = args.offset;
+  const DropoutKey dropout_key = args.dropout;
   return record("attention", out, {&q, &k, &v}, [=](const Tensor& g) {
     cpu::AttentionArgs a;
     a.q = sq.get();
@@ -90,8 +95,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     a.key_keep = keep->empty() ? nullptr : keep->data();
     a.scale = scale;
     a.dropout_p = p_used;
-    a.seed = seed;
-    a.offset = offset;
+    a.dropout = dropout_key;
     const Tensor grad_out = unit_last_stride(g);
     Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
     Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());

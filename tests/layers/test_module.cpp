@@ -248,7 +248,7 @@ Tensor mlm_loss(const RoFormerForMaskedLM& model, uint64_t seed) {
   std::vector<int32_t> ids, labels(size_t(B * S), -100);
   for (double x : u) ids.push_back(int32_t(1 + x * 48));
   for (size_t i : {1u, 4u, 8u}) labels[i] = ids[(i + 3) % ids.size()];
-  Generator dropout{1, 0};
+  DropoutContext dropout{1, 0};
   return model
       .forward_mlm(Tensor::from_vector(ids, {B, S}), Tensor(), Tensor(),
                    Tensor::from_vector(labels, {B, S}), /*training=*/false, dropout)
