@@ -117,6 +117,10 @@ TEST(GoldenTrain10, TenStepsOfClippedAdamWWithScheduleMatchPyTorch) {
     params.push_back({p.name, p.tensor, optim::decays_by_default(p.name)});
   optim::AdamW adamw(
       params, {opt.at("betas")[0], opt.at("betas")[1], opt.at("eps"), opt.at("weight_decay")});
+  // The trainer's path: one pass of AdamW, the norm and zeroing over the
+  // model's own flat parameter and gradient buffers.
+  ASSERT_NE(model.flat_parameters(), nullptr);
+  EXPECT_EQ(&adamw.flat(), model.flat_parameters().get());
   const optim::LrSchedule schedule(optim::DecayKind::linear, opt.at("lr"), opt.at("warmup_steps"),
                                    opt.at("min_lr_ratio"), {{steps, {}, {}}});
   const double clip = opt.at("clip_grad_norm");
