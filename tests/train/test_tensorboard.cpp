@@ -2,6 +2,7 @@
 // Event encoding against bytes worked out by hand from the protocol-buffer
 // rules, and a write / read-back round trip with every CRC verified.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
@@ -25,7 +26,8 @@ std::string read_bytes(const fs::path& p) {
 }
 
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("roformer_tb_" + name);
+  const fs::path dir =
+      fs::temp_directory_path() / ("roformer_tb_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   return dir;
 }
