@@ -1,6 +1,8 @@
 // The differentiable ops. Each is one autograd node with a hand-written
-// backward; forward and backward live side by side in core/ops/<family>.cpp,
-// CPU kernels in core/cpu/. Shapes broadcast as in NumPy where noted.
+// backward; forward and backward live side by side in core/ops/<family>.cpp
+// and reach their kernels (core/kernels/kernel_list.h; CPU ones in core/cpu/)
+// through launch:: in core/ops/dispatch.h. Shapes broadcast as in NumPy where
+// noted.
 #pragma once
 
 #include <utility>
@@ -67,12 +69,19 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // !training or p == 0.
 Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx);
 // weight[ids]: ids (i32/i64) of any shape -> [..., dim]. Backward scatter-adds
-// rows in a fixed order (deterministic).
+// rows in a fixed order (deterministic). An id out of range is raised at the
+// next sync point (see check_kernel_errors), naming the id and its position.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 // Mean negative log-likelihood of targets under softmax(logits) over rows whose
 // target != ignore_index. logits [N, C], targets [N] (i32/i64). Log-softmax is
-// fused: only the row statistics are kept for backward.
+// fused: only the row statistics are kept for backward. The loss is f32 for
+// f32/bf16 logits, f64 for f64; a bad target is raised at the next sync point.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// The same loss and, as an i64 [] tensor on the logits' device, the number of
+// rows it averages over (targets != ignore_index): what a caller needs to
+// normalise across micro-batches or ranks without a host read.
+std::pair<Tensor, Tensor> cross_entropy_with_count(const Tensor& logits, const Tensor& targets,
+                                                   int64_t ignore_index = -100);
 
 // Rotary position embedding (paper eq. 34) of x [..., S, D] at positions [S]
 // (i32/i64): pairs (x[2i], x[2i+1]) (interleaved) or (x[i], x[i+D/2]) (half)
@@ -100,7 +109,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 Tensor cast(const Tensor& x, DType dtype);
-// Rows of x [N, ...] at indices [M] -> [M, ...]; backward scatter-adds.
+// Rows of x [N, ...] at indices [M] (i32/i64) -> [M, ...]; backward
+// scatter-adds. A bad index is raised at the next sync point.
 Tensor index_select(const Tensor& x, const Tensor& indices);
 
 // --- operators ------------------------------------------------------------------
@@ -138,10 +148,15 @@ inline Tensor operator-(const Tensor& a) {
 // Broadcast shape of a and b; throws naming `op` and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
-// Throws unless every defined tensor lives on a device that has a kernel for
-// `op` and all share one device; returns that device.
+// Throws unless every defined tensor lives on one device whose kernels this
+// build has; returns that device.
 Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors);
-// Lets a backend declare that it has a kernel for `op` on `type`.
-void register_kernel(const char* op, DeviceType type);
+
+// Kernels that check indices (embedding ids, cross-entropy targets,
+// index_select) do not stop the op: they report the first bad index to their
+// device, and this raises it -- naming the op, the bad id, its position and
+// the valid range -- at the one synchronisation point. Tensor::item() and
+// to_vector() call it; a trainer may call it once per step.
+void check_kernel_errors();
 
 }  // namespace roformer

@@ -71,7 +71,7 @@ class Tensor {
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                      Device device = Device::cpu());
   static Tensor arange(int64_t start, int64_t end, DType dtype = DType::i64);
-  // Copies host data; T's dtype is used unless `dtype` asks for a cast.
+  // Copies host data; the tensor gets T's dtype.
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
   // Uniform [0, 1) and standard normal numbers from Philox(seed, offset).

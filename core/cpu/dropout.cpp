@@ -1,13 +1,20 @@
-#include "core/cpu/dropout.h"
-
+// Dropout mask from Philox by the shared rule of core/philox.h: the decision
+// for an element depends only on its (sequence, position, feature) and the
+// site's key, never on the batch split, the padding or the thread count. The
+// mask is never stored: the backward applies the identical mask by calling
+// the kernel again on the gradient.
 #include "core/cpu/strided_loop.h"
 #include "core/philox.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
-void dropout(const Tensor& x, const Tensor& out, double p, const DropoutKey& key, int64_t rows,
-             int64_t positions, int64_t features) {
+void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {
+  const View x(x_kt), out(out_kt);
+  RF_CHECK(x.dim() == 3 && x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape(),
+           "dropout kernel: expected contiguous x and out [rows, positions, features], got ",
+           x.desc(), " and ", out.desc());
   if (x.numel() == 0) return;
+  const int64_t rows = x.shape()[0], positions = x.shape()[1], features = x.shape()[2];
   const PhiloxKey pkey = dropout_key(key.seed, key.step);
   const uint32_t threshold = dropout_threshold(p);
   const int64_t blocks = (features + 3) / 4;
@@ -34,4 +41,4 @@ void dropout(const Tensor& x, const Tensor& out, double p, const DropoutKey& key
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

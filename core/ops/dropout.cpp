@@ -1,15 +1,13 @@
 // dropout: the mask is never stored. Forward takes the next site key from the
 // context; backward regenerates the same mask from it, so the node keeps a
 // key instead of a mask tensor.
-#include "core/cpu/dropout.h"
-
 #include "core/ops.h"
-#include "core/philox.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
 Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx) {
-  kernel_device("dropout", {&x});
+  const Device device = kernel_device("dropout", {&x});
   if (!is_floating(x.dtype()))
     throw Error(detail::concat("dropout: expected a floating tensor, got ", x.desc()));
   if (!(p >= 0.0 && p < 1.0))
@@ -23,12 +21,13 @@ Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx) {
   const int64_t positions = x.dim() >= 3 ? x.size(1) : 1;
   const int64_t features = rows * positions > 0 ? x.numel() / (rows * positions) : 0;
   const Tensor xc = x.detach().contiguous();
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  cpu::dropout(xc, out, p, key, rows, positions, features);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
+  const Shape tokens{rows, positions, features};
+  launch::dropout(device, xc.view(tokens), out.view(tokens), p, key);
   return record("dropout", out, {&x}, [=](const Tensor& g) {
     const Tensor gc = g.contiguous();
     Tensor dx = Tensor::empty(gc.shape(), gc.dtype(), gc.device());
-    cpu::dropout(gc, dx, p, key, rows, positions, features);
+    launch::dropout(gc.device(), gc.view(tokens), dx.view(tokens), p, key);
     return std::vector<Tensor>{dx};
   });
 }
