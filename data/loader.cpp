@@ -10,6 +10,12 @@ namespace {
 constexpr uint64_t kShuffleTag = 0x53485546464C45ull;  // "SHUFFLE"
 }
 
+int64_t bucketed_length(int64_t longest, int64_t max_len, int64_t multiple) {
+  if (multiple <= 1) return longest;
+  const int64_t rounded = (longest + multiple - 1) / multiple * multiple;
+  return std::max(longest, std::min(rounded, max_len));
+}
+
 Loader::Loader(ShardSet shards, std::shared_ptr<const Vocab> vocab, LoaderOptions options,
                LoaderState start)
     : shards_(std::move(shards)),
@@ -121,7 +127,8 @@ Batch Loader::batch_at(const LoaderState& at) const {
     b.epochs.push_back(epoch);
     b.sequence_ids.push_back(seq);
   }
-  b.seq_len = longest;
+  b.seq_len = bucketed_length(longest, options_.max_seq_len);
+  longest = b.seq_len;
   const size_t total = size_t(rows * longest);
   b.input_ids.assign(total, sp.pad);
   b.token_type_ids.assign(total, 0);

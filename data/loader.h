@@ -37,6 +37,9 @@
 
 namespace roformer::data {
 
+// Sequence lengths of a batch are padded up to a multiple of this.
+constexpr int64_t kSequenceBucket = 32;
+
 struct LoaderOptions {
   int64_t max_seq_len = 128;
   int64_t batch_size = 8;  // rows per micro-batch on this rank
@@ -58,7 +61,8 @@ struct LoaderState {
   bool operator==(const LoaderState&) const = default;
 };
 
-// Row-major [batch_size, seq_len]; rows padded with [PAD] to the longest row.
+// Row-major [batch_size, seq_len]; rows padded with [PAD] to the longest row,
+// bucketed (bucketed_length).
 struct Batch {
   int64_t batch_size = 0, seq_len = 0;
   std::vector<int32_t> input_ids, token_type_ids, attention_mask, labels;
@@ -68,6 +72,12 @@ struct Batch {
   std::vector<uint64_t> epochs;
   std::vector<int64_t> sequence_ids;
 };
+
+// The padded length of a batch whose longest row is `longest`: rounded up to a
+// multiple of `multiple`, but never past max(longest, max_len). Batches then
+// come in a few shapes, so the kernels' per-shape caches (oneDNN primitives)
+// and the allocator's size bins stay small.
+int64_t bucketed_length(int64_t longest, int64_t max_len, int64_t multiple = kSequenceBucket);
 
 class Loader {
  public:

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -75,7 +73,8 @@ data::LoaderState loader_from_json(const nlohmann::json& j) {
 
 }  // namespace
 
-void save_checkpoint(const fs::path& path, const CheckpointData& data) {
+void save_checkpoint(const fs::path& path, const CheckpointData& data,
+                     const std::function<void()>& before_commit) {
   hdf5::AtomicFile file(path.string());
   hdf5::Group& root = file.root();
   root.set_attr("format", "roformer-checkpoint");
@@ -102,11 +101,7 @@ void save_checkpoint(const fs::path& path, const CheckpointData& data) {
     write_tensor(optim, "exp_avg", data.exp_avg);
     write_tensor(optim, "exp_avg_sq", data.exp_avg_sq);
   }
-  if (const char* kill = std::getenv("ROFORMER_TEST_KILL_DURING_CHECKPOINT")) {
-    // Test hook: die with the file half-way (written, not yet renamed) to show
-    // that the previous checkpoint survives. See tests/train/resume_test.sh.
-    if (std::to_string(s.global_step) == kill) std::raise(SIGKILL);
-  }
+  if (before_commit) before_commit();
   file.commit();
 }
 
@@ -235,7 +230,7 @@ std::string describe_checkpoint(const fs::path& path) {
       << (data.exp_avg.defined() ? " (AdamW moments present)" : " (no optimizer state)") << "\n"
       << "  loader cursor    epoch " << s.loader.epoch << ", index " << s.loader.index
       << " (max_seq_len " << s.loader.max_seq_len << ")\n"
-      << "  dropout RNG      seed " << s.rng_seed << ", offset " << s.rng_offset << "\n"
+      << "  dropout seed     " << s.rng_seed << "\n"
       << "  skipped steps    " << s.nonfinite_skipped << " (non-finite loss or gradient)\n"
       << "  parameters       " << total << " in " << data.parameters.size() << " tensors\n";
   for (const NamedTensor& p : data.parameters)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,9 +22,11 @@ struct TrainingState {
   int64_t global_step = 0;    // optimizer updates done (skipped steps included)
   int64_t stage = 0;          // stage in progress (== number of stages when finished)
   int64_t step_in_stage = 0;  // steps done within that stage
-  uint64_t rng_seed = 0;      // the dropout seed (draws are keyed by seed and step)
-  uint64_t rng_offset = 0;    // unused since dropout is keyed by step; kept in the format
-  data::LoaderState loader;   // the training stream's cursor
+  // Dropout's seed. Dropout draws from (seed, step, sequence), so nothing
+  // else is needed; older checkpoints also hold a generator offset, unused.
+  uint64_t rng_seed = 0;
+  uint64_t rng_offset = 0;
+  data::LoaderState loader;  // the training stream's cursor
   int64_t nonfinite_skipped = 0;
   int64_t nonfinite_in_a_row = 0;
   bool stage_end = false;     // saved at the end of a stage (kept by pruning)
@@ -42,8 +45,10 @@ struct CheckpointData {
 };
 
 // Writes `path` atomically. Throws Error if a parameter or moment is not
-// finite: a checkpoint never holds NaN.
-void save_checkpoint(const std::filesystem::path& path, const CheckpointData& data);
+// finite: a checkpoint never holds NaN. `before_commit` (a test hook) runs
+// when the file is written but not yet renamed into place.
+void save_checkpoint(const std::filesystem::path& path, const CheckpointData& data,
+                     const std::function<void()>& before_commit = {});
 
 // Reads and verifies a checkpoint (format version, every dataset's checksum
 // and size). Throws InputError naming the file and what is wrong.

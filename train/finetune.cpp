@@ -24,6 +24,7 @@
 #include "train/metrics.h"
 #include "train/signals.h"
 #include "train/task_data.h"
+#include "train/trainer.h"
 
 namespace roformer {
 
@@ -45,12 +46,14 @@ struct TaskNet {
   FinetuneTask task;
   int64_t num_labels;
   int32_t pad_id;
+  int64_t max_seq_len;  // rows are padded to a bucketed length up to this
   std::unique_ptr<RoFormerForSequenceClassification> model;
 
-  TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed)
+  TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed, int64_t max_len)
       : task(t),
         num_labels(labels),
         pad_id(int32_t(config.pad_token_id)),
+        max_seq_len(max_len),
         model(std::make_unique<RoFormerForSequenceClassification>(
             config, t == FinetuneTask::kTriplet ? 1 : labels, seed)) {}
 
@@ -62,6 +65,7 @@ struct TaskNet {
       for (const auto& part : ex->parts) rows.push_back(&part);
     int64_t S = 0;
     for (const auto* r : rows) S = std::max<int64_t>(S, int64_t(r->input_ids.size()));
+    S = data::bucketed_length(S, max_seq_len);
     const int64_t R = int64_t(rows.size());
     std::vector<int32_t> ids(size_t(R * S), pad_id), types(size_t(R * S), 0),
         mask(size_t(R * S), 0);
@@ -230,6 +234,193 @@ fs::path resolve_task_checkpoint(const fs::path& path) {
   return resolve_checkpoint(path);
 }
 
+// Classification, pair or triplet fine-tuning as a Trainer task: one phase
+// per epoch, each epoch's order a pure function of (seed, epoch), validation
+// and best.h5 at epoch ends, checkpoints only at epoch ends (an interrupted
+// epoch is rerun from its start).
+class FinetuneTraining final : public TrainingTask {
+ public:
+  FinetuneTraining(const Config& config, const EncodedTask& train, const EncodedTask* val,
+                   TaskNet& net, fs::path best_path)
+      : config_(config),
+        spec_(*config.finetune),
+        train_(train),
+        val_(val),
+        net_(net),
+        best_path_(std::move(best_path)) {
+    const int64_t n = int64_t(train_.examples.size());
+    steps_per_epoch_ = (n + spec_.batch_size - 1) / spec_.batch_size;
+    warmup_ = std::llround(spec_.warmup_ratio * double(steps_per_epoch_ * spec_.epochs));
+  }
+
+  int64_t warmup_steps() const { return warmup_; }
+  double best() const { return best_; }
+
+  Module& model() override { return *net_.model; }
+  std::string created_by() const override {
+    return std::string(kCreatedBy) + " (task: " + std::string(enum_name(spec_.task)) + ")";
+  }
+  std::string config_yaml() const override { return finetune_yaml(config_); }
+  void check_resume(const Config& saved, const std::string& checkpoint,
+                    const TrainingState&) const override {
+    std::string what;
+    if (!saved.finetune) {
+      what = "it is not a fine-tuning checkpoint";
+    } else if (!(saved.model == config_.model)) {
+      const std::vector<std::string> diff = model_differences(saved, config_);
+      what = diff.empty() ? std::string("the model section differs") : diff[0];
+    } else if (saved.finetune->task != spec_.task) {
+      what = detail::concat("finetune.task: ", enum_name(saved.finetune->task),
+                            " in the checkpoint, ", enum_name(spec_.task), " now");
+    } else if (saved.finetune->labels != spec_.labels) {
+      what = "the label set differs";
+    }
+    if (!what.empty())
+      throw InputError(
+          detail::concat("cannot resume from ", checkpoint, ": ", what, " (use a new run.dir)"));
+  }
+
+  std::string phase_name() const override { return "epoch"; }
+  int64_t num_phases() const override { return spec_.epochs; }
+  PhasePlan plan(int64_t) const override {
+    return {steps_per_epoch_, 1, spec_.batch_size, spec_.batch_size * spec_.max_seq_len};
+  }
+  CheckpointPolicy checkpoint_policy() const override {
+    return {false, false, std::max<int64_t>(config_.checkpoint.keep_last, 1), false};
+  }
+  std::string accuracy_key() const override { return "accuracy"; }
+  optim::LrSchedule lr_schedule() const override {
+    const int64_t total = steps_per_epoch_ * spec_.epochs;
+    return optim::LrSchedule(optim::DecayKind::linear, spec_.lr, warmup_, 0.0,
+                             {optim::StageLr{total, std::nullopt, std::nullopt}});
+  }
+  std::pair<std::string, double> lr_setting() const override { return {"finetune.lr", spec_.lr}; }
+
+  void begin_phase(const TrainingState& state, MetricsLog&) override {
+    // Each epoch's order depends only on the seed and the epoch: a restarted
+    // epoch sees the same batches.
+    data_seed_ = config_.run.seed * 1000003ull + uint64_t(state.stage);
+    order_ = permutation(train_.examples.size(), data_seed_);
+    step_ = 0;
+    loss_sum_ = 0;
+    correct_ = seen_ = 0;
+  }
+
+  std::vector<int64_t> fetch() override {
+    const int64_t n = int64_t(train_.examples.size());
+    batch_.clear();
+    for (int64_t i = step_ * spec_.batch_size; i < std::min(n, (step_ + 1) * spec_.batch_size); ++i)
+      batch_.push_back(&train_.examples[order_[size_t(i)]]);
+    ++step_;
+    return {int64_t(batch_.size())};
+  }
+
+  StepStats forward_backward(size_t, double inv_global_units, DropoutContext dropout) override {
+    const Tensor logits = net_.logits(batch_, true, dropout);
+    const Tensor labels = labels_of(batch_);
+    const Tensor loss = cross_entropy(logits, labels);
+    const double n = double(batch_.size());
+    mul(loss, n * inv_global_units).backward();
+    StepStats s;
+    s.units = int64_t(batch_.size());
+    const double l = loss.item();
+    s.loss_sum = l * n;
+    const auto pred = argmax(logits.detach(), 1).to_vector<int64_t>();
+    const auto truth = labels.to_vector<int64_t>();
+    for (size_t i = 0; i < pred.size(); ++i) s.correct += pred[i] == truth[i];
+    for (const EncodedExample* ex : batch_)
+      for (const auto& part : ex->parts) s.tokens += int64_t(part.input_ids.size());
+    loss_sum_ += s.loss_sum;
+    correct_ += s.correct;
+    seen_ += s.units;
+    return s;
+  }
+
+  void end_phase(const TrainingState& state, const PhaseTraining&, MetricsLog& metrics) override {
+    const int64_t epoch = state.stage;
+    const double train_loss = loss_sum_ / double(seen_),
+                 train_acc = double(correct_) / double(seen_);
+    nlohmann::json row = {{"epoch", epoch + 1},
+                          {"train_loss", train_loss},
+                          {"train_accuracy", train_acc},
+                          {"data_seed", data_seed_}};
+    bool improved = !val_;
+    if (val_) {
+      const EvalReport r = evaluate_encoded(net_, *val_, spec_.batch_size, spec_.labels);
+      row["validation_accuracy"] = r.accuracy;
+      row["validation_macro_f1"] = r.macro_f1;
+      row["validation_loss"] = r.loss;
+      improved = r.accuracy > best_;
+      metrics.clear_progress();
+      spdlog::info(
+          "epoch {}/{}: train loss {:.4f} acc {:.2f}% | validation loss {:.4f} acc {:.2f}% "
+          "macro-F1 {:.4f}{}",
+          epoch + 1, spec_.epochs, train_loss, 100 * train_acc, r.loss, 100 * r.accuracy,
+          r.macro_f1, improved ? " (best so far)" : "");
+      if (improved) best_ = r.accuracy;
+    } else {
+      spdlog::info("epoch {}/{}: train loss {:.4f} acc {:.2f}%", epoch + 1, spec_.epochs,
+                   train_loss, 100 * train_acc);
+    }
+    bad_epochs_ = improved ? 0 : bad_epochs_ + 1;
+    {
+      nlohmann::json rec = row;
+      rec["type"] = "epoch";
+      metrics.write(rec);
+    }
+    history_.push_back(row);
+    if (spec_.early_stopping_patience > 0 && bad_epochs_ >= spec_.early_stopping_patience &&
+        epoch + 1 < spec_.epochs) {
+      stopped_early_ = true;
+      spdlog::info("early stopping: {} epochs without a better validation accuracy", bad_epochs_);
+    }
+    if (improved) {
+      TrainingState at_end = state;
+      at_end.stage = epoch + 1;
+      at_end.step_in_stage = 0;
+      at_end.stage_results = save_extra();
+      save_model(best_path_, net_, config_, at_end, nullptr);
+    }
+  }
+  bool stop_early() const override { return stopped_early_; }
+
+  std::string save_extra() const override {
+    return nlohmann::json{{"best_validation_accuracy", best_},
+                          {"epochs_without_improvement", bad_epochs_},
+                          {"stopped_early", stopped_early_},
+                          {"history", history_}}
+        .dump();
+  }
+  void load_extra(const std::string& json) override {
+    const auto extra = nlohmann::json::parse(json);
+    best_ = extra.at("best_validation_accuracy").get<double>();
+    bad_epochs_ = extra.at("epochs_without_improvement").get<int64_t>();
+    stopped_early_ = extra.value("stopped_early", false);
+    history_ = extra.at("history");
+  }
+
+ private:
+  const Config& config_;
+  const FinetuneConfig& spec_;
+  const EncodedTask& train_;
+  const EncodedTask* val_;
+  TaskNet& net_;
+  fs::path best_path_;
+  int64_t steps_per_epoch_ = 0, warmup_ = 0;
+  // The epoch in progress.
+  uint64_t data_seed_ = 0;
+  std::vector<uint32_t> order_;
+  int64_t step_ = 0;
+  std::vector<const EncodedExample*> batch_;
+  double loss_sum_ = 0;
+  int64_t correct_ = 0, seen_ = 0;
+  // Across epochs (saved in checkpoints).
+  double best_ = -1;
+  int64_t bad_epochs_ = 0;
+  bool stopped_early_ = false;
+  nlohmann::json history_ = nlohmann::json::array();
+};
+
 }  // namespace
 
 Tensor triplet_scores(const Tensor& pair_scores) {
@@ -369,7 +560,8 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
       label_list);
 
   // --- model, optimizer, schedule ---------------------------------------------------
-  TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed);
+  TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed,
+              spec.max_seq_len);
   if (init) {
     std::vector<std::string> missing;
     std::set<std::string> have;
@@ -389,174 +581,23 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   } else {
     spdlog::info("no finetune.init_checkpoint: training from random weights (no pretraining)");
   }
-  std::vector<optim::NamedParameter> params;
-  for (const NamedTensor& p : net.model->named_parameters())
-    params.push_back(
-        {p.name, p.tensor, config.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
-  optim::AdamW adamw(params, {config.optim.betas[0], config.optim.betas[1], config.optim.eps,
-                              config.optim.weight_decay});
-  const int64_t n_train = int64_t(train.examples.size());
-  const int64_t steps_per_epoch = (n_train + spec.batch_size - 1) / spec.batch_size;
-  const int64_t total_steps = steps_per_epoch * spec.epochs;
-  const int64_t warmup = std::llround(spec.warmup_ratio * double(total_steps));
-  const optim::LrSchedule schedule(optim::DecayKind::linear, spec.lr, warmup, 0.0,
-                                   {optim::StageLr{total_steps, std::nullopt, std::nullopt}});
-
-  // --- run directory and resume -------------------------------------------------------
-  const fs::path run_dir = config.run.dir, ckpt_dir = run_dir / "checkpoints";
-  const fs::path best_path = run_dir / "best.h5";
-  fs::create_directories(ckpt_dir);
-  {
-    const fs::path tmp = run_dir / "config.yaml.tmp";
-    std::ofstream(tmp) << finetune_yaml(config);
-    fs::rename(tmp, run_dir / "config.yaml");
-  }
-  TrainingState state;
-  state.rng_seed = config.run.seed * 0x9E3779B97F4A7C15ull + 3;
-  double best = -1;
-  int64_t bad_epochs = 0;
-  bool stopped_early = false;
-  nlohmann::json history = nlohmann::json::array();
-  std::vector<std::string> problems;
-  if (auto latest = latest_valid_checkpoint(ckpt_dir, &problems)) {
-    for (const auto& p : problems) spdlog::warn("skipping a checkpoint that does not load: {}", p);
-    CheckpointData ckpt = load_checkpoint(*latest, true);
-    const Config saved = parse_config_string(ckpt.config_yaml, latest->string());
-    if (!saved.finetune || !(saved.model == config.model) ||
-        saved.finetune->labels != spec.labels || saved.finetune->task != spec.task)
-      throw InputError(detail::concat(
-          "cannot resume from ", latest->string(),
-          ": it was written for a different model, task or label set (use a new run.dir)"));
-    net.model->load_state_dict(ckpt.parameters);
-    adamw.load_state(ckpt.exp_avg, ckpt.exp_avg_sq, ckpt.optimizer_step);
-    state = ckpt.state;
-    const auto extra = nlohmann::json::parse(state.stage_results);
-    best = extra.at("best_validation_accuracy").get<double>();
-    bad_epochs = extra.at("epochs_without_improvement").get<int64_t>();
-    stopped_early = extra.value("stopped_early", false);
-    history = extra.at("history");
-    spdlog::info("resuming from {}: {} of {} epochs done, restarting at epoch {}", latest->string(),
-                 state.stage, spec.epochs, state.stage + 1);
-  } else {
-    spdlog::info("fine-tuning {} parameters for {} epochs ({} steps, {} warm-up) in {}",
-                 net.model->num_parameters(), spec.epochs, total_steps, warmup, run_dir.string());
-  }
-  MetricsLog metrics(run_dir / "metrics.jsonl", true, config.log.progress != ProgressMode::kNever);
+  const fs::path best_path = fs::path(config.run.dir) / "best.h5";
+  FinetuneTraining task(config, train, val ? &*val : nullptr, net, best_path);
+  const int64_t total_steps = task.plan(0).steps * spec.epochs;
+  spdlog::info("fine-tuning {} parameters for {} epochs ({} steps, {} warm-up) in {}",
+               net.model->num_parameters(), spec.epochs, total_steps, task.warmup_steps(),
+               config.run.dir);
+  Trainer trainer(config, task, options);
+  const TrainerResult run = trainer.run();
   FinetuneResult result;
-
-  const auto run_start = Clock::now();
-  for (int64_t epoch = state.stage; epoch < spec.epochs && !stopped_early; ++epoch) {
-    // Each epoch's order depends only on the seed and the epoch: a restarted
-    // epoch sees the same batches.
-    const uint64_t data_seed = config.run.seed * 1000003ull + uint64_t(epoch);
-    const std::vector<uint32_t> order = permutation(train.examples.size(), data_seed);
-    double loss_sum = 0;
-    int64_t correct = 0, seen = 0;
-    double window_loss = 0;
-    int64_t window = 0;
-    for (int64_t step = 0; step < steps_per_epoch; ++step) {
-      std::vector<const EncodedExample*> batch;
-      for (int64_t i = step * spec.batch_size; i < std::min(n_train, (step + 1) * spec.batch_size);
-           ++i)
-        batch.push_back(&train.examples[order[size_t(i)]]);
-      // Dropout depends on (seed, step, example's place in the batch) only.
-      DropoutContext dropout{state.rng_seed, uint64_t(state.global_step), 0};
-      const Tensor logits = net.logits(batch, true, dropout);
-      const Tensor labels = labels_of(batch);
-      const Tensor loss = cross_entropy(logits, labels);
-      loss.backward();
-      const double gnorm = optim::global_grad_norm(params);
-      const double lr = schedule.at(state.global_step);
-      const double l = loss.item();
-      if (std::isfinite(l) && std::isfinite(gnorm))
-        adamw.step(lr, optim::clip_scale(gnorm, config.optim.clip_grad_norm));
-      else
-        spdlog::warn("step {}: non-finite loss or gradient; update skipped", state.global_step + 1);
-      adamw.zero_grad();
-      ++state.global_step;
-      const auto pred = argmax(logits.detach(), 1).to_vector<int64_t>();
-      const auto truth = labels.to_vector<int64_t>();
-      for (size_t i = 0; i < pred.size(); ++i) correct += pred[i] == truth[i];
-      seen += int64_t(batch.size());
-      loss_sum += l * double(batch.size());
-      window_loss += l;
-      ++window;
-      if (config.log.every_steps > 0 && (state.global_step % config.log.every_steps == 0)) {
-        metrics.clear_progress();
-        spdlog::info(
-            "epoch {}/{} step {:>4}/{} | loss {:.4f} | acc {:5.2f}% | lr {:.2e} | {}", epoch + 1,
-            spec.epochs, step + 1, steps_per_epoch, window_loss / double(window),
-            100.0 * double(correct) / double(seen), lr,
-            format_duration(std::chrono::duration<double>(Clock::now() - run_start).count()));
-        metrics.write({{"type", "train"},
-                       {"epoch", epoch + 1},
-                       {"global_step", state.global_step},
-                       {"loss", window_loss / double(window)},
-                       {"lr", lr},
-                       {"grad_norm", gnorm}});
-        window_loss = 0;
-        window = 0;
-      } else {
-        metrics.progress(fmt::format("epoch {}/{} step {}/{} loss {:.4f}", epoch + 1, spec.epochs,
-                                     step + 1, steps_per_epoch, l));
-      }
-      if (options.stop && options.stop->requested()) {
-        metrics.clear_progress();
-        spdlog::warn(
-            "stopped by signal {} in epoch {}; rerun the same command to restart epoch {} "
-            "from the last epoch checkpoint",
-            options.stop->signal_number(), epoch + 1, epoch + 1);
-        result.interrupted = true;
-        result.epochs_done = epoch;
-        return result;
-      }
-    }
-    const double train_loss = loss_sum / double(seen), train_acc = double(correct) / double(seen);
-    nlohmann::json row = {{"epoch", epoch + 1},
-                          {"train_loss", train_loss},
-                          {"train_accuracy", train_acc},
-                          {"data_seed", data_seed}};
-    bool improved = !val;
-    if (val) {
-      const EvalReport r = evaluate_encoded(net, *val, spec.batch_size, spec.labels);
-      row["validation_accuracy"] = r.accuracy;
-      row["validation_macro_f1"] = r.macro_f1;
-      row["validation_loss"] = r.loss;
-      improved = r.accuracy > best;
-      metrics.clear_progress();
-      spdlog::info(
-          "epoch {}/{}: train loss {:.4f} acc {:.2f}% | validation loss {:.4f} acc {:.2f}% "
-          "macro-F1 {:.4f}{}",
-          epoch + 1, spec.epochs, train_loss, 100 * train_acc, r.loss, 100 * r.accuracy, r.macro_f1,
-          improved ? " (best so far)" : "");
-      if (improved) best = r.accuracy;
-    } else {
-      spdlog::info("epoch {}/{}: train loss {:.4f} acc {:.2f}%", epoch + 1, spec.epochs, train_loss,
-                   100 * train_acc);
-    }
-    bad_epochs = improved ? 0 : bad_epochs + 1;
-    {
-      nlohmann::json rec = row;
-      rec["type"] = "epoch";
-      metrics.write(rec);
-    }
-    history.push_back(row);
-    state.stage = epoch + 1;
-    if (spec.early_stopping_patience > 0 && bad_epochs >= spec.early_stopping_patience &&
-        epoch + 1 < spec.epochs) {
-      stopped_early = true;
-      spdlog::info("early stopping: {} epochs without a better validation accuracy", bad_epochs);
-    }
-    state.stage_results = nlohmann::json{
-        {"best_validation_accuracy", best},
-        {"epochs_without_improvement", bad_epochs},
-        {"stopped_early", stopped_early},
-        {"history", history}}.dump();
-    if (improved) save_model(best_path, net, config, state, nullptr);
-    save_model(ckpt_dir / checkpoint_file_name(state.global_step, std::nullopt), net, config, state,
-               &adamw);
-    prune_checkpoints(ckpt_dir, std::max<int64_t>(config.checkpoint.keep_last, 1), false);
+  if (run.interrupted) {
+    result.interrupted = true;
+    result.epochs_done = run.state.stage;
+    return result;
   }
+  MetricsLog metrics(fs::path(config.run.dir) / "metrics.jsonl", true, false);
+  const TrainingState& state = run.state;
+  const double best = task.best();
 
   // --- the best model on the validation and test files ----------------------------------
   result.finished = true;
@@ -603,8 +644,8 @@ TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>(
                      "`roformer predict --text` does fill-mask with pretraining checkpoints");
   const FinetuneConfig& spec = *impl_->config.finetune;
   impl_->tokenizer = std::make_unique<data::Tokenizer>(make_tokenizer(impl_->config));
-  impl_->net =
-      std::make_unique<TaskNet>(impl_->config.model, spec.task, int64_t(spec.labels.size()), 0);
+  impl_->net = std::make_unique<TaskNet>(impl_->config.model, spec.task,
+                                         int64_t(spec.labels.size()), 0, spec.max_seq_len);
   impl_->net->model->load_state_dict(data.parameters);
   impl_->net->model->eval();
 }

@@ -5,10 +5,11 @@
 //                   pairs (A, B) and (A, C); label 0 ("B") when s_AB > s_AC;
 //                   loss = cross-entropy over [s_AB, s_AC].
 // run_finetune loads roformer.* from finetune.init_checkpoint (or starts from
-// random weights), adds a fresh head, trains with AdamW + linear warm-up and
-// decay, evaluates on the validation file every epoch, keeps the best model
-// as <run.dir>/best.h5, and checkpoints every epoch in <run.dir>/checkpoints;
-// a rerun resumes at the start of the interrupted epoch.
+// random weights), adds a fresh head, and trains it with the shared Trainer
+// (train/trainer.h; AdamW + linear warm-up and decay, one phase per epoch),
+// evaluates on the validation file every epoch, keeps the best model as
+// <run.dir>/best.h5, and checkpoints every epoch in <run.dir>/checkpoints; a
+// rerun resumes at the start of the interrupted epoch.
 #pragma once
 
 #include <filesystem>
@@ -21,6 +22,7 @@
 
 #include "core/tensor.h"
 #include "train/config.h"
+#include "train/trainer.h"
 
 namespace roformer {
 
@@ -51,9 +53,8 @@ nlohmann::json eval_report_json(const EvalReport& report);
 // s_AB > s_AC, and the loss is cross-entropy over the two columns.
 Tensor triplet_scores(const Tensor& pair_scores);
 
-struct FinetuneOptions {
-  const StopRequest* stop = nullptr;
-};
+// The stop request, --restart, the resume command and test hooks (train/trainer.h).
+using FinetuneOptions = TrainerOptions;
 
 struct FinetuneResult {
   bool finished = false;

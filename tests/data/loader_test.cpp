@@ -85,10 +85,23 @@ TEST_F(LoaderTest, BatchesArePaddedWithAttentionMask) {
       longest = std::max(longest, len);
       tokens += len;
     }
-    EXPECT_EQ(longest, b.seq_len) << "padded to the longest row only";
+    EXPECT_EQ(bucketed_length(longest, 64), b.seq_len)
+        << "padded to the longest row, rounded up to a length bucket";
     EXPECT_EQ(masked, b.num_masked);
     EXPECT_EQ(tokens, b.num_tokens);
   }
+}
+
+// Padded lengths come in multiples of the bucket, capped by max_seq_len (and
+// never below the longest row), so a stream of batches mints few shapes.
+TEST(BucketedLength, RoundsUpToTheBucketWithinTheLimit) {
+  EXPECT_EQ(bucketed_length(1, 128), 32);
+  EXPECT_EQ(bucketed_length(32, 128), 32);
+  EXPECT_EQ(bucketed_length(33, 128), 64);
+  EXPECT_EQ(bucketed_length(100, 110), 110);  // capped by max_seq_len
+  EXPECT_EQ(bucketed_length(120, 110), 120);  // a longer row is never cut
+  EXPECT_EQ(bucketed_length(50, 512, 64), 64);
+  EXPECT_EQ(bucketed_length(7, 512, 1), 7);
 }
 
 TEST_F(LoaderTest, DeterministicAndIndependentOfPrefetch) {

@@ -64,7 +64,9 @@ set +e
 code=$?
 set -e
 [[ $code -eq 2 ]] || fail "changed model: exit code $code (expected 2)"
-grep -q "model section differs" "$work/shape.out" || { cat "$work/shape.out"; fail "changed model: message"; }
+# It names the key that differs (issue 17: it used to quote an unrelated line).
+grep -q "model.hidden_size: 32 in the checkpoint, 64 in the config" "$work/shape.out" ||
+  { cat "$work/shape.out"; fail "changed model: message"; }
 echo "ok: resuming with another model shape is refused"
 
 # 5. predict and inspect on the checkpoint.

@@ -281,6 +281,21 @@ TEST(Finetune, ResumeRestartsTheInterruptedEpochExactly) {
   EXPECT_EQ(last_a.exp_avg.to_vector<float>(), last_b.exp_avg.to_vector<float>());
 }
 
+// Non-finite steps follow the pretraining rule: skipped and counted, nothing
+// saved during the streak, and a stop with advice after too many in a row.
+TEST(Finetune, NonFiniteStepsStopWithAdviceAndNoCheckpoint) {
+  TempDir t;
+  const Config config =
+      parse_config_string(tiny_config(t, ""), "nan.yaml",
+                          {"finetune.lr=1e30", "finetune.warmup_ratio=0", "optim.clip_grad_norm=0",
+                           "optim.max_nonfinite_in_a_row=2"});
+  const std::string msg = error_of([&] { run_finetune(config); });
+  EXPECT_NE(msg.find("3 steps in a row had a non-finite loss or gradient"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("finetune.lr=1e+29"), std::string::npos) << msg;
+  EXPECT_TRUE(list_checkpoints(t.path / "run" / "checkpoints").empty());
+}
+
 TEST(Finetune, RejectsACheckpointOfAnotherShape) {
   TempDir t;
   // A "pretraining" checkpoint of a wider model.

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include "train/cli/command.h"
+#include "train/cli/trainer_options.h"
 #include "train/finetune.h"
 #include "train/signals.h"
 
@@ -13,13 +14,20 @@ class FinetuneCommand : public roformer::cli::Command {
   std::string description() const override {
     return "Fine-tune on a classification, pair or triplet task (the config's finetune section)";
   }
-  void setup(CLI::App&) override {}
+  void setup(CLI::App& app) override {
+    app.add_flag("--restart", restart_,
+                 "Start from scratch when the run directory has checkpoints but none loads (they "
+                 "are kept, renamed *.unreadable)");
+  }
   int run(const roformer::cli::Invocation& inv) override {
     const roformer::StopRequest stop;
-    roformer::FinetuneOptions options;
-    options.stop = &stop;
+    const roformer::FinetuneOptions options =
+        roformer::cli::trainer_options(inv, name(), &stop, restart_);
     const roformer::FinetuneResult r = roformer::run_finetune(*inv.config, options);
-    if (r.interrupted) return 130;
+    if (r.interrupted) {
+      spdlog::warn("interrupted; resume with: {}", options.resume_command);
+      return 130;
+    }
     if (r.best_validation_accuracy >= 0)
       spdlog::info("best validation accuracy {:.2f}%: {}", 100 * r.best_validation_accuracy,
                    r.best_checkpoint.string());
@@ -27,6 +35,9 @@ class FinetuneCommand : public roformer::cli::Command {
       spdlog::info("model of the last epoch: {}", r.best_checkpoint.string());
     return 0;
   }
+
+ private:
+  bool restart_ = false;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "train/cli/command.h"
+#include "train/cli/trainer_options.h"
 #include "train/pretrain.h"
 #include "train/signals.h"
 
@@ -18,15 +19,21 @@ class PretrainCommand : public roformer::cli::Command {
     return "Masked-LM pretraining through the config's stages; resumes from the run "
            "directory's newest valid checkpoint";
   }
-  void setup(CLI::App&) override {}
+  void setup(CLI::App& app) override {
+    app.add_flag("--restart", restart_,
+                 "Start from step 0 when the run directory has checkpoints but none loads (they "
+                 "are kept, renamed *.unreadable)");
+  }
   int run(const roformer::cli::Invocation& inv) override {
     roformer::StopRequest stop;
-    roformer::PretrainOptions options;
-    options.stop = &stop;
+    const roformer::PretrainOptions options =
+        roformer::cli::trainer_options(inv, name(), &stop, restart_);
     const roformer::PretrainResult r = roformer::run_pretrain(*inv.config, options);
     if (r.interrupted) {
-      std::cerr << "roformer: interrupted; checkpoint " << r.last_checkpoint.string()
-                << "\nresume with: roformer pretrain --config " << inv.config_path.string() << "\n";
+      std::cerr << "roformer: interrupted; checkpoint "
+                << (r.last_checkpoint.empty() ? std::string("(none yet)")
+                                              : r.last_checkpoint.string())
+                << "\nresume with: " << options.resume_command << "\n";
       return 0;
     }
     std::cout << roformer::format_stage_table(r.stages);
@@ -34,6 +41,9 @@ class PretrainCommand : public roformer::cli::Command {
       std::cout << "final checkpoint: " << r.last_checkpoint.string() << "\n";
     return 0;
   }
+
+ private:
+  bool restart_ = false;
 };
 
 }  // namespace

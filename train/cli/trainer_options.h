@@ -1,0 +1,53 @@
+// What `pretrain` and `finetune` hand the Trainer from the command line: the
+// stop request, --restart, the command that resumes the run (with every
+// override, quoted for a shell), and the kill points of the fault-injection
+// tests. The library reads no environment variable; the CLI translates
+// ROFORMER_TEST_KILL_AT_STEP=N (SIGKILL before global step N) and
+// ROFORMER_TEST_KILL_DURING_CHECKPOINT=N (SIGKILL inside the step-N
+// checkpoint write, before its rename) into the options' callbacks, for
+// tests/train/resume_test.sh.
+#pragma once
+
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+#include "train/cli/command.h"
+#include "train/trainer.h"
+
+namespace roformer::cli {
+
+// `arg` quoted for a POSIX shell when it holds anything but safe characters.
+inline std::string shell_quote(const std::string& arg) {
+  if (!arg.empty() &&
+      arg.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                            "_-./=:,+@%") == std::string::npos)
+    return arg;
+  std::string out = "'";
+  for (char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+inline TrainerOptions trainer_options(const Invocation& inv, const std::string& command,
+                                      const StopRequest* stop, bool restart) {
+  TrainerOptions o;
+  o.stop = stop;
+  o.restart = restart;
+  o.resume_command = "roformer " + command + " --config " + shell_quote(inv.config_path.string());
+  for (const std::string& kv : inv.overrides) o.resume_command += " " + shell_quote(kv);
+  if (const char* at = std::getenv("ROFORMER_TEST_KILL_AT_STEP")) {
+    const long long step = std::atoll(at);
+    o.before_step = [step](int64_t global_step) {
+      if (global_step == step) std::raise(SIGKILL);
+    };
+  }
+  if (const char* at = std::getenv("ROFORMER_TEST_KILL_DURING_CHECKPOINT")) {
+    const long long step = std::atoll(at);
+    o.before_checkpoint_commit = [step](int64_t global_step) {
+      if (global_step == step) std::raise(SIGKILL);
+    };
+  }
+  return o;
+}
+
+}  // namespace roformer::cli

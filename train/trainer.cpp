@@ -1,0 +1,402 @@
+#include "train/trainer.h"
+
+#include <omp.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "optim/adamw.h"
+#include "train/communicator.h"
+#include "train/metrics.h"
+#include "train/run_directory.h"
+#include "train/signals.h"
+
+namespace roformer {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Sums of a log window or a whole phase.
+struct Totals {
+  double loss = 0, gnorm = 0, tokens = 0;
+  int64_t finite_steps = 0, units = 0, correct = 0;
+  void add(double step_loss, double step_gnorm, const StepStats& s) {
+    if (std::isfinite(step_loss)) {
+      loss += step_loss;
+      gnorm += step_gnorm;
+      ++finite_steps;
+    }
+    units += s.units;
+    correct += s.correct;
+    tokens += double(s.tokens);
+  }
+  double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
+  double accuracy() const { return units ? double(correct) / double(units) : NAN; }
+};
+
+// The next phase may run at another length: give the allocator's cached
+// blocks back, then have glibc return the freed pages to the system. Without
+// the trim the blocks only move to malloc's free lists (large ones land on
+// its heap once freed mmapped chunks have raised the mmap threshold), and
+// the six-stage tiny schedule peaked 27% above its largest stage instead of
+// staying at it (docs/performance.md, "Memory across stages").
+void release_host_memory() {
+  allocator_for(Device::cpu()).release_cached();
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
+
+}  // namespace
+
+namespace {
+// key -> value of the `model:` section of a resolved config.
+std::map<std::string, std::string> model_section(const Config& c) {
+  std::istringstream in(to_yaml(c));
+  std::map<std::string, std::string> out;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line[0] != ' ') {
+      inside = line.rfind("model:", 0) == 0;
+      continue;
+    }
+    const size_t colon = line.find(':');
+    if (!inside || colon == std::string::npos) continue;
+    const size_t start = line.find_first_not_of(' ');
+    std::string value = line.substr(colon + 1);
+    if (!value.empty() && value[0] == ' ') value.erase(0, 1);
+    out[line.substr(start, colon - start)] = value;
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<std::string> model_differences(const Config& saved, const Config& now) {
+  const auto a = model_section(saved), b = model_section(now);
+  std::vector<std::string> out;
+  for (const auto& [key, value] : b) {
+    const auto it = a.find(key);
+    const std::string before = it == a.end() ? "(absent)" : it->second;
+    if (before != value)
+      out.push_back(
+          fmt::format("model.{}: {} in the checkpoint, {} in the config", key, before, value));
+  }
+  for (const auto& [key, value] : a)
+    if (!b.count(key))
+      out.push_back(
+          fmt::format("model.{}: {} in the checkpoint, absent in the config", key, value));
+  return out;
+}
+
+MemoryUsage memory_usage() {
+  const AllocatorStats a = allocator_for(Device::cpu()).stats();
+  MemoryUsage m;
+  m.allocated_mb = double(a.allocated_bytes) / kMiB;
+  m.cached_mb = double(a.cached_bytes) / kMiB;
+  m.peak_allocated_mb = double(a.peak_allocated_bytes) / kMiB;
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) == 0) m.peak_rss_mb = double(usage.ru_maxrss) / 1024.0;
+  return m;
+}
+
+Trainer::Trainer(const Config& config, TrainingTask& task, TrainerOptions options)
+    : config_(config), task_(task), options_(std::move(options)) {}
+
+TrainerResult Trainer::run() {
+  SingleProcessCommunicator single;
+  Communicator& comm = options_.communicator ? *options_.communicator : single;
+  const bool writer = comm.rank() == 0;
+  RunDirectory run_dir(config_.run.dir, writer);
+  if (writer) run_dir.write_file("config.yaml", task_.config_yaml());
+
+  // --- model, optimizer, schedule -------------------------------------------------
+  Module& model = task_.model();
+  std::vector<optim::NamedParameter> params;
+  for (const NamedTensor& p : model.named_parameters())
+    params.push_back(
+        {p.name, p.tensor, config_.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
+  optim::AdamW adamw(params, {config_.optim.betas[0], config_.optim.betas[1], config_.optim.eps,
+                              config_.optim.weight_decay});
+  const optim::LrSchedule schedule = task_.lr_schedule();
+  const CheckpointPolicy policy = task_.checkpoint_policy();
+  const std::string phase = task_.phase_name();
+
+  // --- resume -------------------------------------------------------------------------
+  TrainerResult result;
+  TrainingState& state = result.state;
+  // Dropout draws from (seed, step, sequence): nothing of it is saved.
+  const uint64_t dropout_seed = config_.run.seed * 0x9E3779B97F4A7C15ull + 1;
+  state.rng_seed = dropout_seed;
+  if (auto latest = run_dir.checkpoint_to_resume(options_.restart)) {
+    CheckpointData ckpt = load_checkpoint(*latest, true);
+    const Config saved = parse_config_string(ckpt.config_yaml, latest->string());
+    task_.check_resume(saved, latest->string(), ckpt.state);
+    model.load_state_dict(ckpt.parameters);
+    adamw.load_state(ckpt.exp_avg, ckpt.exp_avg_sq, ckpt.optimizer_step);
+    state = ckpt.state;
+    state.stage_end = false;
+    state.rng_seed = dropout_seed;
+    state.rng_offset = 0;
+    task_.load_extra(state.stage_results);
+    result.last_checkpoint = *latest;
+    spdlog::info("resuming from {} (global step {}, {} {} step {})", latest->string(),
+                 state.global_step, phase, state.stage + 1, state.step_in_stage);
+  } else {
+    int64_t total = 0;
+    for (int64_t i = 0; i < task_.num_phases(); ++i) total += task_.plan(i).steps;
+    spdlog::info("starting {}: {} parameters, {} {}s, {} steps, {} threads, {} rank(s)",
+                 config_.run.dir, model.num_parameters(), task_.num_phases(), phase, total,
+                 omp_get_max_threads(), comm.world_size());
+  }
+  MetricsLog metrics(run_dir.dir() / "metrics.jsonl", writer,
+                     config_.log.progress != ProgressMode::kNever);
+
+  auto save = [&](bool phase_end) {
+    state.stage_end = phase_end;
+    state.stage_results = task_.save_extra();
+    if (!writer) return;
+    CheckpointData data;
+    data.state = state;
+    data.parameters = model.named_parameters();
+    data.exp_avg = adamw.exp_avg();
+    data.exp_avg_sq = adamw.exp_avg_sq();
+    data.optimizer_step = adamw.step_count();
+    data.config_yaml = task_.config_yaml();
+    data.created_by = task_.created_by();
+    const fs::path path =
+        run_dir.checkpoints() /
+        checkpoint_file_name(state.global_step, phase_end && policy.mark_phase_ends
+                                                    ? std::optional<int64_t>(state.stage)
+                                                    : std::nullopt);
+    const auto t0 = Clock::now();
+    std::function<void()> hook;
+    if (options_.before_checkpoint_commit)
+      hook = [&, step = state.global_step] { options_.before_checkpoint_commit(step); };
+    save_checkpoint(path, data, hook);
+    prune_checkpoints(run_dir.checkpoints(), policy.keep_last, policy.keep_phase_ends);
+    result.last_checkpoint = path;
+    metrics.clear_progress();
+    spdlog::info("checkpoint {} ({:.1f}s)", path.string(), seconds_since(t0));
+  };
+  // While steps are non-finite nothing is saved or pruned: the newest
+  // checkpoint stays the last one written before the streak.
+  auto in_streak = [&] { return state.nonfinite_in_a_row > 0; };
+  auto resume_advice = [&] {
+    return options_.resume_command.empty() ? std::string("rerun the same command")
+                                           : "resume with: " + options_.resume_command;
+  };
+
+  const auto run_start = Clock::now();
+  double tokens_this_run = 0;
+  const int64_t n_phases = task_.num_phases();
+  for (; state.stage < n_phases && !task_.stop_early(); ++state.stage) {
+    const PhasePlan plan = task_.plan(state.stage);
+    if (!policy.within_phase) state.step_in_stage = 0;
+    allocator_for(Device::cpu()).reset_peak();
+    task_.begin_phase(state, metrics);
+    Totals window, whole;
+    auto window_start = Clock::now();
+    PhaseTraining training;
+
+    while (state.step_in_stage < plan.steps) {
+      if (options_.before_step) options_.before_step(state.global_step);
+
+      // Forward and backward: the loss is the mean over every unit of the
+      // global batch, so each micro-batch weighs in by its share of them.
+      const std::vector<int64_t> units = task_.fetch();
+      int64_t global_units = 0;
+      for (int64_t u : units) global_units += u;
+      global_units = comm.sum(global_units);
+      const double inv_units = global_units > 0 ? 1.0 / double(global_units) : 0.0;
+      StepStats step;
+      for (size_t i = 0; i < units.size(); ++i) {
+        const int64_t row0 =
+            (int64_t(comm.rank()) * int64_t(units.size()) + int64_t(i)) * plan.micro_batch_size;
+        const StepStats s =
+            task_.forward_backward(i, inv_units, {dropout_seed, uint64_t(state.global_step), row0});
+        step.loss_sum += s.loss_sum;
+        step.correct += s.correct;
+        step.tokens += s.tokens;
+      }
+      step.units = global_units;
+      {
+        double d[1] = {step.loss_sum};
+        int64_t n[2] = {step.correct, step.tokens};
+        comm.all_reduce_sum(d);
+        comm.all_reduce_sum(n);
+        step.loss_sum = d[0];
+        step.correct = n[0];
+        step.tokens = n[1];
+      }
+      // (Data parallelism: the gradient all-reduce goes here, before the norm.)
+      const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
+      const double gnorm = optim::global_grad_norm(params);
+      const double lr = schedule.at(state.global_step);
+      if (comm.any(!std::isfinite(loss) || !std::isfinite(gnorm))) {
+        ++state.nonfinite_skipped;
+        ++state.nonfinite_in_a_row;
+        metrics.clear_progress();
+        spdlog::warn(
+            "step {}: non-finite {} ({}); update skipped ({} in a row){}", state.global_step + 1,
+            std::isfinite(loss) ? "gradient" : "loss", std::isfinite(loss) ? gnorm : loss,
+            state.nonfinite_in_a_row,
+            state.nonfinite_in_a_row == 1 ? "; no checkpoints until a step is finite" : "");
+        if (state.nonfinite_in_a_row > config_.optim.max_nonfinite_in_a_row) {
+          const auto [lr_key, lr_value] = task_.lr_setting();
+          const std::string lower = fmt::format("{}={:g}", lr_key, lr_value / 10);
+          std::string advice;
+          if (result.last_checkpoint.empty())
+            advice = fmt::format(
+                "no checkpoint was written before them; start again with a lower "
+                "learning rate{}",
+                options_.resume_command.empty() ? " (" + lower + ")"
+                                                : ":\n  " + options_.resume_command + " " + lower);
+          else
+            advice = fmt::format(
+                "nothing was saved during them; the last checkpoint before them is {}: resume "
+                "from it with a lower learning rate{}",
+                result.last_checkpoint.string(),
+                options_.resume_command.empty() ? " (" + lower + ")"
+                                                : ":\n  " + options_.resume_command + " " + lower);
+          throw Error(
+              fmt::format("stopping: {} steps in a row had a non-finite loss or gradient "
+                          "(optim.max_nonfinite_in_a_row = {}); {}",
+                          state.nonfinite_in_a_row, config_.optim.max_nonfinite_in_a_row, advice));
+        }
+      } else {
+        state.nonfinite_in_a_row = 0;
+        adamw.step(lr, optim::clip_scale(gnorm, config_.optim.clip_grad_norm));
+      }
+      adamw.zero_grad();
+      ++state.global_step;
+      ++state.step_in_stage;
+      state.loader = task_.cursor();
+      tokens_this_run += double(step.tokens);
+      window.add(loss, gnorm, step);
+      whole.add(loss, gnorm, step);
+
+      // --- log ------------------------------------------------------------------------
+      const bool phase_done = state.step_in_stage == plan.steps;
+      if (config_.log.every_steps > 0 &&
+          (state.global_step % config_.log.every_steps == 0 || phase_done) &&
+          window.finite_steps > 0) {
+        const double secs = seconds_since(window_start);
+        const double elapsed = seconds_since(run_start);
+        training.window_loss = window.mean_loss();
+        training.window_accuracy = window.units ? window.accuracy() : 0.0;
+        // ETA from this run's token rate and the tokens the remaining steps hold.
+        double remaining = double(plan.steps - state.step_in_stage) * double(plan.tokens_per_step);
+        for (int64_t p = state.stage + 1; p < n_phases; ++p)
+          remaining += double(task_.plan(p).steps) * double(task_.plan(p).tokens_per_step);
+        const double rate = tokens_this_run / std::max(elapsed, 1e-9);
+        const double eta = remaining * 0.8 / std::max(rate, 1e-9);
+        const double tok_s = window.tokens / std::max(secs, 1e-9);
+        const double mean_gnorm = window.gnorm / double(window.finite_steps);
+        int64_t total_steps = 0;
+        for (int64_t p = 0; p < n_phases; ++p) total_steps += task_.plan(p).steps;
+        const MemoryUsage mem = memory_usage();
+        metrics.clear_progress();
+        spdlog::info(
+            "{} {}/{} step {:>5}/{} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
+            "gnorm {:.3f} | {:.0f} tok/s | {:.0f} MB | {} elapsed, ETA {}",
+            phase, state.stage + 1, n_phases, state.step_in_stage, plan.steps, state.global_step,
+            total_steps, training.window_loss,
+            task_.accuracy_key() == "mlm_accuracy" ? "mlm acc" : "acc",
+            100 * training.window_accuracy, lr, mean_gnorm, tok_s, mem.allocated_mb + mem.cached_mb,
+            format_duration(elapsed), format_duration(eta));
+        char loss_exact[64];
+        std::snprintf(loss_exact, sizeof loss_exact, "%.9g", loss);
+        metrics.write({{"type", "train"},
+                       {phase, state.stage + 1},
+                       {"step_in_" + phase, state.step_in_stage},
+                       {"global_step", state.global_step},
+                       {"loss", training.window_loss},
+                       {"last_step_loss", loss_exact},
+                       {task_.accuracy_key(), training.window_accuracy},
+                       {"lr", lr},
+                       {"grad_norm", mean_gnorm},
+                       {"tokens_per_s", tok_s},
+                       {"elapsed_s", elapsed},
+                       {"eta_s", eta},
+                       {"skipped_steps", state.nonfinite_skipped},
+                       {"allocated_mb", mem.allocated_mb},
+                       {"cached_mb", mem.cached_mb},
+                       {"peak_rss_mb", mem.peak_rss_mb}});
+        window = {};
+        window_start = Clock::now();
+      } else {
+        metrics.progress(fmt::format("{} {}/{} step {}/{} loss {:.4f}", phase, state.stage + 1,
+                                     n_phases, state.step_in_stage, plan.steps, loss));
+      }
+
+      // --- evaluate, checkpoint -------------------------------------------------------
+      bool saved = false;
+      if (!phase_done && config_.log.eval_every_steps > 0 &&
+          state.global_step % config_.log.eval_every_steps == 0)
+        task_.evaluate_within_phase(state, metrics);
+      if (phase_done) {
+        training.loss = whole.mean_loss();
+        training.accuracy = whole.accuracy();
+        task_.end_phase(state, training, metrics);
+        // The checkpoint records where a resumed run starts: the next phase.
+        ++state.stage;
+        state.step_in_stage = 0;
+        if (!in_streak()) {
+          save(true);
+          saved = true;
+        }
+        --state.stage;  // the for loop advances it
+        state.step_in_stage = plan.steps;
+      } else if (policy.within_phase && config_.checkpoint.every_steps > 0 &&
+                 state.global_step % config_.checkpoint.every_steps == 0 && !in_streak()) {
+        save(false);
+        saved = true;
+      }
+
+      // --- stop -----------------------------------------------------------------------
+      if (comm.any(options_.stop && options_.stop->requested())) {
+        if (!saved && policy.within_phase && !in_streak()) save(false);
+        metrics.clear_progress();
+        const int sig = options_.stop ? options_.stop->signal_number() : 0;
+        if (policy.within_phase || phase_done)
+          spdlog::warn("stopped by signal {} after global step {}; {} (it continues from {})", sig,
+                       state.global_step, resume_advice(),
+                       result.last_checkpoint.empty() ? std::string("step 0")
+                                                      : result.last_checkpoint.string());
+        else
+          spdlog::warn("stopped by signal {} in {} {}; {} (it restarts {} {} from {})", sig, phase,
+                       state.stage + 1, resume_advice(), phase, state.stage + 1,
+                       result.last_checkpoint.empty() ? std::string("the beginning")
+                                                      : result.last_checkpoint.string());
+        result.interrupted = true;
+        return result;
+      }
+    }
+    if (state.stage + 1 < n_phases) release_host_memory();
+    state.step_in_stage = 0;
+  }
+  result.finished = true;
+  metrics.clear_progress();
+  spdlog::info("finished {} steps ({} skipped) in {}", state.global_step, state.nonfinite_skipped,
+               format_duration(seconds_since(run_start)));
+  return result;
+}
+
+}  // namespace roformer
