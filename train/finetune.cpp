@@ -158,9 +158,7 @@ std::vector<uint32_t> permutation(size_t n, uint64_t seed) {
 }
 
 data::Tokenizer make_tokenizer(const Config& c) {
-  data::TokenizerOptions o;
-  o.lowercase = c.data.lowercase;
-  return data::Tokenizer(c.data.vocab, o);
+  return data::Tokenizer(c.data.vocab, tokenizer_options(c.data));
 }
 
 struct InitWeights {

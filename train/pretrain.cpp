@@ -71,9 +71,8 @@ class PretrainTask final : public TrainingTask {
       throw InputError(detail::concat(config.source, ": model.vocab_size is ",
                                       config.model.vocab_size, " but ", config.data.vocab, " has ",
                                       vocab_->size(), " pieces"));
-    data::TokenizerOptions tok_options;
-    tok_options.lowercase = config.data.lowercase;
-    const data::TokenizerIdentity identity = data::Tokenizer(vocab_, tok_options).identity();
+    const data::TokenizerIdentity identity =
+        data::Tokenizer(vocab_, tokenizer_options(config.data)).identity();
     const std::vector<std::string> train_paths = data::list_shards(config.data.shard_dir, "train");
     if (train_paths.empty())
       throw InputError("no training shards in " + config.data.shard_dir +
