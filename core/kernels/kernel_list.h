@@ -1,0 +1,173 @@
+// THE KERNEL LIST: every kernel of every device, declared once.
+//
+// Convention
+// - ROFORMER_KERNELS(X) calls X(name, signature) once per kernel. The list
+//   is expanded three ways below: a function declaration in
+//   roformer::kernels::cpu, the same in roformer::kernels::cuda, and a
+//   member (function pointer) of KernelTable.
+// - A device's table (core/kernels/cpu_table.cpp, cuda_table.cpp) is
+//   initialised from the list with &<device>::<name> for every entry, so a
+//   build whose device lacks one listed kernel fails to link -- never a
+//   run-time "no kernel" error.
+// - Ops never name a device namespace: they call launch::<name>(device, ...)
+//   (core/ops/dispatch.h), which picks the device's table and its current
+//   Stream. That is the one dispatch point per device.
+// - Kernels see KernelTensor (pointer, dtype, sizes, strides in elements) and
+//   a Stream, never Tensor or autograd. The caller allocates every output
+//   (and scratch) tensor; a kernel never allocates device memory that
+//   outlives the call.
+// - Kernels never throw for bad data (ids out of range): they skip the bad
+//   element (writing zeros) and report the first one in stream.error with the
+//   `site` the op registered; the host raises it at the next sync point.
+//   They do throw (roformer::Error) for a dtype or geometry they do not
+//   support; the op checks these first, so that is an internal error.
+// - Optional tensors are passed as KernelTensor{} (ndim -1, defined() false).
+// - Adding a kernel: one line here, a function in every device's library
+//   (core/cpu/*.cpp, core/cuda/kernels/*.cu). The tables pick it up.
+// C++17, no host-only types: nvcc reads this header.
+#pragma once
+
+#include <cstdint>
+
+#include "core/kernels/kernel_tensor.h"
+#include "core/kernels/stream.h"
+
+namespace roformer::kernels {
+
+using KT = const KernelTensor&;
+
+enum class BinaryOp : uint8_t { add, sub, mul, div };
+
+enum class UnaryOp : uint8_t {
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  tanh,
+  pow,           // a ^ scalar
+  add_scalar,    // a + scalar
+  mul_scalar,    // a * scalar
+  rsub_scalar,   // scalar - a
+  elu_plus_one,  // elu(a) + 1
+  elu_plus_one_grad
+};
+
+// Dropout's random numbers. Element j of sequence (row) b of the call keeps
+// its value when the Philox uniform for (seed, step, site, first_sequence + b,
+// j) -- see core/philox.h -- is >= p. p == 0: no dropout.
+// TRANSITION: until the DropoutContext change lands in main, the CPU kernels
+// use only (seed, offset): element i (flat) draws Philox word offset + i of
+// the stream keyed by seed (counter block = word / 4, high words 0), as the
+// Generator API does today. `offset` goes away with that change.
+struct DropoutKey {
+  double p = 0.0;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+  uint64_t site = 0;            // which dropout in the model (layer and place)
+  int64_t first_sequence = 0;   // index in the global batch of row 0
+  uint64_t offset = 0;          // TRANSITION (see above)
+};
+
+struct AttentionParams {
+  double scale = 1.0;   // scores = q k^T * scale
+  DropoutKey dropout;   // on the probabilities; row b of the key = batch b
+};
+
+// clang-format off
+#define ROFORMER_KERNELS(X)                                                                      \
+  /* --- device services ------------------------------------------------------------- */     \
+  /* The device's current stream (with its error record). */                                   \
+  X(default_stream, Stream(int device_index))                                                   \
+  /* Waits for the stream, copies its error record to *host and clears it. */                  \
+  X(take_error, void(Stream, KernelError* host))                                                \
+  /* Blocks until the stream has run every kernel queued on it. */                             \
+  X(synchronize, void(Stream))                                                                  \
+  /* --- copies and fills (core/cpu/copy.cpp) ---------------------------------------------- */\
+  /* dst = cast(src): same shape, any dtypes and strides; dst may overlap src. */              \
+  X(copy, void(Stream, KT src, KT dst))                                                         \
+  X(fill, void(Stream, KT dst, double value))                                                   \
+  /* out = uniform [0, 1) (normal when `normal`) from Philox(seed, offset + i). */             \
+  X(random_fill, void(Stream, KT out, uint64_t seed, uint64_t offset, bool normal))            \
+  /* --- elementwise (core/cpu/elementwise.cpp): operands expanded to out's shape ---------- */\
+  X(binary, void(Stream, BinaryOp op, KT a, KT b, KT out))                                      \
+  X(unary, void(Stream, UnaryOp op, KT a, KT out, double scalar))                               \
+  X(where, void(Stream, KT cond, KT a, KT b, KT out))                                           \
+  /* --- reductions (core/cpu/reduce.cpp): outputs contiguous in keepdim shape ------------ */ \
+  /* bit d of reduced_dims set: dimension d is summed. */                                       \
+  X(sum, void(Stream, KT x, uint32_t reduced_dims, KT out))                                     \
+  X(max, void(Stream, KT x, int32_t dim, KT values, KT indices))                                \
+  /* grad_x (zeroed) at the argmax positions += grad. */                                        \
+  X(scatter_along, void(Stream, KT grad, KT indices, int32_t dim, KT grad_x))                   \
+  /* --- matrix products (core/cpu/matmul.cpp) --------------------------------------------- */\
+  /* out[..., M, N] = a[..., M, K] b[..., K, N] (+ bias[N]); batch dims may broadcast. */       \
+  X(matmul, void(Stream, KT a, KT b, KT bias, KT out))                                          \
+  /* --- softmax, layer norm, GELU (core/cpu/softmax.cpp, layer_norm.cpp, gelu.cpp) -------- */\
+  X(softmax_forward, void(Stream, KT x, KT y, bool log))                                        \
+  X(softmax_backward, void(Stream, KT y, KT dy, KT dx, bool log))                               \
+  X(layer_norm_forward,                                                                         \
+    void(Stream, KT x, KT weight, KT bias, double eps, KT y, KT mean, KT var))                  \
+  X(layer_norm_backward, void(Stream, KT x, KT weight, KT mean, KT var, KT dy, double eps,      \
+                              KT dx, KT dweight, KT dbias))                                     \
+  X(gelu_forward, void(Stream, KT x, KT y))                                                     \
+  X(gelu_backward, void(Stream, KT x, KT dy, KT dx))                                            \
+  /* --- dropout (core/cpu/dropout.cpp): x, out contiguous [sequences, ...] ---------------- */ \
+  X(dropout, void(Stream, KT x, KT out, const DropoutKey& key))                                 \
+  /* --- gathers (core/cpu/gather.cpp): table [N, R], ids (i32/i64) of any shape ----------- */\
+  /* out [ids..., R] = table[ids]; a bad id gives a zero row and is reported at `site`. */     \
+  X(gather_rows, void(Stream, KT table, KT ids, int32_t site, KT out))                          \
+  /* grad_table (zeroed) [ids[n]] += grad_out[n] in n order (deterministic); bad ids skipped.*/\
+  X(scatter_add_rows, void(Stream, KT grad_out, KT ids, KT grad_table))                         \
+  /* --- cross-entropy (core/cpu/cross_entropy.cpp) ---------------------------------------- */\
+  /* logits [N, C], targets [N]; lse, row_loss [N] f64; loss [] (f64 for f64 logits, else */   \
+  /* f32) = sum of row losses in row order / count; count [] i64 = rows not ignored. */        \
+  X(cross_entropy_forward, void(Stream, KT logits, KT targets, int64_t ignore_index,            \
+                                int32_t site, KT lse, KT row_loss, KT loss, KT count))          \
+  /* grad [N, C] = (softmax - onehot) * grad_loss[] / count[] for counted rows, 0 else. */     \
+  X(cross_entropy_backward, void(Stream, KT logits, KT targets, int64_t ignore_index, KT lse,   \
+                                 KT grad_loss, KT count, KT grad))                              \
+  /* --- rotary position embedding (core/cpu/rope.cpp) ------------------------------------- */\
+  /* table [2, S, D/2] (cos, sin; f32 or f64) of positions[s] * base^(-2i/D), in double. */    \
+  X(rope_table, void(Stream, KT positions, double base, KT table))                              \
+  /* out (contiguous) = x [..., S, D] rotated pair-wise; inverse: by minus the angle. */       \
+  X(rope, void(Stream, KT x, KT table, bool interleaved, bool inverse, KT out))                 \
+  /* --- fused softmax attention (core/cpu/attention.cpp) ---------------------------------- */\
+  /* q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (unit last stride), key_mask [B, Sk] */\
+  /* any dtype, nonzero = keep (or undefined); out [B, H, Sq, Dv]; lse [B, H, Sq]; */          \
+  /* keep_bits [B, H, Sq, ceil(Sk / 32)] i32 when dropout.p > 0. */                            \
+  X(attention_forward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,            \
+                            KT key_mask, KT out, KT lse, KT keep_bits))                         \
+  X(attention_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,           \
+                             KT key_mask, KT out, KT lse, KT keep_bits, KT grad_out,            \
+                             KT grad_q, KT grad_k, KT grad_v))
+// clang-format on
+
+// The C++ function type of each kernel: signature::<name>.
+namespace signature {
+#define ROFORMER_KERNEL_SIGNATURE(name, ...) using name = __VA_ARGS__;
+ROFORMER_KERNELS(ROFORMER_KERNEL_SIGNATURE)
+#undef ROFORMER_KERNEL_SIGNATURE
+}  // namespace signature
+
+#define ROFORMER_DECLARE_KERNEL(name, ...) signature::name name;
+namespace cpu {
+ROFORMER_KERNELS(ROFORMER_DECLARE_KERNEL)
+}  // namespace cpu
+namespace cuda {
+ROFORMER_KERNELS(ROFORMER_DECLARE_KERNEL)
+}  // namespace cuda
+#undef ROFORMER_DECLARE_KERNEL
+
+// One device's kernels, filled from the list (same order, by construction).
+struct KernelTable {
+#define ROFORMER_KERNEL_MEMBER(name, ...) signature::name* name;
+  ROFORMER_KERNELS(ROFORMER_KERNEL_MEMBER)
+#undef ROFORMER_KERNEL_MEMBER
+};
+
+// Defined in core/kernels/cpu_table.cpp (always) and cuda_table.cpp (builds
+// with ROFORMER_CUDA_KERNELS).
+extern const KernelTable cpu_kernel_table;
+extern const KernelTable cuda_kernel_table;
+
+}  // namespace roformer::kernels

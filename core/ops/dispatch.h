@@ -1,0 +1,66 @@
+// The one dispatch point from ops to kernels. launch::<name>(device, args...)
+// finds the device's KernelTable (core/kernels/kernel_list.h), its current
+// Stream, turns Tensor arguments into KernelTensor and calls the kernel. Ops
+// include this header, never a device's kernel header.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "core/kernels/kernel_list.h"
+#include "core/tensor.h"
+
+namespace roformer {
+
+namespace kernels {
+
+// The table of `device`'s type; throws naming the device when this build has
+// no kernels for it.
+const KernelTable& table(Device device);
+// The device's current stream (CPU: a stream whose error record is host memory).
+Stream stream(Device device);
+
+// A tensor as a kernel sees it; an undefined tensor gives KernelTensor{}.
+KernelTensor kernel_tensor(const Tensor& t);
+
+// Tensor -> KernelTensor; everything else passes through.
+inline KernelTensor to_kernel_arg(const Tensor& t) {
+  return kernel_tensor(t);
+}
+template <class T>
+  requires(!std::is_same_v<std::remove_cvref_t<T>, Tensor>)
+T&& to_kernel_arg(T&& value) {
+  return std::forward<T>(value);
+}
+
+// The describer of an index check: the message for a bad `value` at flat
+// `position` of the index tensor. Kept on the host until the check is read.
+using IndexErrorMessage = std::function<std::string(int64_t value, int64_t position)>;
+// Registers the description of one op call that checks indices on `device`;
+// the returned site goes to the kernel, which reports the first bad index
+// with it. Marks the device as having checks to read.
+int32_t index_check_site(Device device, IndexErrorMessage message);
+
+}  // namespace kernels
+
+// launch::<name>(device, args...) for every kernel in the list.
+namespace launch {
+#define ROFORMER_LAUNCHER(name, ...)                                    \
+  template <class... Args>                                              \
+  decltype(auto) name(Device device, Args&&... args) {                  \
+    return kernels::table(device).name(kernels::stream(device),         \
+                                       kernels::to_kernel_arg(args)...); \
+  }
+ROFORMER_KERNELS(ROFORMER_LAUNCHER)
+#undef ROFORMER_LAUNCHER
+}  // namespace launch
+
+// Raises the first index error a kernel reported on any device since the
+// last check (the message names the op, the bad id, its position and the
+// valid range). Synchronises those devices. Tensor::item() and to_vector()
+// call it; a trainer may call it once per step.
+void check_kernel_errors();
+
+}  // namespace roformer
