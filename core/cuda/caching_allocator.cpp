@@ -70,8 +70,11 @@ void* CachingAllocator::malloc_or_throw(size_t size) {
 }
 
 void* CachingAllocator::allocate(size_t nbytes) {
+  return allocate_on(nbytes, current_stream_());
+}
+
+void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
   const size_t size = bin_size(nbytes);
-  const cudaStream_t stream = current_stream_();
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.num_allocations;
   if (!pending_.empty()) collect_pending();

@@ -34,7 +34,10 @@ class CachingAllocator final : public Allocator {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  void* allocate(size_t nbytes) override;
+  void* allocate(size_t nbytes) override;  // on the current stream
+  // A block for work on `stream` (kernels' temporaries: freed right after the
+  // launch, the block is reused only by later work on that stream).
+  void* allocate_on(size_t nbytes, cudaStream_t stream);
   void deallocate(void* ptr, size_t nbytes) override;
   AllocatorStats stats() const override;
   void reset_peak() override;

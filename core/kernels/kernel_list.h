@@ -64,14 +64,14 @@ struct DropoutKey {
   double p = 0.0;
   uint64_t seed = 0;
   uint64_t step = 0;
-  uint64_t site = 0;            // which dropout in the model (layer and place)
-  int64_t first_sequence = 0;   // index in the global batch of row 0
-  uint64_t offset = 0;          // TRANSITION (see above)
+  uint64_t site = 0;           // which dropout in the model (layer and place)
+  int64_t first_sequence = 0;  // index in the global batch of row 0
+  uint64_t offset = 0;         // TRANSITION (see above)
 };
 
 struct AttentionParams {
-  double scale = 1.0;   // scores = q k^T * scale
-  DropoutKey dropout;   // on the probabilities; row b of the key = batch b
+  double scale = 1.0;  // scores = q k^T * scale
+  DropoutKey dropout;  // on the probabilities; row b of the key = batch b
 };
 
 // clang-format off

@@ -26,8 +26,8 @@ struct KernelError {
 struct Stream {
   DeviceType device_type = DeviceType::cpu;
   int device_index = 0;
-  void* native = nullptr;         // cudaStream_t on CUDA; unused on the CPU
-  KernelError* error = nullptr;   // the device's error record (device memory)
+  void* native = nullptr;        // cudaStream_t on CUDA; unused on the CPU
+  KernelError* error = nullptr;  // the device's error record (device memory)
 };
 
 }  // namespace roformer::kernels

@@ -30,8 +30,7 @@ inline KernelTensor to_kernel_arg(const Tensor& t) {
   return kernel_tensor(t);
 }
 template <class T>
-  requires(!std::is_same_v<std::remove_cvref_t<T>, Tensor>)
-T&& to_kernel_arg(T&& value) {
+requires(!std::is_same_v<std::remove_cvref_t<T>, Tensor>) T && to_kernel_arg(T&& value) {
   return std::forward<T>(value);
 }
 
@@ -47,11 +46,10 @@ int32_t index_check_site(Device device, IndexErrorMessage message);
 
 // launch::<name>(device, args...) for every kernel in the list.
 namespace launch {
-#define ROFORMER_LAUNCHER(name, ...)                                    \
-  template <class... Args>                                              \
-  decltype(auto) name(Device device, Args&&... args) {                  \
-    return kernels::table(device).name(kernels::stream(device),         \
-                                       kernels::to_kernel_arg(args)...); \
+#define ROFORMER_LAUNCHER(name, ...)                                                              \
+  template <class... Args>                                                                        \
+  decltype(auto) name(Device device, Args&&... args) {                                            \
+    return kernels::table(device).name(kernels::stream(device), kernels::to_kernel_arg(args)...); \
   }
 ROFORMER_KERNELS(ROFORMER_LAUNCHER)
 #undef ROFORMER_LAUNCHER
