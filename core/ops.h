@@ -134,10 +134,15 @@ inline Tensor operator-(const Tensor& a) {
 // Broadcast shape of a and b; throws naming `op` and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
-// Throws unless every defined tensor lives on a device that has a kernel for
-// `op` and all share one device; returns that device.
+// Throws unless every defined tensor lives on one device whose kernels this
+// build has; returns that device.
 Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors);
-// Lets a backend declare that it has a kernel for `op` on `type`.
-void register_kernel(const char* op, DeviceType type);
+
+// Kernels that check indices (embedding ids, cross-entropy targets,
+// index_select) do not stop the op: they report the first bad index to their
+// device, and this raises it -- naming the op, the bad id, its position and
+// the valid range -- at the one synchronisation point. Tensor::item() and
+// to_vector() call it; a trainer may call it once per step.
+void check_kernel_errors();
 
 }  // namespace roformer

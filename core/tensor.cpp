@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "core/autograd.h"
-#include "core/cpu/copy.h"
 #include "core/device_backend.h"
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 #include "core/philox.h"
 
 namespace roformer {
@@ -128,37 +128,18 @@ template Tensor Tensor::from_vector<int64_t>(const std::vector<int64_t>&, const 
 template Tensor Tensor::from_vector<bf16>(const std::vector<bf16>&, const Shape&, Device);
 
 Tensor Tensor::rand(const Shape& shape, Generator& gen, DType dtype, Device device) {
-  Tensor out = empty(shape, DType::f64);
-  double* p = out.data_as<double>();
-  const int64_t n = out.numel();
-  const uint64_t base = gen.take(uint64_t(n));
-  const PhiloxKey key{uint32_t(gen.seed), uint32_t(gen.seed >> 32)};
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t word = base + uint64_t(i);
-    const uint64_t block = word / 4;
-    const auto bits = philox4x32({uint32_t(block), uint32_t(block >> 32), 0, 0}, key);
-    p[i] = double(uniform_from_bits(bits[word % 4]));
-  }
-  return (dtype == DType::f64 ? out : out.to(dtype)).to(device);
+  Tensor out = empty(shape, dtype, device);
+  const uint64_t base = gen.take(uint64_t(out.numel()));
+  launch::random_fill(device, out, gen.seed, base, /*normal=*/false);
+  return out;
 }
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
-  Tensor out = empty(shape, DType::f64);
-  double* p = out.data_as<double>();
-  const int64_t n = out.numel();
-  // Two words per number (Box-Muller); counter blocks [base/4, ...).
-  const uint64_t base = gen.take(2 * uint64_t(n));
-  const PhiloxKey key{uint32_t(gen.seed), uint32_t(gen.seed >> 32)};
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t word = base + 2 * uint64_t(i);  // even: both words in one block
-    const uint64_t block = word / 4;
-    const auto bits = philox4x32({uint32_t(block), uint32_t(block >> 32), 0, 0}, key);
-    const double u1 = open_uniform_from_bits(bits[word % 4]);
-    const double u2 = open_uniform_from_bits(bits[word % 4 + 1]);
-    p[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-  return (dtype == DType::f64 ? out : out.to(dtype)).to(device);
+  Tensor out = empty(shape, dtype, device);
+  // Two words per number (Box-Muller).
+  const uint64_t base = gen.take(2 * uint64_t(out.numel()));
+  launch::random_fill(device, out, gen.seed, base, /*normal=*/true);
+  return out;
 }
 
 // --- properties -----------------------------------------------------------------
@@ -279,6 +260,11 @@ Shape infer_shape(Shape shape, int64_t numel, const char* op, const Tensor& t) {
     if (shape[d] == -1) {
       if (infer_at >= 0) throw Error(detail::concat(op, ": only one dimension can be -1"));
       infer_at = int64_t(d);
+    } else if (shape[d] < 0) {
+      // {-2, -3} multiplies to 6 too: only a single -1 is ever inferred.
+      throw Error(detail::concat(op, ": size ", shape[d], " at dimension ", d, " of ",
+                                 shape_str(shape),
+                                 " is negative (only one -1 may be inferred) for ", t.desc()));
     } else {
       known *= shape[d];
     }
@@ -419,9 +405,9 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  kernel_device("clone", {this});
-  Tensor out = empty(shape(), dtype(), device());
-  cpu::copy_strided(*this, out);
+  const Device device = kernel_device("clone", {this});
+  Tensor out = empty(shape(), dtype(), device);
+  launch::copy(device, *this, out);
   return record("clone", out, {this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 
@@ -445,9 +431,11 @@ Tensor Tensor::to(Device target) const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  // The one host read: raise what kernels reported since the last one.
+  check_kernel_errors();
   if (!device().is_cpu()) return to(Device::cpu()).to_vector<T>();
   Tensor host = Tensor::empty(shape(), dtype_of<T>());
-  cpu::copy_strided(*this, host);
+  launch::copy(Device::cpu(), *this, host);
   const T* p = static_cast<const T*>(host.data());
   return std::vector<T>(p, p + numel());
 }
@@ -464,8 +452,7 @@ double Tensor::item() const {
 // --- in-place ------------------------------------------------------------------------
 
 Tensor& Tensor::fill_(double value) {
-  kernel_device("fill_", {this});
-  cpu::fill(*this, value);
+  launch::fill(kernel_device("fill_", {this}), *this, value);
   bump_version();
   return *this;
 }
@@ -492,20 +479,20 @@ void copy_across_devices(Tensor& dst, const Tensor& src) {
 }  // namespace
 
 Tensor& Tensor::copy_(const Tensor& src) {
-  if (src.defined() && defined() && src.device() != device()) {
+  if (src.defined() && defined() && src.device() != this->device()) {
     copy_across_devices(*this, src);
     bump_version();
     return *this;
   }
-  kernel_device("copy_", {this, &src});
+  const Device device = kernel_device("copy_", {this, &src});
   if (src.shape() != shape()) {
     if (src.numel() == numel() && src.is_contiguous() && is_contiguous()) {
-      cpu::copy_strided(src.view(shape()), *this);
+      launch::copy(device, src.view(shape()), *this);
     } else {
-      cpu::copy_strided(src.expand(shape()), *this);
+      launch::copy(device, src.expand(shape()), *this);
     }
   } else {
-    cpu::copy_strided(src, *this);
+    launch::copy(device, src, *this);
   }
   bump_version();
   return *this;

@@ -26,7 +26,12 @@ Tensor rope_linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const Tensor numerator = matmul(rq, kv);                            // [B, H, S, Dv]
   const Tensor k_sum = sum(phi_k, {2}, /*keepdim=*/true);             // [B, H, 1, D]
   const Tensor denominator = matmul(phi_q, k_sum.transpose(-1, -2));  // [B, H, S, 1]
-  return div(numerator, denominator);
+  if (!key_mask.defined()) return div(numerator, denominator);        // phi > 0: never 0
+  // A sequence with every key masked has 0 / 0: give zeros, as softmax
+  // attention does, without a host read (where() picks per element).
+  const Tensor one = Tensor::ones({}, denominator.dtype(), denominator.device());
+  const Tensor zero = Tensor::zeros({}, denominator.dtype(), denominator.device());
+  return where(denominator, div(numerator, where(denominator, denominator, one)), zero);
 }
 
 RoFormerSelfAttention::RoFormerSelfAttention(const ModelConfig& config)

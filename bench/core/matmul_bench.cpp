@@ -58,9 +58,9 @@ struct RawMatmul {
   dnnl::matmul prim;
   dnnl::memory src, wei, bias, dst;
   RawMatmul(const Tensor& a, const Tensor& w, const Tensor& b, dnnl::memory::dims wei_strides) {
-    auto& eng = cpu::onednn_engine();
+    auto& eng = kernels::cpu::onednn_engine();
     const int64_t M = a.shape()[0], K = a.shape()[1], N = w.shape()[0];
-    const auto dt = cpu::onednn_dtype(a.dtype());
+    const auto dt = kernels::cpu::onednn_dtype(a.dtype());
     const dnnl::memory::desc src_d({M, K}, dt, dnnl::memory::dims{K, 1});
     const dnnl::memory::desc wei_d({K, N}, dt, wei_strides);
     const dnnl::memory::desc dst_d({M, N}, dt, dnnl::memory::dims{N, 1});
@@ -68,7 +68,7 @@ struct RawMatmul {
     wei = dnnl::memory(wei_d, eng, w.data());
     dst = dnnl::memory(dst_d, eng);  // allocated once, by oneDNN
     if (b.defined()) {
-      const dnnl::memory::desc bias_d({1, N}, cpu::onednn_dtype(b.dtype()),
+      const dnnl::memory::desc bias_d({1, N}, kernels::cpu::onednn_dtype(b.dtype()),
                                       dnnl::memory::dims{N, 1});
       bias = dnnl::memory(bias_d, eng, b.data());
       prim = dnnl::matmul(
@@ -82,8 +82,8 @@ struct RawMatmul {
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
     if (bias) args.emplace(DNNL_ARG_BIAS, bias);
-    prim.execute(cpu::onednn_stream(), args);
-    cpu::onednn_stream().wait();
+    prim.execute(kernels::cpu::onednn_stream(), args);
+    kernels::cpu::onednn_stream().wait();
   }
 };
 

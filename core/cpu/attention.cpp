@@ -5,8 +5,6 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-#include "core/cpu/attention.h"
-
 #include <omp.h>
 
 #include <algorithm>
@@ -19,12 +17,42 @@
 #include <vector>
 
 #include "core/cpu/onednn.h"
+#include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
 #include "core/philox.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
+
+// What the loops below read: the list's arguments as Views.
+struct AttentionArgs {
+  View q, k, v;   // [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv]; unit stride in the last dim
+  View key_mask;  // [B, Sk], nonzero = attend, or undefined
+  double scale = 1.0;
+  // Dropout on the probabilities: keep bits are drawn in forward from
+  // Philox(seed, offset + element index) and read back in backward.
+  double dropout_p = 0.0;
+  uint64_t seed = 0, offset = 0;
+  AttentionArgs(const AttentionParams& p, KT q_kt, KT k_kt, KT v_kt, KT mask_kt)
+      : q(q_kt),
+        k(k_kt),
+        v(v_kt),
+        key_mask(mask_kt),
+        scale(p.scale),
+        dropout_p(p.dropout.p),
+        seed(p.dropout.seed),
+        offset(p.dropout.offset) {
+    RF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.strides()[3] == 1 &&
+                 k.strides()[3] == 1 && v.strides()[3] == 1,
+             "attention kernel: expected q, k, v [B, H, S, D] with unit last stride, got ",
+             q.desc(), ", ", k.desc(), ", ", v.desc());
+  }
+};
+
+int64_t keep_words(int64_t sk) {
+  return (sk + 31) / 32;
+}
 
 // --- per-head GEMMs on oneDNN ---------------------------------------------------------
 //
@@ -228,17 +256,27 @@ uint32_t keep_threshold(double p) {
 }
 
 // Additive key mask (0 or -inf) and multiplicative keep (1 or 0) per key of
-// batch element b.
+// batch element b, read from the mask tensor [B, Sk] (any dtype, any strides).
 struct KeyMask {
   std::vector<float> add, keep;
-  KeyMask(const uint8_t* key_keep, int64_t batch, int64_t sk)
-      : add(size_t(batch * sk), 0.0f), keep(size_t(batch * sk), 1.0f) {
-    if (!key_keep) return;
-    for (int64_t i = 0; i < batch * sk; ++i) {
-      if (key_keep[i]) continue;
-      add[size_t(i)] = -std::numeric_limits<float>::infinity();
-      keep[size_t(i)] = 0.0f;
-    }
+  std::vector<uint8_t> kept;
+  KeyMask(const View& mask, int64_t batch, int64_t sk)
+      : add(size_t(batch * sk), 0.0f), keep(size_t(batch * sk), 1.0f), kept(size_t(batch * sk), 1) {
+    if (!mask.defined()) return;
+    RF_CHECK(mask.dim() == 2 && mask.shape()[0] == batch && mask.shape()[1] == sk,
+             "attention kernel: key mask ", mask.desc(), " is not [", batch, ", ", sk, "]");
+    dispatch_all(mask.dtype(), [&](auto tag) {
+      using M = decltype(tag);
+      const M* p = static_cast<const M*>(mask.data());
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t j = 0; j < sk; ++j) {
+          if (float(p[b * mask.strides()[0] + j * mask.strides()[1]]) != 0.0f) continue;
+          const size_t i = size_t(b * sk + j);
+          add[i] = -std::numeric_limits<float>::infinity();
+          keep[i] = 0.0f;
+          kept[i] = 0;
+        }
+    });
   }
 };
 
@@ -255,7 +293,7 @@ struct Dims {
 
 // Element pointer of t at (b, h, i) (unit stride in the last dim).
 template <class T>
-T* row_ptr(const Tensor& t, int64_t b, int64_t h, int64_t i) {
+T* row_ptr(const View& t, int64_t b, int64_t h, int64_t i) {
   const Shape& s = t.strides();
   return static_cast<T*>(t.data()) + b * s[0] + h * s[1] + i * s[2];
 }
@@ -268,18 +306,18 @@ int head_threads(const Dims& d) {
 }
 
 // The [rows, cols] matrix of head (b, h) of a [B, H, S, D] tensor.
-Matrix head_matrix(const Tensor& t) {
+Matrix head_matrix(const View& t) {
   return {t.shape()[2], t.shape()[3], t.strides()[2], 1};
 }
 template <class T>
-T* head_ptr(const Tensor& t, int64_t b, int64_t h) {
+T* head_ptr(const View& t, int64_t b, int64_t h) {
   return static_cast<T*>(t.data()) + b * t.strides()[0] + h * t.strides()[1];
 }
 
-void forward_f32(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
-                 const Tensor& keep_bits) {
+void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
+                 const View& keep_bits) {
   const Dims d(args);
-  const KeyMask mask(args.key_keep, d.B, d.Sk);
+  const KeyMask mask(args.key_mask, d.B, d.Sk);
   const bool drop = args.dropout_p > 0.0;
   const PhiloxKey key{uint32_t(args.seed), uint32_t(args.seed >> 32)};
   const uint32_t threshold = keep_threshold(args.dropout_p);
@@ -291,51 +329,53 @@ void forward_f32(const AttentionArgs& args, const Tensor& out, const Tensor& lse
   const auto pv = head_gemm(scores, head_matrix(args.v), head_matrix(out));
   float* plse = lse.data_as<float>();
   uint32_t* all_bits = drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
-  // One S x S scores buffer per thread (from the caching allocator: no page
-  // faults per call).
+  // One S x S scores buffer per thread.
   const int threads = head_threads(d);
-  const Tensor scratch = Tensor::empty({threads, d.Sq * d.Sk}, DType::f32);
+  const Scratch scratch({threads, d.Sq * d.Sk}, DType::f32);
+  RegionErrors errors;
 #pragma omp parallel num_threads(threads)
   {
-    float* ps = scratch.data_as<float>() + omp_get_thread_num() * d.Sq * d.Sk;
+    float* ps = scratch.view().data_as<float>() + omp_get_thread_num() * d.Sq * d.Sk;
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      run(*qk, head_ptr<const float>(args.q, b, h), head_ptr<const float>(args.k, b, h), ps);
-      const float* add = mask.add.data() + b * d.Sk;
-      const float* keep = mask.keep.data() + b * d.Sk;
-      for (int64_t i = 0; i < d.Sq; ++i) {
-        const int64_t global_row = bh * d.Sq + i;
-        float* x = ps + i * d.Sk;
-        const float m = scale_mask_max(x, add, scale, d.Sk);
-        uint32_t* bits = drop ? all_bits + global_row * W : nullptr;
-        if (drop)
-          draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
-        if (m == -std::numeric_limits<float>::infinity()) {  // no key to attend to
-          std::fill(x, x + d.Sk, 0.0f);
-          plse[global_row] = m;
-          continue;
-        }
-        const float total = exp_sum(x, keep, m, d.Sk);
-        plse[global_row] = m + std::log(total);
-        if (drop) {
-          scale_kept(x, bits, inv_keep / total, d.Sk);
-        } else {
-          const float inv = 1.0f / total;
+    for (int64_t bh = 0; bh < d.B * d.H; ++bh)
+      errors.guard([&] {
+        const int64_t b = bh / d.H, h = bh % d.H;
+        run(*qk, head_ptr<const float>(args.q, b, h), head_ptr<const float>(args.k, b, h), ps);
+        const float* add = mask.add.data() + b * d.Sk;
+        const float* keep = mask.keep.data() + b * d.Sk;
+        for (int64_t i = 0; i < d.Sq; ++i) {
+          const int64_t global_row = bh * d.Sq + i;
+          float* x = ps + i * d.Sk;
+          const float m = scale_mask_max(x, add, scale, d.Sk);
+          uint32_t* bits = drop ? all_bits + global_row * W : nullptr;
+          if (drop)
+            draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
+          if (m == -std::numeric_limits<float>::infinity()) {  // no key to attend to
+            std::fill(x, x + d.Sk, 0.0f);
+            plse[global_row] = m;
+            continue;
+          }
+          const float total = exp_sum(x, keep, m, d.Sk);
+          plse[global_row] = m + std::log(total);
+          if (drop) {
+            scale_kept(x, bits, inv_keep / total, d.Sk);
+          } else {
+            const float inv = 1.0f / total;
 #pragma omp simd
-          for (int64_t j = 0; j < d.Sk; ++j) x[j] *= inv;
+            for (int64_t j = 0; j < d.Sk; ++j) x[j] *= inv;
+          }
         }
-      }
-      run(*pv, ps, head_ptr<const float>(args.v, b, h), head_ptr<float>(out, b, h));
-    }
+        run(*pv, ps, head_ptr<const float>(args.v, b, h), head_ptr<float>(out, b, h));
+      });
   }
+  errors.rethrow();
 }
 
-void backward_f32(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
-                  const Tensor& keep_bits, const Tensor& grad_out, const Tensor& grad_q,
-                  const Tensor& grad_k, const Tensor& grad_v) {
+void backward_f32(const AttentionArgs& args, const View& out, const View& lse,
+                  const View& keep_bits, const View& grad_out, const View& grad_q,
+                  const View& grad_k, const View& grad_v) {
   const Dims d(args);
-  const KeyMask mask(args.key_keep, d.B, d.Sk);
+  const KeyMask mask(args.key_mask, d.B, d.Sk);
   const bool drop = args.dropout_p > 0.0;
   const float inv_keep = drop ? float(1.0 / (1.0 - args.dropout_p)) : 1.0f;
   const float scale = float(args.scale);
@@ -353,43 +393,47 @@ void backward_f32(const AttentionArgs& args, const Tensor& out, const Tensor& ls
       drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
   // Per thread, the probabilities and their gradient for the head at hand.
   const int threads = head_threads(d);
-  const Tensor scratch = Tensor::empty({threads, 2 * d.Sq * d.Sk}, DType::f32);
+  const Scratch scratch({threads, 2 * d.Sq * d.Sk}, DType::f32);
+  RegionErrors errors;
 #pragma omp parallel num_threads(threads)
   {
-    float* pp = scratch.data_as<float>() + omp_get_thread_num() * 2 * d.Sq * d.Sk;
+    float* pp = scratch.view().data_as<float>() + omp_get_thread_num() * 2 * d.Sq * d.Sk;
     float* pdp = pp + d.Sq * d.Sk;
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-      const int64_t b = bh / d.H, h = bh % d.H;
-      const float* qh = head_ptr<const float>(args.q, b, h);
-      const float* kh = head_ptr<const float>(args.k, b, h);
-      const float* dOh = head_ptr<const float>(grad_out, b, h);
-      run(*qk, qh, kh, pp);
-      run(*dov, dOh, head_ptr<const float>(args.v, b, h), pdp);
-      for (int64_t i = 0; i < d.Sq; ++i) {
-        const int64_t global_row = bh * d.Sq + i;
-        float* x = pp + i * d.Sk;
-        float* y = pdp + i * d.Sk;
-        const float row_lse = plse[global_row];
-        if (row_lse == -std::numeric_limits<float>::infinity()) {
-          std::fill(x, x + d.Sk, 0.0f);
-          std::fill(y, y + d.Sk, 0.0f);
-          continue;
-        }
-        // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
-        const float* go = dOh + i * grad_out.strides()[2];
-        const float* oo = head_ptr<const float>(out, b, h) + i * out.strides()[2];
-        float D = 0.0f;
+    for (int64_t bh = 0; bh < d.B * d.H; ++bh)
+      errors.guard([&] {
+        const int64_t b = bh / d.H, h = bh % d.H;
+        const float* qh = head_ptr<const float>(args.q, b, h);
+        const float* kh = head_ptr<const float>(args.k, b, h);
+        const float* dOh = head_ptr<const float>(grad_out, b, h);
+        run(*qk, qh, kh, pp);
+        run(*dov, dOh, head_ptr<const float>(args.v, b, h), pdp);
+        for (int64_t i = 0; i < d.Sq; ++i) {
+          const int64_t global_row = bh * d.Sq + i;
+          float* x = pp + i * d.Sk;
+          float* y = pdp + i * d.Sk;
+          const float row_lse = plse[global_row];
+          if (row_lse == -std::numeric_limits<float>::infinity()) {
+            std::fill(x, x + d.Sk, 0.0f);
+            std::fill(y, y + d.Sk, 0.0f);
+            continue;
+          }
+          // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
+          const float* go = dOh + i * grad_out.strides()[2];
+          const float* oo = head_ptr<const float>(out, b, h) + i * out.strides()[2];
+          float D = 0.0f;
 #pragma omp simd reduction(+ : D)
-        for (int64_t c = 0; c < d.Dv; ++c) D += go[c] * oo[c];
-        backward_row(x, y, mask.add.data() + b * d.Sk, mask.keep.data() + b * d.Sk,
-                     drop ? all_bits + global_row * W : nullptr, scale, row_lse, D, inv_keep, d.Sk);
-      }
-      run(*dv_gemm, pp, dOh, head_ptr<float>(grad_v, b, h));
-      run(*dq_gemm, pdp, kh, head_ptr<float>(grad_q, b, h));
-      run(*dk_gemm, pdp, qh, head_ptr<float>(grad_k, b, h));
-    }
+          for (int64_t c = 0; c < d.Dv; ++c) D += go[c] * oo[c];
+          backward_row(x, y, mask.add.data() + b * d.Sk, mask.keep.data() + b * d.Sk,
+                       drop ? all_bits + global_row * W : nullptr, scale, row_lse, D, inv_keep,
+                       d.Sk);
+        }
+        run(*dv_gemm, pp, dOh, head_ptr<float>(grad_v, b, h));
+        run(*dq_gemm, pdp, kh, head_ptr<float>(grad_q, b, h));
+        run(*dk_gemm, pdp, qh, head_ptr<float>(grad_k, b, h));
+      });
   }
+  errors.rethrow();
 }
 
 // --- f64 (and reference): plain loops, parallel over (batch, head) ----------------
@@ -402,111 +446,121 @@ T dot(const T* a, const T* b, int64_t n) {
 }
 
 template <class T>
-void forward_loop(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
-                  const Tensor& keep_bits) {
+void forward_loop(const AttentionArgs& args, const View& out, const View& lse,
+                  const View& keep_bits) {
   const Dims d(args);
   const bool drop = args.dropout_p > 0.0;
   const PhiloxKey key{uint32_t(args.seed), uint32_t(args.seed >> 32)};
   const uint32_t threshold = keep_threshold(args.dropout_p);
   const T inv_keep = drop ? T(1.0 / (1.0 - args.dropout_p)) : T(1);
   const int64_t W = keep_words(d.Sk);
+  const KeyMask mask(args.key_mask, d.B, d.Sk);
   T* plse = lse.data_as<T>();
+  RegionErrors errors;
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-    const int64_t b = bh / d.H, h = bh % d.H;
-    std::vector<T> x(size_t(d.Sk));
-    for (int64_t i = 0; i < d.Sq; ++i) {
-      const int64_t global_row = bh * d.Sq + i;
-      const T* qi = row_ptr<const T>(args.q, b, h, i);
-      T m = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < d.Sk; ++j) {
-        const bool kept = !args.key_keep || args.key_keep[b * d.Sk + j];
-        x[j] = kept ? T(args.scale) * dot(qi, row_ptr<const T>(args.k, b, h, j), d.D)
-                    : -std::numeric_limits<T>::infinity();
-        m = std::max(m, x[j]);
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh)
+    errors.guard([&] {
+      const int64_t b = bh / d.H, h = bh % d.H;
+      std::vector<T> x(size_t(d.Sk));
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        const int64_t global_row = bh * d.Sq + i;
+        const T* qi = row_ptr<const T>(args.q, b, h, i);
+        T m = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < d.Sk; ++j) {
+          const bool kept = mask.kept[size_t(b * d.Sk + j)] != 0;
+          x[j] = kept ? T(args.scale) * dot(qi, row_ptr<const T>(args.k, b, h, j), d.D)
+                      : -std::numeric_limits<T>::infinity();
+          m = std::max(m, x[j]);
+        }
+        uint32_t* bits = nullptr;
+        if (drop) {
+          bits = reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W;
+          draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
+        }
+        T* oi = row_ptr<T>(out, b, h, i);
+        std::fill(oi, oi + d.Dv, T(0));
+        if (m == -std::numeric_limits<T>::infinity()) {
+          plse[global_row] = m;
+          continue;
+        }
+        T total = 0;
+        for (int64_t j = 0; j < d.Sk; ++j) {
+          x[j] = std::exp(x[j] - m);
+          total += x[j];
+        }
+        plse[global_row] = m + std::log(total);
+        for (int64_t j = 0; j < d.Sk; ++j) {
+          T p = x[j] / total;
+          if (drop) p *= ((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0);
+          if (p == T(0)) continue;
+          const T* vj = row_ptr<const T>(args.v, b, h, j);
+          for (int64_t c = 0; c < d.Dv; ++c) oi[c] += p * vj[c];
+        }
       }
-      uint32_t* bits = nullptr;
-      if (drop) {
-        bits = reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W;
-        draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
-      }
-      T* oi = row_ptr<T>(out, b, h, i);
-      std::fill(oi, oi + d.Dv, T(0));
-      if (m == -std::numeric_limits<T>::infinity()) {
-        plse[global_row] = m;
-        continue;
-      }
-      T total = 0;
-      for (int64_t j = 0; j < d.Sk; ++j) {
-        x[j] = std::exp(x[j] - m);
-        total += x[j];
-      }
-      plse[global_row] = m + std::log(total);
-      for (int64_t j = 0; j < d.Sk; ++j) {
-        T p = x[j] / total;
-        if (drop) p *= ((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0);
-        if (p == T(0)) continue;
-        const T* vj = row_ptr<const T>(args.v, b, h, j);
-        for (int64_t c = 0; c < d.Dv; ++c) oi[c] += p * vj[c];
-      }
-    }
-  }
+    });
+  errors.rethrow();
 }
 
 template <class T>
-void backward_loop(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
-                   const Tensor& keep_bits, const Tensor& grad_out, const Tensor& grad_q,
-                   const Tensor& grad_k, const Tensor& grad_v) {
+void backward_loop(const AttentionArgs& args, const View& out, const View& lse,
+                   const View& keep_bits, const View& grad_out, const View& grad_q,
+                   const View& grad_k, const View& grad_v) {
   const Dims d(args);
   const bool drop = args.dropout_p > 0.0;
   const T inv_keep = drop ? T(1.0 / (1.0 - args.dropout_p)) : T(1);
   const T scale = T(args.scale);
   const int64_t W = keep_words(d.Sk);
+  const KeyMask mask(args.key_mask, d.B, d.Sk);
   const T* plse = lse.data_as<T>();
+  RegionErrors errors;
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < d.B * d.H; ++bh) {
-    const int64_t b = bh / d.H, h = bh % d.H;
-    for (int64_t j = 0; j < d.Sk; ++j) {
-      T* dkj = row_ptr<T>(grad_k, b, h, j);
-      T* dvj = row_ptr<T>(grad_v, b, h, j);
-      std::fill(dkj, dkj + d.D, T(0));
-      std::fill(dvj, dvj + d.Dv, T(0));
-    }
-    for (int64_t i = 0; i < d.Sq; ++i) {
-      const int64_t global_row = bh * d.Sq + i;
-      T* dqi = row_ptr<T>(grad_q, b, h, i);
-      std::fill(dqi, dqi + d.D, T(0));
-      const T row_lse = plse[global_row];
-      if (row_lse == -std::numeric_limits<T>::infinity()) continue;
-      const T* qi = row_ptr<const T>(args.q, b, h, i);
-      const T* goi = row_ptr<const T>(grad_out, b, h, i);
-      const T D = dot(goi, row_ptr<const T>(out, b, h, i), d.Dv);
-      const uint32_t* bits =
-          drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W
-               : nullptr;
+  for (int64_t bh = 0; bh < d.B * d.H; ++bh)
+    errors.guard([&] {
+      const int64_t b = bh / d.H, h = bh % d.H;
       for (int64_t j = 0; j < d.Sk; ++j) {
-        if (args.key_keep && !args.key_keep[b * d.Sk + j]) continue;
-        const T* kj = row_ptr<const T>(args.k, b, h, j);
-        const T* vj = row_ptr<const T>(args.v, b, h, j);
-        const T p = std::exp(scale * dot(qi, kj, d.D) - row_lse);
-        const T z = drop ? (((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0)) : T(1);
-        const T ds = p * (dot(goi, vj, d.Dv) * z - D) * scale;
         T* dkj = row_ptr<T>(grad_k, b, h, j);
         T* dvj = row_ptr<T>(grad_v, b, h, j);
-        for (int64_t c = 0; c < d.D; ++c) {
-          dqi[c] += ds * kj[c];
-          dkj[c] += ds * qi[c];
-        }
-        for (int64_t c = 0; c < d.Dv; ++c) dvj[c] += p * z * goi[c];
+        std::fill(dkj, dkj + d.D, T(0));
+        std::fill(dvj, dvj + d.Dv, T(0));
       }
-    }
-  }
+      for (int64_t i = 0; i < d.Sq; ++i) {
+        const int64_t global_row = bh * d.Sq + i;
+        T* dqi = row_ptr<T>(grad_q, b, h, i);
+        std::fill(dqi, dqi + d.D, T(0));
+        const T row_lse = plse[global_row];
+        if (row_lse == -std::numeric_limits<T>::infinity()) continue;
+        const T* qi = row_ptr<const T>(args.q, b, h, i);
+        const T* goi = row_ptr<const T>(grad_out, b, h, i);
+        const T D = dot(goi, row_ptr<const T>(out, b, h, i), d.Dv);
+        const uint32_t* bits =
+            drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W
+                 : nullptr;
+        for (int64_t j = 0; j < d.Sk; ++j) {
+          if (!mask.kept[size_t(b * d.Sk + j)]) continue;
+          const T* kj = row_ptr<const T>(args.k, b, h, j);
+          const T* vj = row_ptr<const T>(args.v, b, h, j);
+          const T p = std::exp(scale * dot(qi, kj, d.D) - row_lse);
+          const T z = drop ? (((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0)) : T(1);
+          const T ds = p * (dot(goi, vj, d.Dv) * z - D) * scale;
+          T* dkj = row_ptr<T>(grad_k, b, h, j);
+          T* dvj = row_ptr<T>(grad_v, b, h, j);
+          for (int64_t c = 0; c < d.D; ++c) {
+            dqi[c] += ds * kj[c];
+            dkj[c] += ds * qi[c];
+          }
+          for (int64_t c = 0; c < d.Dv; ++c) dvj[c] += p * z * goi[c];
+        }
+      }
+    });
+  errors.rethrow();
 }
 
 }  // namespace
 
-void attention_forward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
-                       const Tensor& keep_bits) {
+void attention_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
+                       KT out_kt, KT lse_kt, KT keep_bits_kt) {
+  const AttentionArgs args(params, q, k, v, key_mask);
+  const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt);
   if (out.numel() == 0) return;
   if (args.q.dtype() == DType::f32) {
     forward_f32(args, out, lse, keep_bits);
@@ -517,9 +571,12 @@ void attention_forward(const AttentionArgs& args, const Tensor& out, const Tenso
   }
 }
 
-void attention_backward(const AttentionArgs& args, const Tensor& out, const Tensor& lse,
-                        const Tensor& keep_bits, const Tensor& grad_out, const Tensor& grad_q,
-                        const Tensor& grad_k, const Tensor& grad_v) {
+void attention_backward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
+                        KT out_kt, KT lse_kt, KT keep_bits_kt, KT grad_out_kt, KT grad_q_kt,
+                        KT grad_k_kt, KT grad_v_kt) {
+  const AttentionArgs args(params, q, k, v, key_mask);
+  const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt), grad_out(grad_out_kt),
+      grad_q(grad_q_kt), grad_k(grad_k_kt), grad_v(grad_v_kt);
   if (args.q.dtype() == DType::f32) {
     backward_f32(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
   } else if (args.q.dtype() == DType::f64) {
@@ -529,4 +586,4 @@ void attention_backward(const AttentionArgs& args, const Tensor& out, const Tens
   }
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,10 +1,11 @@
-#include "core/cpu/copy.h"
-
+// copy (with casts, any geometry, overlap-safe), fill and Philox random fill.
+#include <cmath>
 #include <cstring>
 
 #include "core/cpu/strided_loop.h"
+#include "core/philox.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 template <class To, class From>
@@ -16,13 +17,10 @@ To convert(From v) {
   else
     return To(v);
 }
-}  // namespace
 
-void copy_strided(const Tensor& src, const Tensor& dst) {
-  RF_CHECK(src.shape() == dst.shape(), "copy: shape mismatch, source ", src.desc(),
-           " vs destination ", dst.desc());
+void copy_views(const View& src, const View& dst) {
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
-    std::memcpy(dst.data(), src.data(), src.nbytes());
+    std::memmove(dst.data(), src.data(), src.nbytes());
     return;
   }
   dispatch_all(src.dtype(), [&](auto s) {
@@ -41,8 +39,27 @@ void copy_strided(const Tensor& src, const Tensor& dst) {
     });
   });
 }
+}  // namespace
 
-void fill(const Tensor& dst, double value) {
+void copy(Stream, KT src_kt, KT dst_kt) {
+  const View src(src_kt), dst(dst_kt);
+  RF_CHECK(src.shape() == dst.shape(), "copy: shape mismatch, source ", src.desc(),
+           " vs destination ", dst.desc());
+  // Overlapping views (a shifted narrow of the same storage) would read
+  // elements already overwritten: go through a temporary. Contiguous
+  // same-dtype copies use memmove, which handles overlap itself.
+  const bool plain = src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous();
+  if (!plain && may_overlap(src, dst)) {
+    const Scratch tmp(src.shape(), src.dtype());
+    copy_views(src, tmp.view());
+    copy_views(tmp.view(), dst);
+    return;
+  }
+  copy_views(src, dst);
+}
+
+void fill(Stream, KT dst_kt, double value) {
+  const View dst(dst_kt);
   dispatch_all(dst.dtype(), [&](auto d) {
     using D = decltype(d);
     const D v = convert<D>(value);
@@ -55,4 +72,35 @@ void fill(const Tensor& dst, double value) {
   });
 }
 
-}  // namespace roformer::cpu
+void random_fill(Stream, KT out_kt, uint64_t seed, uint64_t offset, bool normal) {
+  const View out(out_kt);
+  RF_CHECK(out.is_contiguous(), "random_fill: expected a contiguous output, got ", out.desc());
+  const int64_t n = out.numel();
+  const PhiloxKey key{uint32_t(seed), uint32_t(seed >> 32)};
+  dispatch_floating(out.dtype(), "random_fill", [&](auto tag) {
+    using T = decltype(tag);
+    T* p = static_cast<T*>(out.data());
+    if (!normal) {
+      // Word offset + i of the stream (four words per Philox block).
+      parallel_rows(n, 16, [&](int64_t i) {
+        const uint64_t word = offset + uint64_t(i);
+        const uint64_t block = word / 4;
+        const auto bits = philox4x32({uint32_t(block), uint32_t(block >> 32), 0, 0}, key);
+        p[i] = convert<T>(double(uniform_from_bits(bits[word % 4])));
+      });
+      return;
+    }
+    // Two words per number (Box-Muller); offset is a multiple of 4, so both
+    // words of a number sit in one block.
+    parallel_rows(n, 64, [&](int64_t i) {
+      const uint64_t word = offset + 2 * uint64_t(i);
+      const uint64_t block = word / 4;
+      const auto bits = philox4x32({uint32_t(block), uint32_t(block >> 32), 0, 0}, key);
+      const double u1 = open_uniform_from_bits(bits[word % 4]);
+      const double u2 = open_uniform_from_bits(bits[word % 4 + 1]);
+      p[i] = convert<T>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    });
+  });
+}
+
+}  // namespace roformer::kernels::cpu

@@ -1,5 +1,6 @@
-#include "core/cpu/cross_entropy.h"
-
+// Fused log-softmax + negative log-likelihood over rows of logits [N, C]: one
+// pass over each row (a running max and sum, rescaled per chunk, with a
+// vectorised exp); rows run in parallel, the loss is summed in row order.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -10,7 +11,7 @@
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 
@@ -58,7 +59,7 @@ row_t<T> row_logsumexp(const T* x, int64_t cols) {
 }
 
 template <class Fn>
-void with_targets(const Tensor& targets, Fn&& fn) {
+void with_targets(const View& targets, Fn&& fn) {
   dispatch_index(targets.dtype(), "cross_entropy", [&](auto tag) {
     using I = decltype(tag);
     const I* p = static_cast<const I*>(targets.data());
@@ -68,11 +69,33 @@ void with_targets(const Tensor& targets, Fn&& fn) {
 
 }  // namespace
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                           const Tensor& lse, const Tensor& row_loss) {
+void cross_entropy_forward(Stream stream, KT logits_kt, KT targets_kt, int64_t ignore_index,
+                           int32_t site, KT lse_kt, KT row_loss_kt, KT loss_kt, KT count_kt) {
+  const View logits(logits_kt), targets(targets_kt), lse(lse_kt), row_loss(row_loss_kt),
+      loss(loss_kt), count_out(count_kt);
+  RF_CHECK(logits.dim() == 2 && logits.is_contiguous() && targets.is_contiguous() &&
+               targets.numel() == logits.shape()[0],
+           "cross_entropy_forward: expected contiguous logits [N, C] and targets [N], got ",
+           logits.desc(), " and ", targets.desc());
   const int64_t rows = logits.shape()[0], cols = logits.shape()[1];
   double* plse = lse.data_as<double>();
   double* ploss = row_loss.data_as<double>();
+  int64_t count = 0;
+  with_targets(targets, [&](auto target) {
+    // Counted rows, and the first bad target in row order (reported, then
+    // treated as ignored so nothing reads outside the row).
+    bool reported = false;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = target(r);
+      if (t == ignore_index) continue;
+      if (t < 0 || t >= cols) {
+        if (!reported) report_index_error(stream, site, r, t);
+        reported = true;
+        continue;
+      }
+      ++count;
+    }
+  });
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     const T* x = static_cast<const T*>(logits.data());
@@ -82,16 +105,33 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
         const double l = double(row_logsumexp(xr, cols));
         const int64_t t = target(r);
         plse[r] = l;
-        ploss[r] = t == ignore_index ? 0.0 : l - double(row_t<T>(xr[t]));
+        ploss[r] = t == ignore_index || t < 0 || t >= cols ? 0.0 : l - double(row_t<T>(xr[t]));
       });
     });
   });
+  // Summed in row order, so the loss does not depend on the thread count.
+  double sum = 0.0;
+  for (int64_t r = 0; r < rows; ++r) sum += ploss[r];
+  const double mean = count > 0 ? sum / double(count) : 0.0;
+  if (loss.dtype() == DType::f64)
+    *loss.data_as<double>() = mean;
+  else
+    *loss.data_as<float>() = float(mean);
+  *count_out.data_as<int64_t>() = count;
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                            const Tensor& lse, double scale, const Tensor& grad) {
+void cross_entropy_backward(Stream, KT logits_kt, KT targets_kt, int64_t ignore_index, KT lse_kt,
+                            KT grad_loss_kt, KT count_kt, KT grad_kt) {
+  const View logits(logits_kt), targets(targets_kt), lse(lse_kt), grad_loss(grad_loss_kt),
+      count_in(count_kt), grad(grad_kt);
   const int64_t rows = logits.shape()[0], cols = logits.shape()[1];
   const double* plse = lse.data_as<double>();
+  const int64_t count = *count_in.data_as<int64_t>();
+  double grad_value = 0.0;
+  dispatch_floating(grad_loss.dtype(), "cross_entropy", [&](auto tag) {
+    grad_value = double(*static_cast<const decltype(tag)*>(grad_loss.data()));
+  });
+  const double scale = count > 0 ? grad_value / double(count) : 0.0;
   dispatch_floating(logits.dtype(), "cross_entropy", [&](auto tag) {
     using T = decltype(tag);
     using A = row_t<T>;
@@ -102,7 +142,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t
         const T* xr = x + r * cols;
         T* gr = g + r * cols;
         const int64_t t = target(r);
-        if (t == ignore_index) {
+        if (t == ignore_index || t < 0 || t >= cols) {
           std::memset(static_cast<void*>(gr), 0, size_t(cols) * sizeof(T));
           return;
         }
@@ -119,4 +159,4 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, int64_t
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,13 +1,21 @@
-#include "core/cpu/dropout.h"
-
+// Dropout mask from Philox, never stored: the backward applies the identical
+// mask by calling the kernel again on the gradient.
 #include <cmath>
 
 #include "core/cpu/strided_loop.h"
 #include "core/philox.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
-void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64_t offset) {
+// The decision for element i depends only on (seed, offset, i) -- the same word
+// Tensor::rand would draw there -- never on the thread count.
+void dropout(Stream, KT x_kt, KT out_kt, const DropoutKey& key_in) {
+  const View x(x_kt), out(out_kt);
+  RF_CHECK(x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape(),
+           "dropout kernel: expected contiguous x and out of one shape, got ", x.desc(), " and ",
+           out.desc());
+  const double p = key_in.p;
+  const uint64_t seed = key_in.seed, offset = key_in.offset;
   const int64_t n = x.numel();
   if (n == 0) return;
   const PhiloxKey key{uint32_t(seed), uint32_t(seed >> 32)};
@@ -37,4 +45,4 @@ void dropout(const Tensor& x, const Tensor& out, double p, uint64_t seed, uint64
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

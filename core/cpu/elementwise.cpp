@@ -1,12 +1,11 @@
-#include "core/cpu/elementwise.h"
-
 #include <cmath>
 
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
-void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+void binary(Stream, BinaryOp op, KT a_kt, KT b_kt, KT out_kt) {
+  const View a(a_kt), b(b_kt), out(out_kt);
   dispatch_all(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = std::conditional_t<std::is_integral_v<T>, T, acc_t<T>>;
@@ -44,7 +43,8 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   });
 }
 
-void unary(UnaryOp op, const Tensor& a, const Tensor& out, double scalar) {
+void unary(Stream, UnaryOp op, KT a_kt, KT out_kt, double scalar) {
+  const View a(a_kt), out(out_kt);
   dispatch_all(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = std::conditional_t<std::is_integral_v<T>, double, acc_t<T>>;
@@ -101,7 +101,8 @@ void unary(UnaryOp op, const Tensor& a, const Tensor& out, double scalar) {
   });
 }
 
-void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+void where(Stream, KT cond_kt, KT a_kt, KT b_kt, KT out_kt) {
+  const View cond(cond_kt), a(a_kt), b(b_kt), out(out_kt);
   dispatch_all(cond.dtype(), [&](auto ctag) {
     using C = decltype(ctag);
     dispatch_all(out.dtype(), [&](auto tag) {
@@ -122,4 +123,4 @@ void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& o
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,11 +1,9 @@
-#include "core/cpu/gelu.h"
-
 #include <cmath>
 
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 
@@ -48,7 +46,8 @@ constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 }  // namespace
 
-void gelu_forward(const Tensor& x, const Tensor& y) {
+void gelu_forward(Stream, KT x_kt, KT y_kt) {
+  const View x(x_kt), y(y_kt);
   const int64_t n = x.numel();
   if (n == 0) return;
   if (x.dtype() != DType::f64) {
@@ -71,7 +70,8 @@ void gelu_forward(const Tensor& x, const Tensor& y) {
   });
 }
 
-void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+void gelu_backward(Stream, KT x_kt, KT dy_kt, KT dx_kt) {
+  const View x(x_kt), dy(dy_kt), dx(dx_kt);
   const int64_t n = x.numel();
   if (n == 0) return;
   if (x.dtype() != DType::f64) {
@@ -99,4 +99,4 @@ void gelu_backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

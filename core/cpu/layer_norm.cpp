@@ -1,5 +1,3 @@
-#include "core/cpu/layer_norm.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,7 +6,7 @@
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 
@@ -56,8 +54,8 @@ void execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::me
 }
 
 template <class T>
-void forward_loop(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                  const Tensor& y, const Tensor& mean, const Tensor& var) {
+void forward_loop(const View& x, const View& weight, const View& bias, double eps, const View& y,
+                  const View& mean, const View& var) {
   using A = acc_t<T>;
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
   const T* px = static_cast<const T*>(x.data());
@@ -88,9 +86,9 @@ void forward_loop(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 template <class T>
-void backward_loop(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& var,
-                   const Tensor& dy, double eps, const Tensor& dx, const Tensor& dweight,
-                   const Tensor& dbias) {
+void backward_loop(const View& x, const View& weight, const View& mean, const View& var,
+                   const View& dy, double eps, const View& dx, const View& dweight,
+                   const View& dbias) {
   using A = acc_t<T>;
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
   const T* px = static_cast<const T*>(x.data());
@@ -144,8 +142,9 @@ void backward_loop(const Tensor& x, const Tensor& weight, const Tensor& mean, co
 
 }  // namespace
 
-void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                        const Tensor& y, const Tensor& mean, const Tensor& var) {
+void layer_norm_forward(Stream, KT x_kt, KT weight_kt, KT bias_kt, double eps, KT y_kt, KT mean_kt,
+                        KT var_kt) {
+  const View x(x_kt), weight(weight_kt), bias(bias_kt), y(y_kt), mean(mean_kt), var(var_kt);
   if (x.numel() == 0) return;
   if (x.dtype() == DType::f32) {
     const int64_t cols = x.shape().back(), rows = x.numel() / cols;
@@ -164,12 +163,13 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   });
 }
 
-void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
-                         const Tensor& var, const Tensor& dy, double eps, const Tensor& dx,
-                         const Tensor& dweight, const Tensor& dbias) {
+void layer_norm_backward(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT var_kt, KT dy_kt,
+                         double eps, KT dx_kt, KT dweight_kt, KT dbias_kt) {
+  const View x(x_kt), weight(weight_kt), mean(mean_kt), var(var_kt), dy(dy_kt), dx(dx_kt),
+      dweight(dweight_kt), dbias(dbias_kt);
   if (x.numel() == 0) {
-    for (Tensor t : {dweight, dbias})
-      if (t.defined()) t.zero_();
+    for (KT t : {dweight_kt, dbias_kt})
+      if (t.defined()) fill(stream, t, 0.0);
     return;
   }
   if (x.dtype() == DType::f32) {
@@ -183,11 +183,12 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
                                                {DNNL_ARG_DIFF_SRC, onednn_memory(p->data, dx)},
                                                {DNNL_ARG_MEAN, onednn_memory(p->stat, mean)},
                                                {DNNL_ARG_VARIANCE, onednn_memory(p->stat, var)}};
-    Tensor scratch_dw;
+    std::unique_ptr<Scratch> scratch_dw;  // oneDNN wants a scale gradient buffer
     if (weight.defined()) {
       args.emplace(DNNL_ARG_SCALE, onednn_memory(p->param, weight));
-      scratch_dw = dweight.defined() ? dweight : Tensor::empty({cols}, DType::f32);
-      args.emplace(DNNL_ARG_DIFF_SCALE, onednn_memory(p->param, scratch_dw));
+      if (!dweight.defined()) scratch_dw = std::make_unique<Scratch>(Shape{cols}, DType::f32);
+      args.emplace(DNNL_ARG_DIFF_SCALE,
+                   onednn_memory(p->param, dweight.defined() ? dweight : scratch_dw->view()));
     }
     if (shift) {
       args.emplace(DNNL_ARG_SHIFT, dnnl::memory(p->param, onednn_engine(), p->zero_shift.data()));
@@ -201,4 +202,4 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

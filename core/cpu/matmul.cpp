@@ -1,10 +1,7 @@
-#include "core/cpu/matmul.h"
-
-#include "core/cpu/copy.h"
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 
@@ -17,7 +14,7 @@ struct MatmulPrimitive {
 // stride never moves the address, but oneDNN 2.6 matches it against its
 // kernels' layouts: stride 0 there reads as an odd layout ("bca") and falls
 // back to the reference kernel (~500x slower), so give it a plain outer stride.
-dnnl::memory::desc operand_desc(const Tensor& t) {
+dnnl::memory::desc operand_desc(const View& t) {
   Shape shape = t.shape(), strides = t.strides();
   for (int64_t d = 0; d + 2 < t.dim(); ++d)
     if (strides[d] == 0) shape[d] = 1;
@@ -30,7 +27,7 @@ dnnl::memory::desc operand_desc(const Tensor& t) {
   return onednn_desc(shape, strides, t.dtype());
 }
 
-void matmul_onednn(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+void matmul_onednn(const View& a, const View& b, const View& bias, const View& out) {
   const std::string key = "matmul|" + geometry_key(a) + "|" + geometry_key(b) + "|" +
                           geometry_key(bias) + "|" + geometry_key(out);
   auto prim = cached_primitive<MatmulPrimitive>(key, [&] {
@@ -63,7 +60,7 @@ void matmul_onednn(const Tensor& a, const Tensor& b, const Tensor& bias, const T
 
 // Reference loop for f64 (oneDNN has no f64 matmul).
 template <class T>
-void matmul_loop(const Tensor& a, const Tensor& b, const Tensor& bias, const Tensor& out) {
+void matmul_loop(const View& a, const View& b, const View& bias, const View& out) {
   const int64_t nd = out.dim();
   const int64_t M = out.shape()[nd - 2], N = out.shape()[nd - 1], K = a.shape()[nd - 1];
   const int64_t batches = out.numel() / std::max<int64_t>(M * N, 1);
@@ -94,22 +91,23 @@ void matmul_loop(const Tensor& a, const Tensor& b, const Tensor& bias, const Ten
 }
 
 // oneDNN's fast kernels want one unit stride in the matrix dims.
-bool matrix_friendly(const Tensor& t) {
+bool matrix_friendly(const View& t) {
   const int64_t nd = t.dim();
   return t.strides()[nd - 1] == 1 || t.strides()[nd - 2] == 1;
 }
 
 }  // namespace
 
-void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& bias, const Tensor& out) {
+void matmul(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt) {
+  const View a_in(a_kt), b_in(b_kt), bias(bias_kt), out(out_kt);
   if (out.numel() == 0) return;
   if (a_in.shape().back() == 0) {  // empty sums; oneDNN would divide by K = 0 (SIGFPE)
     if (bias.defined()) {
       Shape strides(out.shape().size(), 0);
       strides.back() = bias.strides().back();
-      copy_strided(make_view(bias, out.shape(), strides, bias.offset()), out);
+      copy(stream, View(bias.data(), bias.dtype(), out.shape(), strides).kt(), out_kt);
     } else {
-      fill(out, 0.0);
+      fill(stream, out_kt, 0.0);
     }
     return;
   }
@@ -117,9 +115,17 @@ void matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& bias, const Te
     matmul_loop<double>(a_in, b_in, bias, out);
     return;
   }
-  const Tensor a = matrix_friendly(a_in) ? a_in : a_in.contiguous();
-  const Tensor b = matrix_friendly(b_in) ? b_in : b_in.contiguous();
-  matmul_onednn(a, b, bias, out);
+  // Operands without a unit stride in the matrix dims go through a copy.
+  std::unique_ptr<Scratch> a_copy, b_copy;
+  if (!matrix_friendly(a_in)) {
+    a_copy = std::make_unique<Scratch>(a_in.shape(), a_in.dtype());
+    copy(stream, a_kt, a_copy->view().kt());
+  }
+  if (!matrix_friendly(b_in)) {
+    b_copy = std::make_unique<Scratch>(b_in.shape(), b_in.dtype());
+    copy(stream, b_kt, b_copy->view().kt());
+  }
+  matmul_onednn(a_copy ? a_copy->view() : a_in, b_copy ? b_copy->view() : b_in, bias, out);
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,8 +1,12 @@
 #include "core/cpu/onednn.h"
 
 #include <atomic>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 dnnl::engine& onednn_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -38,15 +42,15 @@ dnnl::memory::desc onednn_desc(const Shape& shape, const Shape& strides, DType d
   return dnnl::memory::desc(dims, onednn_dtype(dtype), st);
 }
 
-dnnl::memory::desc onednn_desc(const Tensor& t) {
+dnnl::memory::desc onednn_desc(const View& t) {
   return onednn_desc(t.shape(), t.strides(), t.dtype());
 }
 
-dnnl::memory onednn_memory(const dnnl::memory::desc& desc, const Tensor& t) {
+dnnl::memory onednn_memory(const dnnl::memory::desc& desc, const View& t) {
   return dnnl::memory(desc, onednn_engine(), t.data());
 }
 
-std::string geometry_key(const Tensor& t) {
+std::string geometry_key(const View& t) {
   if (!t.defined()) return "-";
   std::string key = dtype_name(t.dtype());
   for (int64_t s : t.shape()) key += ',' + std::to_string(s);
@@ -56,8 +60,71 @@ std::string geometry_key(const Tensor& t) {
 }
 
 namespace {
-std::atomic<size_t> g_built{0};
+
+// Most recently used at the front of `order`; `index` finds a key's node.
+struct PrimitiveCache {
+  std::mutex mutex;
+  size_t capacity = kDefaultPrimitiveCacheCapacity;
+  size_t evictions = 0;
+  std::list<std::pair<std::string, std::shared_ptr<void>>> order;
+  std::unordered_map<std::string, decltype(order)::iterator> index;
+
+  void trim() {  // caller holds the mutex
+    while (order.size() > capacity) {
+      index.erase(order.back().first);
+      order.pop_back();  // users of the primitive keep it alive via shared_ptr
+      ++evictions;
+    }
+  }
+};
+
+PrimitiveCache& cache() {
+  static PrimitiveCache c;
+  return c;
 }
+
+std::atomic<size_t> g_built{0};
+
+}  // namespace
+
+std::shared_ptr<void> cache_lookup(const std::string& key,
+                                   const std::function<std::shared_ptr<void>()>& make) {
+  PrimitiveCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto it = c.index.find(key);
+  if (it != c.index.end()) {
+    c.order.splice(c.order.begin(), c.order, it->second);
+    return it->second->second;
+  }
+  std::shared_ptr<void> value = make();
+  c.order.emplace_front(key, value);
+  c.index.emplace(key, c.order.begin());
+  c.trim();
+  return value;
+}
+
+void set_primitive_cache_capacity(size_t capacity) {
+  PrimitiveCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.capacity = std::max<size_t>(capacity, 1);
+  c.trim();
+}
+
+size_t primitive_cache_capacity() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().capacity;
+}
+
+size_t primitive_cache_size() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().order.size();
+}
+
+size_t primitive_cache_evictions() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().evictions;
+}
+
 size_t onednn_primitives_built() {
   return g_built.load();
 }
@@ -65,4 +132,4 @@ void count_primitive_built() {
   ++g_built;
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,14 +1,15 @@
-#include "core/cpu/reduce.h"
-
 #include <cmath>
 #include <limits>
 
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
-void sum(const Tensor& x, const std::vector<bool>& reduced, const Tensor& out) {
+void sum(Stream, KT x_kt, uint32_t reduced_dims, KT out_kt) {
+  const View x(x_kt), out(out_kt);
   const int64_t nd = x.dim();
+  std::vector<bool> reduced(static_cast<size_t>(nd));
+  for (int64_t d = 0; d < nd; ++d) reduced[size_t(d)] = (reduced_dims >> d) & 1u;
   dispatch_all(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using A = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
@@ -78,7 +79,7 @@ struct AlongDim {
     return off;
   }
 };
-AlongDim along(const Tensor& x, int64_t dim) {
+AlongDim along(const View& x, int64_t dim) {
   AlongDim a;
   for (int64_t d = 0; d < x.dim(); ++d) {
     if (d == dim) continue;
@@ -90,7 +91,8 @@ AlongDim along(const Tensor& x, int64_t dim) {
 }
 }  // namespace
 
-void max(const Tensor& x, int64_t dim, const Tensor& values, const Tensor& indices) {
+void max(Stream, KT x_kt, int32_t dim, KT values_kt, KT indices_kt) {
+  const View x(x_kt), values(values_kt), indices(indices_kt);
   const AlongDim geo = along(x, dim);
   const int64_t n = x.shape()[dim], stride = x.strides()[dim];
   dispatch_all(x.dtype(), [&](auto tag) {
@@ -115,17 +117,19 @@ void max(const Tensor& x, int64_t dim, const Tensor& values, const Tensor& indic
   });
 }
 
-void scatter_along(const Tensor& grad, const Tensor& indices, int64_t dim, const Tensor& grad_x) {
+void scatter_along(Stream, KT grad_kt, KT indices_kt, int32_t dim, KT grad_x_kt) {
+  const View grad(grad_kt), indices(indices_kt), grad_x(grad_x_kt);
   const AlongDim geo = along(grad_x, dim);
   const int64_t stride = grad_x.strides()[dim];
-  const Tensor g = grad.contiguous();
   dispatch_all(grad_x.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* pg = static_cast<const T*>(g.data());
+    // grad has the keepdim shape of indices; walk it in that (row-major) order.
+    const AlongDim gg = along(grad, dim);
+    const T* pg = static_cast<const T*>(grad.data());
     const int64_t* pi = indices.data_as<int64_t>();
     T* px = static_cast<T*>(grad_x.data());
-    for (int64_t o = 0; o < geo.n_rest; ++o) px[geo.base(o) + pi[o] * stride] = pg[o];
+    for (int64_t o = 0; o < geo.n_rest; ++o) px[geo.base(o) + pi[o] * stride] = pg[gg.base(o)];
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,52 +1,16 @@
-#include "core/cpu/rope.h"
-
+// Rotary position embedding kernels (paper eq. 34): the cos/sin table for the
+// positions of a call and a strided rotation of [..., S, D] by it.
 #include <cmath>
-#include <deque>
-#include <mutex>
 
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 
-struct TableEntry {
-  std::vector<int64_t> positions;
-  int64_t dim;
-  double base;
-  std::shared_ptr<const RopeTable> table;
-};
-
-std::shared_ptr<const RopeTable> build_table(const std::vector<int64_t>& positions, int64_t dim,
-                                             double base) {
-  auto t = std::make_shared<RopeTable>();
-  t->positions = int64_t(positions.size());
-  t->half = dim / 2;
-  const size_t n = positions.size() * size_t(t->half);
-  t->cos64.resize(n);
-  t->sin64.resize(n);
-  t->cos32.resize(n);
-  t->sin32.resize(n);
-  std::vector<double> theta(size_t(t->half));
-  for (int64_t i = 0; i < t->half; ++i)
-    theta[size_t(i)] = std::pow(base, -2.0 * double(i) / double(dim));
-  for (size_t s = 0; s < positions.size(); ++s) {
-    for (int64_t i = 0; i < t->half; ++i) {
-      const size_t k = s * size_t(t->half) + size_t(i);
-      const double angle = double(positions[s]) * theta[size_t(i)];
-      t->cos64[k] = std::cos(angle);
-      t->sin64[k] = std::sin(angle);
-      t->cos32[k] = float(t->cos64[k]);
-      t->sin32[k] = float(t->sin64[k]);
-    }
-  }
-  return t;
-}
-
-template <class T>
-void rotate(const Tensor& x, const RopeTable& table, bool interleaved, bool inverse,
-            const Tensor& out) {
-  using A = acc_t<T>;
+template <class T, class A>
+void rotate(const View& x, const A* cos_table, const A* sin_table, bool interleaved, bool inverse,
+            const View& out) {
   const int64_t nd = x.dim();
   const int64_t S = x.shape()[size_t(nd - 2)], D = x.shape()[size_t(nd - 1)];
   const int64_t half = D / 2;
@@ -54,15 +18,6 @@ void rotate(const Tensor& x, const RopeTable& table, bool interleaved, bool inve
   const int64_t rows = x.numel() / std::max<int64_t>(D, 1);
   const T* px = static_cast<const T*>(x.data());
   T* po = static_cast<T*>(out.data());
-  const A* cos_table = nullptr;
-  const A* sin_table = nullptr;
-  if constexpr (std::is_same_v<A, double>) {
-    cos_table = table.cos64.data();
-    sin_table = table.sin64.data();
-  } else {
-    cos_table = table.cos32.data();
-    sin_table = table.sin32.data();
-  }
   const A sign = inverse ? A(-1) : A(1);
   // Pair k's two elements sit at lo(k) and lo(k) + step in the head dim.
   const int64_t pair_stride = interleaved ? 2 : 1, step = interleaved ? 1 : half;
@@ -98,34 +53,52 @@ void rotate(const Tensor& x, const RopeTable& table, bool interleaved, bool inve
 
 }  // namespace
 
-std::shared_ptr<const RopeTable> rope_table(const std::vector<int64_t>& positions, int64_t dim,
-                                            double base) {
-  // A handful of tables covers a model (one per sequence length and base).
-  constexpr size_t kCached = 8;
-  static std::mutex mutex;
-  static std::deque<TableEntry> cache;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    for (const TableEntry& e : cache)
-      if (e.dim == dim && e.base == base && e.positions == positions) return e.table;
-  }
-  auto table = build_table(positions, dim, base);
-  std::lock_guard<std::mutex> lock(mutex);
-  cache.push_front(TableEntry{positions, dim, base, table});
-  if (cache.size() > kCached) cache.pop_back();
-  return table;
+void rope_table(Stream, KT positions_kt, double base, KT table_kt) {
+  const View positions(positions_kt), table(table_kt);
+  RF_CHECK(table.dim() == 3 && table.shape()[0] == 2 && table.is_contiguous() &&
+               positions.dim() == 1 && positions.shape()[0] == table.shape()[1],
+           "rope_table: expected positions [S] and a contiguous table [2, S, D/2], got ",
+           positions.desc(), " and ", table.desc());
+  const int64_t S = table.shape()[1], half = table.shape()[2], dim = 2 * half;
+  std::vector<double> theta(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    theta[size_t(i)] = std::pow(base, -2.0 * double(i) / double(dim));
+  dispatch_index(positions.dtype(), "rope positions", [&](auto itag) {
+    using I = decltype(itag);
+    const I* pos = static_cast<const I*>(positions.data());
+    const int64_t pstride = positions.strides()[0];
+    dispatch_floating(table.dtype(), "rope table", [&](auto tag) {
+      using T = decltype(tag);
+      T* cos_out = static_cast<T*>(table.data());
+      T* sin_out = cos_out + S * half;
+      // Angles in double whatever the table's dtype.
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = double(pos[s * pstride]) * theta[size_t(i)];
+          cos_out[s * half + i] = T(std::cos(angle));
+          sin_out[s * half + i] = T(std::sin(angle));
+        }
+    });
+  });
 }
 
-void rope(const Tensor& x, const RopeTable& table, bool interleaved, bool inverse,
-          const Tensor& out) {
-  RF_CHECK(x.dim() >= 2 && x.shape()[size_t(x.dim() - 2)] == table.positions &&
-               x.shape().back() == 2 * table.half && out.shape() == x.shape() &&
-               out.is_contiguous() && out.dtype() == x.dtype(),
+void rope(Stream, KT x_kt, KT table_kt, bool interleaved, bool inverse, KT out_kt) {
+  const View x(x_kt), table(table_kt), out(out_kt);
+  RF_CHECK(x.dim() >= 2 && table.dim() == 3 && x.shape()[size_t(x.dim() - 2)] == table.shape()[1] &&
+               x.shape().back() == 2 * table.shape()[2] && out.shape() == x.shape() &&
+               out.is_contiguous() && out.dtype() == x.dtype() && table.is_contiguous(),
            "rope kernel: bad geometry, x ", x.desc(), ", out ", out.desc(), ", table ",
-           table.positions, " x ", table.half);
+           table.desc());
   if (x.numel() == 0) return;
-  dispatch_floating(x.dtype(), "rope",
-                    [&](auto tag) { rotate<decltype(tag)>(x, table, interleaved, inverse, out); });
+  const int64_t n = table.shape()[1] * table.shape()[2];
+  dispatch_floating(x.dtype(), "rope", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    RF_CHECK(table.dtype() == dtype_of<A>(), "rope kernel: table ", table.desc(), " for x ",
+             x.desc(), " (expected ", dtype_name(dtype_of<A>()), ")");
+    const A* cos_table = static_cast<const A*>(table.data());
+    rotate<T, A>(x, cos_table, cos_table + n, interleaved, inverse, out);
+  });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,5 +1,3 @@
-#include "core/cpu/softmax.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -7,7 +5,7 @@
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 namespace {
 
@@ -95,7 +93,8 @@ void execute(const dnnl::primitive& prim, const std::unordered_map<int, dnnl::me
 
 }  // namespace
 
-void softmax_forward(const Tensor& x, const Tensor& y, bool log) {
+void softmax_forward(Stream, KT x_kt, KT y_kt, bool log) {
+  const View x(x_kt), y(y_kt);
   if (x.numel() == 0) return;
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
   if (x.dtype() != DType::f64) {
@@ -112,7 +111,8 @@ void softmax_forward(const Tensor& x, const Tensor& y, bool log) {
   });
 }
 
-void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool log) {
+void softmax_backward(Stream, KT y_kt, KT dy_kt, KT dx_kt, bool log) {
+  const View y(y_kt), dy(dy_kt), dx(dx_kt);
   if (y.numel() == 0) return;
   const int64_t cols = y.shape().back(), rows = y.numel() / cols;
   if (y.dtype() != DType::f64) {
@@ -131,4 +131,4 @@ void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool 
   });
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -4,12 +4,41 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/cpu/view.h"
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
+
+// An exception must not leave an OpenMP region (the runtime calls
+// std::terminate). Each iteration runs under guard(); the first exception is
+// kept, later iterations are skipped, and rethrow() raises it after the region.
+class RegionErrors {
+ public:
+  template <class Fn>
+  void guard(Fn&& fn) noexcept {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    try {
+      fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      failed_.store(true, std::memory_order_relaxed);
+    }
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mutex_;
+  std::exception_ptr error_;
+};
 
 // Minimum number of elements before a loop is split across threads.
 constexpr int64_t kParallelGrain = 32768;
@@ -68,8 +97,10 @@ void for_each_run(const Shape& shape, const std::array<const Shape*, N>& strides
     fn(offsets, inner, inner_strides);
   };
   if (outer * inner >= kParallelGrain && outer > 1) {
+    RegionErrors errors;
 #pragma omp parallel for schedule(static)
-    for (int64_t o = 0; o < outer; ++o) run(o);
+    for (int64_t o = 0; o < outer; ++o) errors.guard([&] { run(o); });
+    errors.rethrow();
   } else {
     for (int64_t o = 0; o < outer; ++o) run(o);
   }
@@ -80,11 +111,13 @@ void for_each_run(const Shape& shape, const std::array<const Shape*, N>& strides
 template <class Fn>
 void parallel_rows(int64_t n, int64_t work_per_row, Fn&& fn) {
   if (n * work_per_row >= kParallelGrain && n > 1) {
+    RegionErrors errors;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) fn(i);
+    for (int64_t i = 0; i < n; ++i) errors.guard([&] { fn(i); });
+    errors.rethrow();
   } else {
     for (int64_t i = 0; i < n; ++i) fn(i);
   }
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace roformer::cpu {
+namespace roformer::kernels::cpu {
 
 // exp(x) for f32 without branches or calls (Cephes expf: x = n ln2 + r,
 // |r| <= ln2/2, degree-6 polynomial for e^r; about 1 ulp). Inputs below -87
@@ -35,4 +35,4 @@ inline double vexp(double x) {
   return std::exp(x);
 }
 
-}  // namespace roformer::cpu
+}  // namespace roformer::kernels::cpu

@@ -1,11 +1,10 @@
 // Fused softmax attention: one autograd node whose backward recomputes the
 // probabilities from q, k and the saved row log-sum-exp instead of keeping
 // [B, H, S, S] tensors alive between forward and backward.
-#include "core/cpu/attention.h"
-
 #include <memory>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -49,54 +48,38 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     throw Error(
         detail::concat("attention: dropout probability must be in [0, 1), got ", dropout_p));
 
-  auto keep = std::make_shared<std::vector<uint8_t>>();
-  if (key_padding_mask.defined()) {
-    const std::vector<double> m = key_padding_mask.to_vector<double>();
-    keep->resize(m.size());
-    for (size_t i = 0; i < m.size(); ++i) (*keep)[i] = m[i] != 0.0;
-  }
   const bool drop = training && dropout_p > 0.0;
-  cpu::AttentionArgs args;
-  args.q = unit_last_stride(q.detach());
-  args.k = unit_last_stride(k.detach());
-  args.v = unit_last_stride(v.detach());
-  args.key_keep = keep->empty() ? nullptr : keep->data();
-  args.scale = scale;
-  args.dropout_p = drop ? dropout_p : 0.0;
-  args.seed = gen.seed;
-  args.offset = drop ? gen.take(uint64_t(B * H * Sq * Sk)) : 0;
+  kernels::AttentionParams params;
+  params.scale = scale;
+  params.dropout.p = drop ? dropout_p : 0.0;
+  params.dropout.seed = gen.seed;
+  params.dropout.offset = drop ? gen.take(uint64_t(B * H * Sq * Sk)) : 0;
+  const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
+               vd = unit_last_stride(v.detach());
+  // The kernel reads the mask itself (nonzero = attend): no host copy.
+  const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
 
   Tensor out = heads_view_buffer(B, H, Sq, Dv, q.dtype(), device);
   const Tensor lse = Tensor::empty({B, H, Sq}, q.dtype(), device);
-  const Tensor bits =
-      drop ? Tensor::empty({B, H, Sq, cpu::keep_words(Sk)}, DType::i32, device) : Tensor();
+  const int64_t keep_words = (Sk + 31) / 32;
+  const Tensor bits = drop ? Tensor::empty({B, H, Sq, keep_words}, DType::i32, device) : Tensor();
   if (Sk == 0) {
     out.fill_(0.0);
     return out;
   }
-  cpu::attention_forward(args, out, lse, bits);
+  launch::attention_forward(device, params, qd, kd, vd, mask, out, lse, bits);
   if (!needs_grad({&q, &k, &v})) return out;
 
-  const SavedTensor sq(args.q, "attention"), sk(args.k, "attention"), sv(args.v, "attention");
-  const SavedTensor so(out, "attention");
+  const SavedTensor sq(qd, "attention"), sk(kd, "attention"), sv(vd, "attention");
+  const SavedTensor so(out, "attention"), smask(mask, "attention");
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
-  const double p_used = args.dropout_p;
-  const uint64_t seed = args.seed, offset = args.offset;
   return record("attention", out, {&q, &k, &v}, [=](const Tensor& g) {
-    cpu::AttentionArgs a;
-    a.q = sq.get();
-    a.k = sk.get();
-    a.v = sv.get();
-    a.key_keep = keep->empty() ? nullptr : keep->data();
-    a.scale = scale;
-    a.dropout_p = p_used;
-    a.seed = seed;
-    a.offset = offset;
     const Tensor grad_out = unit_last_stride(g);
     Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
     Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());
-    cpu::attention_backward(a, so.get(), lse, bits, grad_out, dq, dk, dv);
+    launch::attention_backward(g.device(), params, sq.get(), sk.get(), sv.get(), smask.get(),
+                               so.get(), lse, bits, grad_out, dq, dk, dv);
     return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
   });
 }

@@ -1,6 +1,6 @@
 // add, sub, mul, div with NumPy broadcasting, and their scalar forms.
-#include "core/cpu/elementwise.h"
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -26,20 +26,20 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
     throw Error(detail::concat(op, ": dtype mismatch, ", a.desc(), " vs ", b.desc()));
 }
 
-Tensor binary_forward(cpu::BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
-  kernel_device(name, {&a, &b});
+Tensor binary_forward(kernels::BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  const Device device = kernel_device(name, {&a, &b});
   check_same_dtype(name, a, b);
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   NoGradGuard no_grad;  // expand() here is plumbing, not part of the graph
-  cpu::binary(op, a.expand(shape), b.expand(shape), out);
+  launch::binary(device, op, a.expand(shape), b.expand(shape), out);
   return out;
 }
 
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_forward(cpu::BinaryOp::add, "add", a, b);
+  Tensor out = binary_forward(kernels::BinaryOp::add, "add", a, b);
   const Shape sa = a.shape(), sb = b.shape();
   return record("add", out, {&a, &b}, [sa, sb](const Tensor& g) {
     return std::vector<Tensor>{sum_to(g, sa), sum_to(g, sb)};
@@ -47,7 +47,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_forward(cpu::BinaryOp::sub, "sub", a, b);
+  Tensor out = binary_forward(kernels::BinaryOp::sub, "sub", a, b);
   const Shape sa = a.shape(), sb = b.shape();
   return record("sub", out, {&a, &b}, [sa, sb](const Tensor& g) {
     return std::vector<Tensor>{sum_to(g, sa), sum_to(neg(g), sb)};
@@ -55,7 +55,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_forward(cpu::BinaryOp::mul, "mul", a, b);
+  Tensor out = binary_forward(kernels::BinaryOp::mul, "mul", a, b);
   const bool ga = a.requires_grad(), gb = b.requires_grad();
   SavedTensor sa_saved(gb ? a : Tensor(), "mul"), sb_saved(ga ? b : Tensor(), "mul");
   const Shape sa = a.shape(), sb = b.shape();
@@ -66,7 +66,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  Tensor out = binary_forward(cpu::BinaryOp::div, "div", a, b);
+  Tensor out = binary_forward(kernels::BinaryOp::div, "div", a, b);
   const bool ga = a.requires_grad(), gb = b.requires_grad();
   SavedTensor saved_b(b, "div"), saved_out(gb ? out : Tensor(), "div");
   const Shape sa = a.shape(), sb = b.shape();
@@ -80,16 +80,16 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 namespace {
-Tensor scalar_op(cpu::UnaryOp op, const char* name, const Tensor& a, double s) {
-  kernel_device(name, {&a});
-  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
-  cpu::unary(op, a, out, s);
+Tensor scalar_op(kernels::UnaryOp op, const char* name, const Tensor& a, double s) {
+  const Device device = kernel_device(name, {&a});
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), device);
+  launch::unary(device, op, a, out, s);
   return out;
 }
 }  // namespace
 
 Tensor add(const Tensor& a, double s) {
-  return record("add_scalar", scalar_op(cpu::UnaryOp::add_scalar, "add_scalar", a, s), {&a},
+  return record("add_scalar", scalar_op(kernels::UnaryOp::add_scalar, "add_scalar", a, s), {&a},
                 [](const Tensor& g) { return std::vector<Tensor>{g}; });
 }
 
@@ -98,12 +98,12 @@ Tensor sub(const Tensor& a, double s) {
 }
 
 Tensor rsub(const Tensor& a, double s) {
-  return record("rsub_scalar", scalar_op(cpu::UnaryOp::rsub_scalar, "rsub_scalar", a, s), {&a},
+  return record("rsub_scalar", scalar_op(kernels::UnaryOp::rsub_scalar, "rsub_scalar", a, s), {&a},
                 [](const Tensor& g) { return std::vector<Tensor>{neg(g)}; });
 }
 
 Tensor mul(const Tensor& a, double s) {
-  return record("mul_scalar", scalar_op(cpu::UnaryOp::mul_scalar, "mul_scalar", a, s), {&a},
+  return record("mul_scalar", scalar_op(kernels::UnaryOp::mul_scalar, "mul_scalar", a, s), {&a},
                 [s](const Tensor& g) { return std::vector<Tensor>{mul(g, s)}; });
 }
 

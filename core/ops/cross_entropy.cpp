@@ -1,14 +1,15 @@
 // cross_entropy: fused log-softmax + NLL, mean over rows whose target is not
 // ignore_index. Backward keeps the logits, the targets and one log-sum-exp per
 // row, and recomputes softmax on the fly: no [N, C] probabilities are stored.
-#include "core/cpu/cross_entropy.h"
-
+// Nothing is read on the host: the loss and the counted rows are device
+// tensors, and a bad target is raised at the next sync point.
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  kernel_device("cross_entropy", {&logits, &targets});
+  const Device device = kernel_device("cross_entropy", {&logits, &targets});
   if (logits.dim() != 2 || !is_floating(logits.dtype()))
     throw Error(detail::concat("cross_entropy: expected floating logits [N, C], got ",
                                logits.desc(), " (targets ", targets.desc(), ")"));
@@ -19,37 +20,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   if (targets.dim() != 1 || targets.shape()[0] != rows)
     throw Error(detail::concat("cross_entropy: targets ", targets.desc(), " do not match logits ",
                                logits.desc(), " (expected targets [", rows, "])"));
+  const int32_t site = kernels::index_check_site(
+      device, [classes, ignore_index, logits_desc = logits.desc()](int64_t value, int64_t row) {
+        return detail::concat("cross_entropy: target ", value, " at row ", row,
+                              " is out of range for ", classes, " classes (logits ", logits_desc,
+                              ", ignore_index ", ignore_index, ")");
+      });
   const Tensor tc = targets.contiguous();
-  const std::vector<int64_t> t = tc.to_vector<int64_t>();
-  int64_t count = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (t[r] == ignore_index) continue;
-    if (t[r] < 0 || t[r] >= classes)
-      throw Error(detail::concat("cross_entropy: target ", t[r], " at row ", r,
-                                 " is out of range for ", classes, " classes (logits ",
-                                 logits.desc(), ", ignore_index ", ignore_index, ")"));
-    ++count;
-  }
   const Tensor xc = logits.detach().contiguous();
-  Tensor lse = Tensor::empty({rows}, DType::f64, logits.device());
-  double loss = 0.0;
-  if (count > 0) {
-    Tensor row_loss = Tensor::empty({rows}, DType::f64, logits.device());
-    cpu::cross_entropy_forward(xc, tc, ignore_index, lse, row_loss);
-    // Summed in row order, so the loss does not depend on the thread count.
-    const double* pl = row_loss.data_as<double>();
-    for (int64_t r = 0; r < rows; ++r) loss += pl[r];
-    loss /= double(count);
-  }
-  Tensor out = Tensor::full({}, loss, logits.dtype(), logits.device());
+  // The loss is f32 for f32/bf16 logits (a bf16 loss would round away the
+  // digits training curves are read in), f64 for f64.
+  const DType loss_dtype = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor lse = Tensor::empty({rows}, DType::f64, device);
+  Tensor row_loss = Tensor::empty({rows}, DType::f64, device);
+  Tensor out = Tensor::empty({}, loss_dtype, device);
+  Tensor count = Tensor::empty({}, DType::i64, device);
+  launch::cross_entropy_forward(device, xc, tc, ignore_index, site, lse, row_loss, out, count);
   if (!needs_grad({&logits})) return out;
   const SavedTensor saved_logits(xc, "cross_entropy"), saved_targets(tc, "cross_entropy");
+  const DType logits_dtype = logits.dtype();
   return record("cross_entropy", out, {&logits}, [=](const Tensor& g) {
     const Tensor& x = saved_logits.get();
-    const Tensor& tg = saved_targets.get();
-    if (count == 0) return std::vector<Tensor>{Tensor::zeros(x.shape(), x.dtype(), x.device())};
-    Tensor grad = Tensor::empty(x.shape(), x.dtype(), x.device());
-    cpu::cross_entropy_backward(x, tg, ignore_index, lse, g.item() / double(count), grad);
+    Tensor grad = Tensor::empty(x.shape(), logits_dtype, x.device());
+    launch::cross_entropy_backward(x.device(), x, saved_targets.get(), ignore_index, lse,
+                                   g.contiguous(), count, grad);
     return std::vector<Tensor>{grad};
   });
 }

@@ -55,10 +55,4 @@ ROFORMER_KERNELS(ROFORMER_LAUNCHER)
 #undef ROFORMER_LAUNCHER
 }  // namespace launch
 
-// Raises the first index error a kernel reported on any device since the
-// last check (the message names the op, the bad id, its position and the
-// valid range). Synchronises those devices. Tensor::item() and to_vector()
-// call it; a trainer may call it once per step.
-void check_kernel_errors();
-
 }  // namespace roformer

@@ -1,14 +1,13 @@
 // dropout: the mask is never stored. Forward reserves numel Philox words at
 // (gen.seed, offset); backward regenerates the same mask from (seed, offset),
 // so the node keeps two integers instead of a mask tensor.
-#include "core/cpu/dropout.h"
-
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
-  kernel_device("dropout", {&x});
+  const Device device = kernel_device("dropout", {&x});
   if (!is_floating(x.dtype()))
     throw Error(detail::concat("dropout: expected a floating tensor, got ", x.desc()));
   if (!(p >= 0.0 && p < 1.0))
@@ -19,11 +18,15 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   const uint64_t offset = gen.take(uint64_t(x.numel()));
   const Tensor xc = x.detach().contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  cpu::dropout(xc, out, p, seed, offset);
-  return record("dropout", out, {&x}, [p, seed, offset](const Tensor& g) {
+  kernels::DropoutKey key;
+  key.p = p;
+  key.seed = seed;
+  key.offset = offset;
+  launch::dropout(device, xc, out, key);
+  return record("dropout", out, {&x}, [key](const Tensor& g) {
     const Tensor gc = g.contiguous();
     Tensor dx = Tensor::empty(gc.shape(), gc.dtype(), gc.device());
-    cpu::dropout(gc, dx, p, seed, offset);
+    launch::dropout(gc.device(), gc, dx, key);
     return std::vector<Tensor>{dx};
   });
 }

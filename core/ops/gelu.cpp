@@ -1,7 +1,6 @@
 // gelu (erf form). Backward keeps the input: dx = dy * (Phi(x) + x phi(x)).
-#include "core/cpu/gelu.h"
-
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -11,14 +10,14 @@ Tensor gelu(const Tensor& x) {
     throw Error(detail::concat("gelu: expected a floating tensor, got ", x.desc()));
   const Tensor xc = x.detach().contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  cpu::gelu_forward(xc, y);
+  launch::gelu_forward(x.device(), xc, y);
   if (!needs_grad({&x})) return y;
   const SavedTensor saved(xc, "gelu");
   return record("gelu", y, {&x}, [saved](const Tensor& g) {
     const Tensor& xs = saved.get();
     const Tensor gc = g.to(xs.dtype()).contiguous();
     Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
-    cpu::gelu_backward(xs, gc, dx);
+    launch::gelu_backward(xs.device(), xs, gc, dx);
     return std::vector<Tensor>{dx};
   });
 }

@@ -1,10 +1,9 @@
 // layer_norm over the last dim. Backward keeps the input, the weight and the
 // per-row mean and variance: no normalised copy of the activations.
-#include "core/cpu/layer_norm.h"
-
 #include <cmath>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -36,7 +35,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   Tensor mean = Tensor::empty({rows}, stat_dtype, x.device());
   Tensor var = Tensor::empty({rows}, stat_dtype, x.device());
-  cpu::layer_norm_forward(xc, w, b, eps, y, mean, var);
+  launch::layer_norm_forward(x.device(), xc, w, b, eps, y, mean, var);
   if (!needs_grad({&x, &weight, &bias})) return y;
 
   const SavedTensor saved_x(xc, "layer_norm"), saved_w(w, "layer_norm");
@@ -48,7 +47,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
     Tensor dw = ws.defined() ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     Tensor db = has_bias ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
-    cpu::layer_norm_backward(xs, ws, mean, var, gc, eps, dx, dw, db);
+    launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, dx, dw, db);
     return std::vector<Tensor>{dx, dw, db};
   });
 }

@@ -1,8 +1,7 @@
 // matmul and linear on oneDNN's matmul primitive. Backward passes transposed
 // views of the saved operands straight to the kernel: no transposed copies.
-#include "core/cpu/matmul.h"
-
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -28,7 +27,7 @@ Tensor product(const Tensor& a, const Tensor& b, const Tensor& bias, const char*
   shape.insert(shape.end(), {a.shape()[size_t(a.dim() - 2)], b.shape().back()});
   NoGradGuard no_grad;
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
-  cpu::matmul(a.expand(shape_a), b.expand(shape_b), bias, out);
+  launch::matmul(a.device(), a.expand(shape_a), b.expand(shape_b), bias, out);
   return out;
 }
 

@@ -1,9 +1,8 @@
 // sum, mean, max/argmax over dims, and sum_to (broadcasting's inverse).
-#include "core/cpu/reduce.h"
-
 #include <algorithm>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -43,7 +42,11 @@ Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   if (a.dim() == 0) {
     out.copy_(a);
   } else {
-    cpu::sum(a, mask, out);
+    if (a.dim() > 32) throw Error("sum: more than 32 dimensions in " + a.desc());
+    uint32_t bits = 0;
+    for (size_t d = 0; d < mask.size(); ++d)
+      if (mask[d]) bits |= uint32_t(1) << d;
+    launch::sum(a.device(), a, bits, out);
   }
   if (!keepdim)
     out = make_view(out, dropped_shape(a, mask), contiguous_strides(dropped_shape(a, mask)), 0);
@@ -78,7 +81,7 @@ std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
   const Shape kshape = keepdim_shape(a, mask);
   Tensor values = Tensor::empty(kshape, a.dtype(), a.device());
   Tensor indices = Tensor::empty(kshape, DType::i64, a.device());
-  cpu::max(a, dim, values, indices);
+  launch::max(a.device(), a, int32_t(dim), values, indices);
   if (!keepdim) {
     values = values.detach().squeeze(dim);
     indices = indices.squeeze(dim);
@@ -88,7 +91,7 @@ std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
   Tensor idx_keep = indices.reshape(kshape);
   values = record("max", values, {&a}, [=](const Tensor& g) {
     Tensor grad = Tensor::zeros(in_shape, dt, g.device());
-    cpu::scatter_along(g.reshape(kshape), idx_keep, dim, grad);
+    launch::scatter_along(g.device(), g.reshape(kshape), idx_keep, int32_t(dim), grad);
     return std::vector<Tensor>{grad};
   });
   return {values, indices};

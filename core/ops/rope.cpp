@@ -1,14 +1,60 @@
 // Rotary position embedding (paper eq. 34). A rotation is orthogonal, so the
 // backward is the same kernel rotating the gradient by minus the angle; the
 // node keeps only the (shared, cached) cos/sin table, no activations.
-#include "core/cpu/rope.h"
+#include <deque>
+#include <memory>
+#include <mutex>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
+namespace {
+
+// The cos/sin table [2, S, D/2] of a positions tensor, built on its device by
+// a kernel. Every layer asks for the table of the same positions tensor
+// (forward and backward), so a few entries keyed by that tensor's storage,
+// offset and version (never its values: no host read) serve a whole step.
+struct TableEntry {
+  std::weak_ptr<StorageImpl> storage;
+  int64_t offset, length, stride;
+  uint64_t version;
+  int64_t dim;
+  double base;
+  DType dtype;
+  Tensor table;
+};
+
+Tensor rope_table(const Tensor& positions, int64_t dim, double base, DType dtype) {
+  constexpr size_t kCached = 8;
+  static std::mutex mutex;
+  static std::deque<TableEntry> cache;
+  const std::shared_ptr<StorageImpl>& storage = positions.impl().storage;
+  auto same = [&](const TableEntry& e) {
+    return e.storage.lock() == storage && e.offset == positions.offset() &&
+           e.length == positions.shape()[0] && e.stride == positions.strides()[0] &&
+           e.version == positions.version() && e.dim == dim && e.base == base && e.dtype == dtype;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const TableEntry& e : cache)
+      if (same(e)) return e.table;
+  }
+  const int64_t S = positions.shape()[0];
+  Tensor table = Tensor::empty({2, S, dim / 2}, dtype, positions.device());
+  launch::rope_table(positions.device(), positions, base, table);
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_front(TableEntry{storage, positions.offset(), S, positions.strides()[0],
+                              positions.version(), dim, base, dtype, table});
+  if (cache.size() > kCached) cache.pop_back();
+  return table;
+}
+
+}  // namespace
+
 Tensor rope(const Tensor& x, const Tensor& positions, double base, RopeLayout layout) {
-  kernel_device("rope", {&x, &positions});
+  const Device device = kernel_device("rope", {&x, &positions});
   if (!is_floating(x.dtype()))
     throw Error(detail::concat("rope: expected a floating tensor, got ", x.desc()));
   if (x.dim() < 2) throw Error(detail::concat("rope: expected x [..., S, D], got ", x.desc()));
@@ -21,13 +67,15 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base, RopeLayout la
                                " (expected [", S, "] for the sequence dimension)"));
   if (!(base > 0.0)) throw Error(detail::concat("rope: base must be positive, got ", base));
 
-  const auto table = cpu::rope_table(positions.to_vector<int64_t>(), D, base);
+  // Angles are computed in double; f32/bf16 rotate with an f32 copy.
+  const DType table_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor table = rope_table(positions, D, base, table_dtype);
   const bool interleaved = layout == RopeLayout::interleaved;
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  cpu::rope(x, *table, interleaved, /*inverse=*/false, out);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
+  launch::rope(device, x, table, interleaved, /*inverse=*/false, out);
   return record("rope", out, {&x}, [table, interleaved](const Tensor& g) {
     Tensor grad = Tensor::empty(g.shape(), g.dtype(), g.device());
-    cpu::rope(g, *table, interleaved, /*inverse=*/true, grad);
+    launch::rope(g.device(), g, table, interleaved, /*inverse=*/true, grad);
     return std::vector<Tensor>{grad};
   });
 }

@@ -1,8 +1,7 @@
 // softmax and log_softmax over the last dim. Backward needs only the output:
 // softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy).
-#include "core/cpu/softmax.h"
-
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -16,14 +15,14 @@ Tensor softmax_impl(const Tensor& x, bool log, const char* op) {
     throw Error(detail::concat(op, ": expected at least 1 dimension, got ", x.desc()));
   const Tensor xc = x.detach().contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  cpu::softmax_forward(xc, y, log);
+  launch::softmax_forward(x.device(), xc, y, log);
   if (!needs_grad({&x})) return y;
   const SavedTensor saved(y, op);
   return record(op, y, {&x}, [saved, log](const Tensor& g) {
     const Tensor& out = saved.get();
     const Tensor gc = g.to(out.dtype()).contiguous();
     Tensor dx = Tensor::empty(out.shape(), out.dtype(), out.device());
-    cpu::softmax_backward(out, gc, dx, log);
+    launch::softmax_backward(out.device(), out, gc, dx, log);
     return std::vector<Tensor>{dx};
   });
 }

@@ -1,10 +1,6 @@
 // concat, stack, split, where, masked_fill, cast, index_select.
-#include <cstring>
-
-#include "core/cpu/copy.h"
-#include "core/cpu/elementwise.h"
-#include "core/cpu/strided_loop.h"
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 
 namespace roformer {
 
@@ -30,7 +26,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
     NoGradGuard no_grad;
     int64_t start = 0;
     for (const Tensor& t : tensors) {
-      cpu::copy_strided(t, out.narrow(dim, start, t.shape()[dim]));
+      launch::copy(out.device(), t, out.narrow(dim, start, t.shape()[dim]));
       start += t.shape()[dim];
       sizes.push_back(t.shape()[dim]);
     }
@@ -73,7 +69,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  kernel_device("where", {&cond, &a, &b});
+  const Device device = kernel_device("where", {&cond, &a, &b});
   if (a.dtype() != b.dtype())
     throw Error(detail::concat("where: dtype mismatch, ", a.desc(), " vs ", b.desc()));
   const Shape shape =
@@ -81,7 +77,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   {
     NoGradGuard no_grad;
-    cpu::where(cond.expand(shape), a.expand(shape), b.expand(shape), out);
+    launch::where(device, cond.expand(shape), a.expand(shape), b.expand(shape), out);
   }
   const Tensor c = cond.detach();
   const Shape sa = a.shape(), sb = b.shape();
@@ -102,9 +98,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
 }
 
 Tensor cast(const Tensor& x, DType dtype) {
-  kernel_device("cast", {&x});
-  Tensor out = Tensor::empty(x.shape(), dtype, x.device());
-  cpu::copy_strided(x, out);
+  const Device device = kernel_device("cast", {&x});
+  Tensor out = Tensor::empty(x.shape(), dtype, device);
+  launch::copy(device, x, out);
   if (!is_floating(dtype)) return out;
   const DType from = x.dtype();
   return record("cast", out, {&x},
@@ -112,41 +108,33 @@ Tensor cast(const Tensor& x, DType dtype) {
 }
 
 Tensor index_select(const Tensor& x, const Tensor& indices) {
-  kernel_device("index_select", {&x, &indices});
+  const Device device = kernel_device("index_select", {&x, &indices});
   if (indices.dim() != 1 || x.dim() < 1)
     throw Error(detail::concat("index_select: expected x [N, ...] and indices [M], got ", x.desc(),
                                " and ", indices.desc()));
-  const Tensor src = x.contiguous();
-  const int64_t rows = x.shape()[0];
+  dispatch_index(indices.dtype(), "index_select indices", [](auto) {});
+  const int64_t rows = x.shape()[0], picked = indices.shape()[0];
   const int64_t row_elems = rows ? x.numel() / rows : 0;
-  const std::vector<int64_t> idx = indices.to_vector<int64_t>();
-  for (size_t i = 0; i < idx.size(); ++i)
-    if (idx[i] < 0 || idx[i] >= rows)
-      throw Error(detail::concat("index_select: index ", idx[i], " at position ", i,
-                                 " out of range for ", x.desc()));
   Shape shape = x.shape();
-  shape[0] = int64_t(idx.size());
-  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
-  const size_t row_bytes = size_t(row_elems) * dtype_size(x.dtype());
-  const char* in = static_cast<const char*>(src.data());
-  char* o = static_cast<char*>(out.data());
-  cpu::parallel_rows(int64_t(idx.size()), row_elems, [&](int64_t i) {
-    std::memcpy(o + size_t(i) * row_bytes, in + size_t(idx[i]) * row_bytes, row_bytes);
-  });
+  shape[0] = picked;
+  Tensor out = Tensor::empty(shape, x.dtype(), device);
+  const Tensor idx = indices.contiguous();
+  // The kernel checks the indices; a bad one is raised at the next sync point.
+  const int32_t site =
+      kernels::index_check_site(device, [desc = x.desc()](int64_t value, int64_t position) {
+        return detail::concat("index_select: index ", value, " at position ", position,
+                              " out of range for ", desc);
+      });
+  launch::gather_rows(device, x.detach().contiguous().view({rows, row_elems}), idx, site,
+                      out.view({picked, row_elems}));
+  if (!needs_grad({&x})) return out;
+  const SavedTensor saved_idx(idx, "index_select");
   const Shape in_shape = x.shape();
   return record("index_select", out, {&x}, [=](const Tensor& g) {
     Tensor grad = Tensor::zeros(in_shape, g.dtype(), g.device());
-    const Tensor gc = g.contiguous();
-    dispatch_floating(g.dtype(), "index_select", [&](auto tag) {
-      using T = decltype(tag);
-      const T* pg = static_cast<const T*>(gc.data());
-      T* pd = static_cast<T*>(grad.data());
-      // Sequential over indices: repeated indices add up in a fixed order.
-      for (size_t i = 0; i < idx.size(); ++i)
-        for (int64_t j = 0; j < row_elems; ++j)
-          pd[idx[i] * row_elems + j] =
-              T(acc_t<T>(pd[idx[i] * row_elems + j]) + acc_t<T>(pg[i * row_elems + j]));
-    });
+    // Sequential over indices: repeated indices add up in a fixed order.
+    launch::scatter_add_rows(g.device(), g.contiguous().view({picked, row_elems}), saved_idx.get(),
+                             grad.view({rows, row_elems}));
     return std::vector<Tensor>{grad};
   });
 }

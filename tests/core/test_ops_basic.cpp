@@ -621,11 +621,15 @@ TEST(OpsStructure, IndexSelect) {
   EXPECT_TRUE(gradcheck(
       [&](const std::vector<Tensor>& in) { return index_select(in[0].transpose(0, 1), idx); },
       {random_f64({3, 5}, 78)}));
-  const std::string msg = error_of([&] {
-    index_select(x, Tensor::from_vector<int64_t>({1, 5}, {2}));
-  });
+  // The kernel checks the indices on the device; the error comes at the next
+  // sync point (here the read of the result), naming the index and position.
+  const Tensor bad = index_select(x, Tensor::from_vector<int64_t>({1, 5}, {2}));
+  const std::string msg = error_of([&] { bad.to_vector<double>(); });
   EXPECT_MENTIONS(msg, "index 5");
+  EXPECT_MENTIONS(msg, "position 1");
   EXPECT_MENTIONS(msg, "f64[5, 2, 3]");
+  // Raised once: the next read is clean.
+  EXPECT_NO_THROW(x.to_vector<double>());
 }
 
 // --- views ------------------------------------------------------------------------------

@@ -107,6 +107,32 @@ TEST(LinearAttention, Gradcheck) {
       {random_f64({B, H, S, D}, 11), random_f64({B, H, S, D}, 12), random_f64({B, H, S, D}, 13)}));
 }
 
+TEST(LinearAttention, EveryKeyMaskedGivesZerosNotNaN) {
+  const int64_t B = 2, H = 2, S = 4, D = 4;
+  const Tensor m = Tensor::from_vector<int32_t>({1, 1, 1, 0, 0, 0, 0, 0}, {B, S});
+  const Tensor pos = Tensor::arange(0, S);
+  Tensor q = random_f64({B, H, S, D}, 21).set_requires_grad(true);
+  Tensor k = random_f64({B, H, S, D}, 22).set_requires_grad(true);
+  Tensor v = random_f64({B, H, S, D}, 23).set_requires_grad(true);
+  const Tensor out = rope_linear_attention(q, k, v, m, pos, true, 100.0);
+  const auto got = out.to_vector<double>();
+  const int64_t per_batch = H * S * D;
+  for (int64_t i = 0; i < B * per_batch; ++i) {
+    ASSERT_TRUE(std::isfinite(got[size_t(i)])) << "element " << i;
+    if (i >= per_batch) {
+      EXPECT_EQ(got[size_t(i)], 0.0) << "element " << i;
+    }
+  }
+  // Batch 0 is untouched by the guard; gradients stay finite as well.
+  std::vector<std::vector<int>> keep{{1, 1, 1, 0}, {1, 1, 1, 1}};
+  const Tensor ref = direct_eq19(q.detach(), k.detach(), v.detach(), keep, true, 100.0);
+  EXPECT_TRUE(all_close(out.narrow(0, 0, 1), ref.narrow(0, 0, 1), 1e-10, 1e-12));
+  sum(out).backward();
+  for (const Tensor& t : {q, k, v}) {
+    for (double g : t.grad().to_vector<double>()) ASSERT_TRUE(std::isfinite(g));
+  }
+}
+
 TEST(LinearAttention, MemoryIsLinearInSequenceLength) {
   // S = 4096: an S x S f32 matrix per head would be 64 MiB; the whole
   // forward + backward stays far below it.

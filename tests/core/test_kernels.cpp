@@ -1,0 +1,157 @@
+// The kernel layer under the ops: exceptions out of OpenMP regions, the
+// bounded oneDNN primitive cache, overlap-safe copies, size inference in
+// view/reshape, and the device error record behind index checks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "core/cpu/onednn.h"
+#include "core/cpu/strided_loop.h"
+#include "core/ops.h"
+#include "core/ops/dispatch.h"
+#include "tests/test_support.h"
+
+namespace roformer {
+namespace {
+
+using testing::error_of;
+
+#define EXPECT_MENTIONS(msg, text) \
+  EXPECT_NE((msg).find(text), std::string::npos) << "'" << (text) << "' missing from: " << (msg)
+
+TEST(KernelRegions, AnExceptionInsideAParallelLoopReachesTheCaller) {
+  // Enough work to take the OpenMP path.
+  const std::string msg = error_of([] {
+    kernels::cpu::parallel_rows(1 << 16, 1, [](int64_t i) {
+      if (i == 40000) throw Error("row 40000 failed");
+    });
+  });
+  EXPECT_MENTIONS(msg, "row 40000 failed");
+}
+
+TEST(KernelRegions, AttentionKernelErrorInsideItsRegionIsThrownNotTerminate) {
+  // f64 attention with dropout reads its keep bits inside the parallel
+  // region over (batch, head); keep bits of the wrong dtype make that read
+  // throw there.
+  const int64_t B = 2, H = 2, S = 8, D = 4;
+  const Tensor q = Tensor::ones({B, H, S, D}, DType::f64);
+  const Tensor out = Tensor::empty({B, H, S, D}, DType::f64);
+  const Tensor lse = Tensor::empty({B, H, S}, DType::f64);
+  const Tensor bad_bits = Tensor::empty({B, H, S, 1}, DType::f32);
+  kernels::AttentionParams params;
+  params.dropout.p = 0.5;
+  const std::string msg = error_of([&] {
+    launch::attention_forward(Device::cpu(), params, q, q, q, Tensor(), out, lse, bad_bits);
+  });
+  EXPECT_MENTIONS(msg, "f32");
+}
+
+TEST(PrimitiveCache, IsBoundedAndEvictsTheLeastRecentlyUsed) {
+  using namespace kernels::cpu;
+  const size_t saved = primitive_cache_capacity();
+  set_primitive_cache_capacity(3);
+  EXPECT_LE(primitive_cache_size(), 3u);
+  const size_t evicted = primitive_cache_evictions();
+  int built = 0;
+  auto get = [&](int i) {
+    return *cached_primitive<int>("test-entry|" + std::to_string(i), [&] {
+      ++built;
+      return i;
+    });
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(get(i), i);
+  EXPECT_EQ(built, 3);
+  get(0);  // 0 becomes the most recent; 1 is now the oldest
+  EXPECT_EQ(built, 3);
+  get(3);  // evicts 1
+  EXPECT_EQ(primitive_cache_size(), 3u);
+  EXPECT_GE(primitive_cache_evictions(), evicted + 1);
+  get(0);
+  get(2);
+  EXPECT_EQ(built, 4);  // still cached
+  get(1);
+  EXPECT_EQ(built, 5);  // was evicted, built again
+  // Real primitives keep working under a tiny bound.
+  const Tensor a = Tensor::ones({3, 5}), b = Tensor::ones({5, 2});
+  for (int64_t n = 1; n <= 6; ++n) {
+    const Tensor r = matmul(a.narrow(0, 0, std::min<int64_t>(n, 3)), b);
+    EXPECT_EQ(r.to_vector<float>()[0], 5.0f);
+  }
+  EXPECT_LE(primitive_cache_size(), 3u);
+  set_primitive_cache_capacity(saved);
+}
+
+TEST(Copy, OverlappingStridedViewsCopyAsIfThroughATemporary) {
+  // Rows of 10; shift every row right by one within the same storage.
+  std::vector<double> values(20);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = double(i);
+  const Tensor t = Tensor::from_vector(values, {2, 10});
+  const Tensor src = t.narrow(1, 0, 9), dst = t.narrow(1, 1, 9);
+  ASSERT_FALSE(src.is_contiguous());
+  const Tensor dst_view = dst;
+  Tensor(dst_view).copy_(src);
+  const auto got = t.to_vector<double>();
+  for (int64_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[size_t(r * 10)], double(r * 10));
+    for (int64_t c = 1; c < 10; ++c)
+      EXPECT_EQ(got[size_t(r * 10 + c)], double(r * 10 + c - 1)) << r << "," << c;
+  }
+  // Contiguous overlap (a shifted narrow of a flat tensor) too.
+  const Tensor flat = Tensor::from_vector(values, {20});
+  Tensor(flat.narrow(0, 2, 18)).copy_(flat.narrow(0, 0, 18));
+  const auto f = flat.to_vector<double>();
+  for (int64_t i = 2; i < 20; ++i) EXPECT_EQ(f[size_t(i)], double(i - 2));
+}
+
+TEST(Views, OnlyASingleMinusOneIsInferred) {
+  const Tensor x = Tensor::zeros({2, 3});
+  EXPECT_EQ(x.view({-1, 3}).shape(), (Shape{2, 3}));
+  EXPECT_EQ(x.reshape({3, -1}).shape(), (Shape{3, 2}));
+  for (const Shape& bad : {Shape{-2, -3}, Shape{-3, -2}, Shape{-6}, Shape{-1, -1}, Shape{2, -3}}) {
+    EXPECT_MENTIONS(error_of([&] { x.view(bad); }), "view");
+    EXPECT_MENTIONS(error_of([&] { x.reshape(bad); }), "reshape");
+  }
+  EXPECT_MENTIONS(error_of([&] { x.view({-2, -3}); }), "-2");
+}
+
+TEST(KernelErrors, TheFirstBadIndexWinsAndIsRaisedOnce) {
+  const Tensor w = Tensor::zeros({4, 2});
+  const Tensor out = embedding(w, Tensor::from_vector<int64_t>({0, 9, 7}, {3}));
+  // A later op's report does not replace the first one.
+  index_select(w, Tensor::from_vector<int64_t>({5}, {1}));
+  // The bad rows are zeros, never a read outside the table.
+  const std::string msg = error_of([&] { out.to_vector<float>(); });
+  EXPECT_MENTIONS(msg, "id 9");
+  EXPECT_MENTIONS(msg, "position [1]");
+  EXPECT_MENTIONS(msg, "vocabulary size 4");
+  EXPECT_EQ(out.to_vector<float>(), std::vector<float>(6, 0.0f));
+  EXPECT_NO_THROW(check_kernel_errors());
+}
+
+TEST(KernelErrors, CrossEntropyCountsOnlyValidRowsAndNeedsNoHostRead) {
+  const Tensor x = Tensor::zeros({3, 4}, DType::f64).set_requires_grad(true);
+  const Tensor loss = cross_entropy(x, Tensor::from_vector<int64_t>({1, -100, 2}, {3}));
+  EXPECT_NEAR(loss.item(), std::log(4.0), 1e-12);
+  loss.backward();
+  const auto g = x.grad().to_vector<double>();
+  EXPECT_NEAR(g[1], (0.25 - 1.0) / 2.0, 1e-12);              // mean over the 2 counted rows
+  for (int c = 4; c < 8; ++c) EXPECT_EQ(g[size_t(c)], 0.0);  // ignored row
+}
+
+TEST(KernelTensor, CarriesPointerDtypeSizesAndStrides) {
+  const Tensor t = Tensor::zeros({4, 6}).narrow(1, 1, 3).transpose(0, 1);
+  const kernels::KernelTensor k = kernels::kernel_tensor(t);
+  EXPECT_EQ(k.data, t.data());
+  EXPECT_EQ(k.dtype, DType::f32);
+  EXPECT_EQ(k.ndim, 2);
+  EXPECT_EQ(k.sizes[0], 3);
+  EXPECT_EQ(k.sizes[1], 4);
+  EXPECT_EQ(k.strides[0], 1);
+  EXPECT_EQ(k.strides[1], 6);
+  EXPECT_FALSE(k.is_contiguous());
+  EXPECT_FALSE(kernels::kernel_tensor(Tensor()).defined());
+}
+
+}  // namespace
+}  // namespace roformer
