@@ -1,5 +1,6 @@
 #include "core/cuda/gemm.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,7 +91,17 @@ std::string describe(const GemmArgs& g) {
 using AlgoKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
                            int, int, int, int, int64_t, int64_t, int64_t, uint64_t>;
 
+std::atomic<bool> g_allow_tf32{false};
+
 }  // namespace
+
+void set_allow_tf32(bool allow) {
+  g_allow_tf32 = allow;
+}
+
+bool allow_tf32() {
+  return g_allow_tf32;
+}
 
 void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   RF_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, describe(g), ": bad sizes");

@@ -37,6 +37,12 @@ struct GemmArgs {
   bool allow_tf32 = false;
 };
 
+// Whether the kernel list's f32 matmul may use TF32 tensor cores (off by
+// default: f32 results then match the CPU closely). A run sets it from its
+// precision setting.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
 // Queues the product on `stream` of device `device`. The device's one
 // cuBLASLt workspace is shared: run GEMMs of one device on one stream at a time. Throws naming the
 // shapes when cuBLASLt has no algorithm for them, and the call when one fails.
