@@ -1,6 +1,7 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "core/device_backend.h"
@@ -48,6 +49,7 @@ void* CpuCachingAllocator::allocate(size_t nbytes) {
     stats_.peak_allocated_bytes = stats_.allocated_bytes;
   if (stats_.reserved_bytes() > stats_.peak_reserved_bytes)
     stats_.peak_reserved_bytes = stats_.reserved_bytes();
+  if (poison()) std::memset(ptr, 0xFF, size);
   return ptr;
 }
 

@@ -50,6 +50,13 @@ class Allocator {
   // Returns every cached block to the system (the trainer calls this at stage
   // boundaries, where the shapes of the next stage differ).
   virtual void release_cached() = 0;
+  // Tests: while on, every allocation comes back filled with 0xFF bytes (NaN
+  // in every float type), so an output element a kernel never writes shows.
+  void set_poison(bool on) { poison_ = on; }
+  bool poison() const { return poison_; }
+
+ private:
+  bool poison_ = false;
 };
 
 // 64-byte aligned, size-binned blocks kept for reuse. Sizes are rounded up to

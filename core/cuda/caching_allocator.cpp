@@ -91,6 +91,10 @@ void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
   live_[ptr] = Block{size, stream, {}};
   stats_.allocated_bytes += size;
   note_peaks();
+  if (poison()) {
+    DeviceGuard guard(device_);
+    RF_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, size, stream));
+  }
   return ptr;
 }
 

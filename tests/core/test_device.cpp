@@ -3,6 +3,8 @@
 // (errors that name the device, CPU round trips) runs in every build.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "core/batch_upload.h"
 #include "core/device_backend.h"
 #include "core/ops.h"
@@ -83,6 +85,14 @@ TEST(Allocator, BinsAndReservedMemory) {
   EXPECT_GE(s.peak_reserved_bytes, size_t(4) << 20);
   alloc.release_cached();
   EXPECT_EQ(alloc.stats().reserved_bytes(), alloc.stats().allocated_bytes);
+}
+
+TEST(Allocator, PoisonFillsFreshAllocationsWithNaN) {
+  auto& alloc = allocator_for(Device::cpu());
+  alloc.set_poison(true);
+  const Tensor t = Tensor::empty({3});
+  alloc.set_poison(false);
+  for (float v : t.to_vector<float>()) EXPECT_TRUE(std::isnan(v));
 }
 
 // Random123's known-answer vectors for Philox4x32-10: the generator every
