@@ -1,12 +1,15 @@
 // The differentiable ops. Each is one autograd node with a hand-written
-// backward; forward and backward live side by side in core/ops/<family>.cpp,
-// CPU kernels in core/cpu/. Shapes broadcast as in NumPy where noted.
+// backward; forward and backward live side by side in core/ops/<family>.cpp
+// and reach their kernels (core/kernels/kernel_list.h; CPU ones in core/cpu/)
+// through launch:: in core/ops/dispatch.h. Shapes broadcast as in NumPy where
+// noted.
 #pragma once
 
 #include <utility>
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/dropout_context.h"
 #include "core/rope_layout.h"
 #include "core/tensor.h"
 
@@ -59,15 +62,20 @@ Tensor log_softmax(const Tensor& x);  // over the last dim
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 
 // --- training-specific (core/ops/*.cpp) -----------------------------------------
-// Zeroes each element with probability p (Philox keyed by (seed, offset, index))
-// and scales the rest by 1/(1-p). Identity when !training or p == 0.
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// Zeroes each element with probability p and scales the rest by 1/(1-p).
+// x is [B, S, ...] (or [B, F]); row b is sequence ctx.first_sequence + b of
+// the global batch, and each element's draw follows the shared rule of
+// core/philox.h for the context's next site. Identity (no site taken) when
+// !training or p == 0.
+Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx);
 // weight[ids]: ids (i32/i64) of any shape -> [..., dim]. Backward scatter-adds
-// rows in a fixed order (deterministic).
+// rows in a fixed order (deterministic). An id out of range is raised at the
+// next sync point (see check_kernel_errors), naming the id and its position.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 // Mean negative log-likelihood of targets under softmax(logits) over rows whose
 // target != ignore_index. logits [N, C], targets [N] (i32/i64). Log-softmax is
-// fused: only the row statistics are kept for backward.
+// fused: only the row statistics are kept for backward. The loss is f32 for
+// f32/bf16 logits, f64 for f64; a bad target is raised at the next sync point.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
 // Rotary position embedding (paper eq. 34) of x [..., S, D] at positions [S]
@@ -78,15 +86,15 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 
 // Softmax attention as one node (core/ops/attention.cpp): per (batch, head)
 // softmax(q k^T * scale, keys with key_padding_mask == 0 excluded), dropout p
-// on the probabilities when training (Philox keyed by gen's seed, offset and
-// element index), times v. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv]
-// (strided views are fine), key_padding_mask [B, Sk] (nonzero = keep) or
-// undefined. Returns [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] in memory, so
-// out.transpose(1, 2).reshape({B, Sq, H * Dv}) is a free view. Backward keeps
-// only the row log-sum-exp (and dropout keep bits) and recomputes the
-// probabilities. f32 (oneDNN) and f64 (loops).
+// on the probabilities when training (the shared Philox rule of core/philox.h
+// at the context's next site: batch row b is sequence ctx.first_sequence + b,
+// the query is the position, the key the feature), times v. q [B, H, Sq, D], k [B, H, Sk, D], v [B,
+// H, Sk, Dv] (strided views are fine), key_padding_mask [B, Sk] (nonzero = keep) or undefined.
+// Returns [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] in memory, so out.transpose(1, 2).reshape({B,
+// Sq, H * Dv}) is a free view. Backward keeps only the row log-sum-exp (and dropout keep bits) and
+// recomputes the probabilities. f32 (oneDNN) and f64 (loops).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                 double dropout_p, bool training, Generator& gen, double scale);
+                 double dropout_p, bool training, DropoutContext& ctx, double scale);
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
@@ -96,7 +104,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 Tensor cast(const Tensor& x, DType dtype);
-// Rows of x [N, ...] at indices [M] -> [M, ...]; backward scatter-adds.
+// Rows of x [N, ...] at indices [M] (i32/i64) -> [M, ...]; backward
+// scatter-adds. A bad index is raised at the next sync point.
 Tensor index_select(const Tensor& x, const Tensor& indices);
 
 // --- operators ------------------------------------------------------------------

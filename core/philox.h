@@ -125,3 +125,37 @@ RF_HOST_DEVICE uint64_t subsequence_of(uint64_t first, Ints... rest) {
 }
 
 }  // namespace roformer
+
+namespace roformer {
+
+// --- the dropout rule, shared by every device ---------------------------------
+// A dropout draw depends only on (seed, step, sequence, site, position, inner
+// index), never on how the global batch is split into micro-batches or ranks,
+// nor on padding: the key mixes seed and step; the counter block is
+// (inner / 4, position, sequence, site << 8 | head) and the word is inner % 4.
+// `sequence` is the row's index in the global batch, `site` counts the dropout
+// sites of one forward pass in call order, `head` is the attention head (0 for
+// hidden-state dropout), `position` the token (the query for attention) and
+// `inner` the feature (the key for attention). Keep an element when
+// (word >> 8) >= ceil(p * 2^24), i.e. when its 24-bit uniform is >= p.
+// (Host and device: CUDA kernels draw the same words.)
+RF_HOST_DEVICE inline PhiloxKey dropout_key(uint64_t seed, uint64_t step) {
+  const uint64_t k = seed + (step + 1) * 0x9E3779B97F4A7C15ull;
+  return PhiloxKey{{uint32_t(k), uint32_t(k >> 32)}};
+}
+RF_HOST_DEVICE inline PhiloxCounter dropout_block(uint32_t inner_block, uint32_t position,
+                                                  uint32_t sequence, uint32_t site, uint32_t head) {
+  return PhiloxCounter{{inner_block, position, sequence, (site << 8) | head}};
+}
+// The word for `inner` (one Philox call per word).
+RF_HOST_DEVICE inline uint32_t dropout_word(const PhiloxKey& key, uint32_t inner, uint32_t position,
+                                            uint32_t sequence, uint32_t site, uint32_t head) {
+  return philox4x32(dropout_block(inner / 4, position, sequence, site, head), key)[int(inner % 4)];
+}
+inline uint32_t dropout_threshold(double p) {
+  return uint32_t(std::ceil(p * 16777216.0));
+}
+// Heads a dropout site may have (the head shares the counter word with the site).
+constexpr int64_t kDropoutMaxHeads = 256;
+
+}  // namespace roformer

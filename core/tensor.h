@@ -72,12 +72,13 @@ class Tensor {
                      Device device = Device::cpu());
   static Tensor arange(int64_t start, int64_t end, DType dtype = DType::i64,
                        Device device = Device::cpu());
-  // Copies host data (of T's dtype) to a tensor on `device`.
+  // Copies host data to a tensor on `device`; the tensor gets T's dtype.
   template <class T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
                             Device device = Device::cpu());
-  // Uniform [0, 1) and standard normal numbers from Philox(seed, offset). The
-  // numbers are drawn on the host, so every device gets the same values.
+  // Uniform [0, 1) and standard normal numbers from Philox(seed, offset), on
+  // `device` by the same rule (the same uniforms; normals up to the device's
+  // last-bit rounding of log, sqrt and cos).
   static Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::f32,
                      Device device = Device::cpu());
   static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32,

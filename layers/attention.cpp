@@ -46,7 +46,7 @@ RoFormerSelfAttention::RoFormerSelfAttention(const ModelConfig& config)
 
 Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_mask,
                                       const Tensor& positions, bool training,
-                                      Generator& gen) const {
+                                      DropoutContext& ctx) const {
   const int64_t B = hidden.size(0), S = hidden.size(1);
   const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
   // [B, S, hidden] -> [B, H, S, Dh] views of the projections (no copies).
@@ -72,7 +72,7 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_ma
       if (config_.rotary_value) v = rope(v, positions, config_.rope_base, layout);
     }
     RF_PROFILE("attention");
-    context = attention(q, k, v, key_mask, config_.attention_probs_dropout_prob, training, gen,
+    context = attention(q, k, v, key_mask, config_.attention_probs_dropout_prob, training, ctx,
                         1.0 / std::sqrt(double(Dh)));
   }
   return context.transpose(1, 2).reshape({B, S, H * Dh});

@@ -27,7 +27,7 @@ class RoFormerSelfAttention : public Module {
   // hidden [B, S, hidden], key_mask [B, S] (1 = real token) or undefined,
   // positions [S] i64 -> context [B, S, hidden] (before the output dense).
   Tensor forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
-                 bool training, Generator& gen) const;
+                 bool training, DropoutContext& ctx) const;
 
   const Linear& query() const { return query_; }
   const Linear& key() const { return key_; }

@@ -72,10 +72,10 @@ void LayerNorm::init_own(Generator&) {
   bias_.zero_();
 }
 
-Tensor Dropout::forward(const Tensor& x, bool training, Generator& gen) const {
+Tensor Dropout::forward(const Tensor& x, bool training, DropoutContext& ctx) const {
   if (!training || p_ == 0.0) return x;
   RF_PROFILE("dropout");
-  return dropout(x, p_, training, gen);
+  return dropout(x, p_, training, ctx);
 }
 
 }  // namespace roformer

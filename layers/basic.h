@@ -61,7 +61,7 @@ class LayerNorm : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double p) : p_(p) {}
-  Tensor forward(const Tensor& x, bool training, Generator& gen) const;
+  Tensor forward(const Tensor& x, bool training, DropoutContext& ctx) const;
   double p() const { return p_; }
 
  private:

@@ -54,7 +54,7 @@ RoFormerEmbeddings::RoFormerEmbeddings(const ModelConfig& config)
 }
 
 Tensor RoFormerEmbeddings::forward(const Tensor& ids, const Tensor& token_types, bool training,
-                                   Generator& gen) const {
+                                   DropoutContext& ctx) const {
   if (ids.dim() != 2)
     throw Error(detail::concat("RoFormerEmbeddings: expected input_ids [B, S], got ", ids.desc()));
   const int64_t B = ids.size(0), S = ids.size(1);
@@ -75,7 +75,7 @@ Tensor RoFormerEmbeddings::forward(const Tensor& ids, const Tensor& token_types,
     RF_PROFILE("add");
     x = add(x, pos);
   }
-  return dropout_.forward(layer_norm_.forward(x), training, gen);
+  return dropout_.forward(layer_norm_.forward(x), training, ctx);
 }
 
 // --- encoder layer -------------------------------------------------------------------
@@ -89,8 +89,8 @@ RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_
 }
 
 Tensor RoFormerResidualOutput::forward(const Tensor& x, const Tensor& residual, bool training,
-                                       Generator& gen) const {
-  const Tensor y = dropout_.forward(dense_.forward(x), training, gen);
+                                       DropoutContext& ctx) const {
+  const Tensor y = dropout_.forward(dense_.forward(x), training, ctx);
   Tensor sum_xy;
   {
     RF_PROFILE("add");
@@ -113,11 +113,11 @@ RoFormerLayer::RoFormerLayer(const ModelConfig& config)
 }
 
 Tensor RoFormerLayer::forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
-                              bool training, Generator& gen) const {
-  const Tensor context = self_.forward(hidden, key_mask, positions, training, gen);
-  const Tensor attended = attention_output_.forward(context, hidden, training, gen);
+                              bool training, DropoutContext& ctx) const {
+  const Tensor context = self_.forward(hidden, key_mask, positions, training, ctx);
+  const Tensor attended = attention_output_.forward(context, hidden, training, ctx);
   const Tensor inner = gelu_profiled(intermediate_dense_.forward(attended));
-  return output_.forward(inner, attended, training, gen);
+  return output_.forward(inner, attended, training, ctx);
 }
 
 // --- model -----------------------------------------------------------------------------
@@ -139,7 +139,8 @@ RoFormerModel::RoFormerModel(const ModelConfig& config)
 }
 
 Tensor RoFormerModel::forward(const Tensor& ids, const Tensor& token_types,
-                              const Tensor& attention_mask, bool training, Generator& gen) const {
+                              const Tensor& attention_mask, bool training,
+                              DropoutContext& ctx) const {
   if (ids.dim() != 2)
     throw Error(detail::concat("RoFormerModel: expected input_ids [B, S], got ", ids.desc()));
   const int64_t S = ids.size(1);
@@ -149,10 +150,10 @@ Tensor RoFormerModel::forward(const Tensor& ids, const Tensor& token_types,
   if (attention_mask.defined() && attention_mask.shape() != ids.shape())
     throw Error(detail::concat("RoFormerModel: attention_mask ", attention_mask.desc(),
                                " does not match input_ids ", ids.desc()));
-  Tensor x = embeddings_.forward(ids, token_types, training, gen);
+  Tensor x = embeddings_.forward(ids, token_types, training, ctx);
   if (embeddings_project_) x = embeddings_project_->forward(x);
   const Tensor positions = Tensor::arange(0, S);
-  for (const auto& layer : layers_) x = layer->forward(x, attention_mask, positions, training, gen);
+  for (const auto& layer : layers_) x = layer->forward(x, attention_mask, positions, training, ctx);
   return x;
 }
 
@@ -202,7 +203,7 @@ RoFormerForMaskedLM::RoFormerForMaskedLM(const ModelConfig& config, uint64_t see
 
 MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
                                            const Tensor& attention_mask, const Tensor& labels,
-                                           bool training, Generator& dropout_gen) const {
+                                           bool training, DropoutContext& ctx) const {
   const std::vector<int64_t> label = host_ints(labels, input_ids.shape(), "labels");
   std::vector<int64_t> rows, targets;
   for (size_t i = 0; i < label.size(); ++i) {
@@ -214,8 +215,7 @@ MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor
     rows.push_back(int64_t(i));
     targets.push_back(label[i]);
   }
-  const Tensor hidden =
-      roformer_.forward(input_ids, token_type_ids, attention_mask, training, dropout_gen);
+  const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, training, ctx);
   MlmOutput out;
   out.num_masked = int64_t(rows.size());
   if (rows.empty()) {
@@ -238,7 +238,7 @@ MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor
 Tensor RoFormerForMaskedLM::mlm_logits(const Tensor& input_ids, const Tensor& token_type_ids,
                                        const Tensor& attention_mask, const Tensor& rows) const {
   NoGradGuard no_grad;
-  Generator unused{0, 0};
+  DropoutContext unused;
   const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, false, unused);
   return head_.logits(hidden, rows);
 }
@@ -255,11 +255,11 @@ RoFormerClassificationHead::RoFormerClassificationHead(const ModelConfig& config
 }
 
 Tensor RoFormerClassificationHead::forward(const Tensor& hidden, bool training,
-                                           Generator& gen) const {
+                                           DropoutContext& ctx) const {
   Tensor x = hidden.select(1, 0);  // the first ([CLS]) token
-  x = dropout_.forward(x, training, gen);
+  x = dropout_.forward(x, training, ctx);
   x = gelu_profiled(dense_.forward(x));
-  x = dropout_.forward(x, training, gen);
+  x = dropout_.forward(x, training, ctx);
   return out_proj_.forward(x);
 }
 
@@ -279,11 +279,10 @@ ClassificationOutput RoFormerForSequenceClassification::forward(const Tensor& in
                                                                 const Tensor& token_type_ids,
                                                                 const Tensor& attention_mask,
                                                                 const Tensor& labels, bool training,
-                                                                Generator& dropout_gen) const {
-  const Tensor hidden =
-      roformer_.forward(input_ids, token_type_ids, attention_mask, training, dropout_gen);
+                                                                DropoutContext& ctx) const {
+  const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, training, ctx);
   ClassificationOutput out;
-  out.logits = classifier_.forward(hidden, training, dropout_gen);
+  out.logits = classifier_.forward(hidden, training, ctx);
   if (!labels.defined()) return out;
   const int64_t B = input_ids.size(0);
   if (labels.dim() != 1 || labels.size(0) != B)

@@ -21,7 +21,8 @@ class RoFormerEmbeddings : public Module {
  public:
   explicit RoFormerEmbeddings(const ModelConfig& config);
   // ids [B, S] (i32/i64), token_types [B, S] or undefined (all 0) -> [B, S, E].
-  Tensor forward(const Tensor& ids, const Tensor& token_types, bool training, Generator& gen) const;
+  Tensor forward(const Tensor& ids, const Tensor& token_types, bool training,
+                 DropoutContext& ctx) const;
   const Embedding& word_embeddings() const { return word_embeddings_; }
 
  private:
@@ -36,7 +37,7 @@ class RoFormerEmbeddings : public Module {
 class RoFormerResidualOutput : public Module {
  public:
   RoFormerResidualOutput(const ModelConfig& config, int64_t in_features);
-  Tensor forward(const Tensor& x, const Tensor& residual, bool training, Generator& gen) const;
+  Tensor forward(const Tensor& x, const Tensor& residual, bool training, DropoutContext& ctx) const;
 
  private:
   Linear dense_;
@@ -49,7 +50,7 @@ class RoFormerLayer : public Module {
  public:
   explicit RoFormerLayer(const ModelConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
-                 bool training, Generator& gen) const;
+                 bool training, DropoutContext& ctx) const;
   const RoFormerSelfAttention& self_attention() const { return self_; }
 
  private:
@@ -81,7 +82,7 @@ class RoFormerModel : public Module {
   // (1 = token, 0 = padding) or undefined -> last hidden state [B, S, hidden].
   // Positions are 0..S-1 in every row.
   Tensor forward(const Tensor& ids, const Tensor& token_types, const Tensor& attention_mask,
-                 bool training, Generator& gen) const;
+                 bool training, DropoutContext& ctx) const;
   const ModelConfig& config() const { return config_; }
   const RoFormerEmbeddings& embeddings() const { return embeddings_; }
   const RoFormerLayer& layer(int64_t i) const { return *layers_.at(size_t(i)); }
@@ -150,7 +151,7 @@ class RoFormerForMaskedLM : public Module {
   // that still backpropagates (zero gradients).
   MlmOutput forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
                         const Tensor& attention_mask, const Tensor& labels, bool training,
-                        Generator& dropout_gen) const;
+                        DropoutContext& ctx) const;
   // Prediction (no dropout, no history): logits [N, V] at flat positions
   // rows (b * S + s), or at every position ([B * S, V]) when rows is undefined.
   Tensor mlm_logits(const Tensor& input_ids, const Tensor& token_type_ids,
@@ -176,7 +177,7 @@ class RoFormerClassificationHead : public Module {
  public:
   RoFormerClassificationHead(const ModelConfig& config, int64_t num_labels);
   // hidden [B, S, hidden] -> logits [B, num_labels].
-  Tensor forward(const Tensor& hidden, bool training, Generator& gen) const;
+  Tensor forward(const Tensor& hidden, bool training, DropoutContext& ctx) const;
 
  private:
   Linear dense_, out_proj_;
@@ -196,7 +197,7 @@ class RoFormerForSequenceClassification : public Module {
   RoFormerForSequenceClassification(const ModelConfig& config, int64_t num_labels, uint64_t seed);
   ClassificationOutput forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                const Tensor& attention_mask, const Tensor& labels, bool training,
-                               Generator& dropout_gen) const;
+                               DropoutContext& ctx) const;
   int64_t num_labels() const { return num_labels_; }
   const RoFormerModel& roformer() const { return roformer_; }
 

@@ -21,9 +21,9 @@ struct TrainingState {
   int64_t global_step = 0;    // optimizer updates done (skipped steps included)
   int64_t stage = 0;          // stage in progress (== number of stages when finished)
   int64_t step_in_stage = 0;  // steps done within that stage
-  uint64_t rng_seed = 0;      // the dropout generator (Philox seed and offset)
-  uint64_t rng_offset = 0;
-  data::LoaderState loader;  // the training stream's cursor
+  uint64_t rng_seed = 0;      // the dropout seed (draws are keyed by seed and step)
+  uint64_t rng_offset = 0;    // unused since dropout is keyed by step; kept in the format
+  data::LoaderState loader;   // the training stream's cursor
   int64_t nonfinite_skipped = 0;
   int64_t nonfinite_in_a_row = 0;
   bool stage_end = false;     // saved at the end of a stage (kept by pruning)

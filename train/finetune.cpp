@@ -56,7 +56,7 @@ struct TaskNet {
 
   // Logits [B, num_labels] of the examples.
   Tensor logits(const std::vector<const EncodedExample*>& batch, bool training,
-                Generator& gen) const {
+                DropoutContext& ctx) const {
     std::vector<const data::Encoding*> rows;  // triplets: (A,B), (A,C) interleaved
     for (const EncodedExample* ex : batch)
       for (const auto& part : ex->parts) rows.push_back(&part);
@@ -73,7 +73,7 @@ struct TaskNet {
       }
     const ClassificationOutput out =
         model->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
-                       Tensor::from_vector(mask, {R, S}), Tensor(), training, gen);
+                       Tensor::from_vector(mask, {R, S}), Tensor(), training, ctx);
     if (task == FinetuneTask::kTriplet) return triplet_scores(out.logits);
     return out.logits;
   }
@@ -95,7 +95,7 @@ struct Scored {
 Scored score(const TaskNet& net, const EncodedTask& task, int64_t batch_size) {
   NoGradGuard no_grad;
   Scored s;
-  Generator unused{0, 0};
+  DropoutContext unused;
   double loss_sum = 0;
   int64_t labelled = 0;
   for (size_t start = 0; start < task.examples.size(); start += size_t(batch_size)) {
@@ -441,7 +441,6 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     spdlog::info("fine-tuning {} parameters for {} epochs ({} steps, {} warm-up) in {}",
                  net.model->num_parameters(), spec.epochs, total_steps, warmup, run_dir.string());
   }
-  Generator dropout_gen{state.rng_seed, state.rng_offset};
   MetricsLog metrics(run_dir / "metrics.jsonl", true, config.log.progress != ProgressMode::kNever);
   FinetuneResult result;
 
@@ -460,7 +459,9 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
       for (int64_t i = step * spec.batch_size; i < std::min(n_train, (step + 1) * spec.batch_size);
            ++i)
         batch.push_back(&train.examples[order[size_t(i)]]);
-      const Tensor logits = net.logits(batch, true, dropout_gen);
+      // Dropout depends on (seed, step, example's place in the batch) only.
+      DropoutContext dropout{state.rng_seed, uint64_t(state.global_step), 0};
+      const Tensor logits = net.logits(batch, true, dropout);
       const Tensor labels = labels_of(batch);
       const Tensor loss = cross_entropy(logits, labels);
       loss.backward();
@@ -541,7 +542,6 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     }
     history.push_back(row);
     state.stage = epoch + 1;
-    state.rng_offset = dropout_gen.offset;
     if (spec.early_stopping_patience > 0 && bad_epochs >= spec.early_stopping_patience &&
         epoch + 1 < spec.epochs) {
       stopped_early = true;

@@ -16,6 +16,7 @@ MetricsLog::MetricsLog(const std::filesystem::path& jsonl_path, bool write_files
   if (!file_)
     throw Error(detail::concat("cannot open metrics file ", jsonl_path.string(), ": ",
                                std::strerror(errno)));
+  tensorboard_ = std::make_unique<TensorBoardWriter>(jsonl_path.parent_path() / "tb");
 }
 
 MetricsLog::~MetricsLog() {
@@ -28,6 +29,19 @@ void MetricsLog::write(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
   std::fwrite(line.data(), 1, line.size(), file_);
   std::fflush(file_);
+  if (!tensorboard_ || !record.contains("global_step") || !record.contains("type")) return;
+  std::string prefix = record["type"].get<std::string>();
+  if (prefix == "validation" && record.contains("max_seq_len"))
+    prefix += "/seq" + record["max_seq_len"].dump();
+  const int64_t step = record["global_step"].get<int64_t>();
+  for (const auto& [key, value] : record.items()) {
+    if (key == "global_step" || key == "step_in_stage" || key == "stage") continue;
+    if (value.is_number())
+      tensorboard_->add_scalar(prefix + "/" + key, step, value.get<double>());
+    else if (value.is_string() && key == "last_step_loss")  // kept exact as text in the JSON
+      tensorboard_->add_scalar(prefix + "/" + key, step, std::stod(value.get<std::string>()));
+  }
+  tensorboard_->flush();
 }
 
 void MetricsLog::progress(const std::string& line) {

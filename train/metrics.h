@@ -1,26 +1,34 @@
 // Training metrics: a console line through spdlog every N steps (with a
 // one-line progress bar when stderr is a terminal) and the same record
-// appended to metrics.jsonl in the run directory, for plots and tools.
+// appended to metrics.jsonl in the run directory, for plots and tools, and
+// its numbers as TensorBoard scalars in the run directory's tb/.
 #pragma once
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "train/tensorboard.h"
 
 namespace roformer {
 
 class MetricsLog {
  public:
-  // Appends to `jsonl_path` (created if missing); `write_files` is false on
-  // ranks other than 0. `progress`: draw a progress line on a terminal.
+  // Appends to `jsonl_path` (created if missing) and starts a TensorBoard
+  // events file in its directory's tb/; `write_files` is false on ranks
+  // other than 0. `progress`: draw a progress line on a terminal.
   MetricsLog(const std::filesystem::path& jsonl_path, bool write_files, bool progress);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
   // One JSON object per line, flushed so a killed run keeps what it logged.
+  // A record with a global_step also becomes TensorBoard scalars: each
+  // numeric field as "<type>/<field>" ("validation/seq<L>/<field>" for a
+  // validation at length L).
   void write(const nlohmann::json& record);
   // Redraws the progress line (no-op without a terminal).
   void progress(const std::string& line);
@@ -29,6 +37,7 @@ class MetricsLog {
 
  private:
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   bool progress_ = false;
   bool progress_shown_ = false;
 };

@@ -192,13 +192,11 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
                  model.num_parameters(), config.stages.size(), config.total_steps(),
                  omp_get_max_threads());
   }
-  Generator dropout_gen{state.rng_seed, state.rng_offset};
 
   MetricsLog metrics(run_dir / "metrics.jsonl", writer,
                      config.log.progress != ProgressMode::kNever);
 
   auto save = [&](bool stage_end) {
-    state.rng_offset = dropout_gen.offset;
     state.stage_end = stage_end;
     nlohmann::json rows = nlohmann::json::array();
     for (const StageSummary& s : summaries)
@@ -254,7 +252,7 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
       at = val.advance(at);
       if (b.num_masked == 0) continue;
       const BatchTensors t = to_tensors(b);
-      Generator unused{0, 0};
+      DropoutContext unused;
       const MlmOutput out = model.forward_mlm(t.ids, t.types, t.mask, t.labels, false, unused);
       loss_sum += out.loss.item() * double(out.num_masked);
       correct += out.num_correct;
@@ -319,11 +317,15 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
       // micro-batch's mean is weighted by its share of the masked tokens.
       double loss = 0;
       int64_t correct = 0;
-      for (const data::Batch& b : batches) {
+      for (size_t i = 0; i < batches.size(); ++i) {
+        const data::Batch& b = batches[i];
         if (b.num_masked == 0) continue;
         const BatchTensors t = to_tensors(b);
-        const MlmOutput out =
-            model.forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout_gen);
+        // Dropout depends on (seed, step, the sequence's place in the global
+        // batch) only, so the micro-batch split does not change the run.
+        DropoutContext dropout{state.rng_seed, uint64_t(state.global_step),
+                               int64_t(i) * stage.micro_batch_size};
+        const MlmOutput out = model.forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
         const double weight = double(out.num_masked) / double(masked);
         mul(out.loss, weight).backward();
         loss += out.loss.item() * weight;

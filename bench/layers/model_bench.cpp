@@ -78,13 +78,13 @@ double run_ours(const Size& s, const Options& opt, std::string& profile) {
   const Tensor t_mask = Tensor::ones({B, S}, roformer::DType::i32);
   const Tensor t_labels = Tensor::from_vector(labels, {B, S});
 
-  Generator dropout{7, 0};
   std::vector<double> times;
   for (int step = 0; step < opt.warmup + opt.steps; ++step) {
     const bool timed = step >= opt.warmup;
     if (timed && opt.profile) roformer::set_profiling(true);
     const auto start = std::chrono::steady_clock::now();
     {
+      roformer::DropoutContext dropout{7, uint64_t(step), 0};
       const roformer::MlmOutput out =
           model.forward_mlm(t_ids, t_types, t_mask, t_labels, true, dropout);
       out.loss.backward();

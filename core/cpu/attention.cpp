@@ -30,19 +30,18 @@ struct AttentionArgs {
   View q, k, v;   // [B, H, Sq, D], [B, H, Sk, D], [B, H, Sk, Dv]; unit stride in the last dim
   View key_mask;  // [B, Sk], nonzero = attend, or undefined
   double scale = 1.0;
-  // Dropout on the probabilities: keep bits are drawn in forward from
-  // Philox(seed, offset + element index) and read back in backward.
+  // Dropout on the probabilities: keep bits are drawn in forward by the
+  // shared rule of core/philox.h at this site and read back in backward.
   double dropout_p = 0.0;
-  uint64_t seed = 0, offset = 0;
+  DropoutKey dropout;
   AttentionArgs(const AttentionParams& p, KT q_kt, KT k_kt, KT v_kt, KT mask_kt)
       : q(q_kt),
         k(k_kt),
         v(v_kt),
         key_mask(mask_kt),
         scale(p.scale),
-        dropout_p(p.dropout.p),
-        seed(p.dropout.seed),
-        offset(p.dropout.offset) {
+        dropout_p(p.dropout_p),
+        dropout(p.dropout) {
     RF_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.strides()[3] == 1 &&
                  k.strides()[3] == 1 && v.strides()[3] == 1,
              "attention kernel: expected q, k, v [B, H, S, D] with unit last stride, got ",
@@ -125,15 +124,17 @@ void run(const HeadGemm& g, const float* a, const float* b, float* c) {
 
 // Philox4x32-10 on 16 consecutive counter blocks at once (lanes are
 // independent, so the compiler vectorises the rounds): out[4 * i + w] is word
-// w of block first + i, the same numbers philox4x32 gives one block at a time.
-void philox_16_blocks(uint64_t first, const PhiloxKey& key, uint32_t* __restrict out) {
+// w of block (first + i, c1, c2, c3), the numbers philox4x32 gives one block
+// at a time.
+void philox_16_blocks(uint32_t first, uint32_t c1v, uint32_t c2v, uint32_t c3v,
+                      const PhiloxKey& key, uint32_t* __restrict out) {
   constexpr int kLanes = 16;
   uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
   for (int i = 0; i < kLanes; ++i) {
-    c0[i] = uint32_t(first + uint64_t(i));
-    c1[i] = uint32_t((first + uint64_t(i)) >> 32);
-    c2[i] = 0;
-    c3[i] = 0;
+    c0[i] = first + uint32_t(i);
+    c1[i] = c1v;
+    c2[i] = c2v;
+    c3[i] = c3v;
   }
   uint32_t k0 = key[0], k1 = key[1];
   for (int round = 0; round < 10; ++round) {
@@ -159,19 +160,20 @@ void philox_16_blocks(uint64_t first, const PhiloxKey& key, uint32_t* __restrict
   }
 }
 
-// Keep bits for one row of n probabilities whose first element has Philox word
-// index `word0` (word w is word w % 4 of counter block w / 4, as Tensor::rand
-// draws); keep when the 24-bit uniform is >= p (threshold = ceil(p 2^24)).
-void draw_keep_bits(const PhiloxKey& key, uint64_t word0, int64_t n, uint32_t threshold,
-                    uint32_t* words) {
+// Keep bits for the n keys of one query row (batch row b, head h, query i)
+// by the shared dropout rule (core/philox.h): key j is word j % 4 of counter
+// block dropout_block(j / 4, i, sequence, site, h); keep when the 24-bit
+// uniform is >= p (threshold = ceil(p 2^24)).
+void draw_keep_bits(const AttentionArgs& args, int64_t b, int64_t h, int64_t i, int64_t n,
+                    uint32_t threshold, uint32_t* words) {
   thread_local std::vector<uint32_t> draws;
-  if (int64_t(draws.size()) < n + 68) draws.resize(size_t(n + 68));
-  // Whole counter blocks covering the row, then the row's words from them.
-  const uint64_t first = word0 >> 2;
-  const int64_t skip = int64_t(word0 & 3);
-  for (int64_t j = 0; j < skip + n; j += 64)
-    philox_16_blocks(first + uint64_t(j / 4), key, &draws[size_t(j)]);
-  const uint32_t* u = draws.data() + skip;
+  if (int64_t(draws.size()) < n + 64) draws.resize(size_t(n + 64));
+  const PhiloxKey key = dropout_key(args.dropout.seed, args.dropout.step);
+  const PhiloxCounter block = dropout_block(
+      0, uint32_t(i), uint32_t(args.dropout.first_sequence + b), args.dropout.site, uint32_t(h));
+  for (int64_t j = 0; j < n; j += 64)
+    philox_16_blocks(uint32_t(j / 4), block[1], block[2], block[3], key, &draws[size_t(j)]);
+  const uint32_t* u = draws.data();
   for (int64_t w = 0; w * 32 < n; ++w) {
     const int len = int(std::min<int64_t>(32, n - w * 32));
     const uint32_t* uw = u + w * 32;
@@ -251,10 +253,6 @@ void backward_row(float* __restrict x, float* __restrict y, const float* __restr
   }
 }
 
-uint32_t keep_threshold(double p) {
-  return uint32_t(std::ceil(p * 16777216.0));
-}
-
 // Additive key mask (0 or -inf) and multiplicative keep (1 or 0) per key of
 // batch element b, read from the mask tensor [B, Sk] (any dtype, any strides).
 struct KeyMask {
@@ -319,8 +317,7 @@ void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
   const Dims d(args);
   const KeyMask mask(args.key_mask, d.B, d.Sk);
   const bool drop = args.dropout_p > 0.0;
-  const PhiloxKey key{uint32_t(args.seed), uint32_t(args.seed >> 32)};
-  const uint32_t threshold = keep_threshold(args.dropout_p);
+  const uint32_t threshold = dropout_threshold(args.dropout_p);
   const float inv_keep = drop ? float(1.0 / (1.0 - args.dropout_p)) : 1.0f;
   const float scale = float(args.scale);
   const int64_t W = keep_words(d.Sk);
@@ -348,8 +345,7 @@ void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
           float* x = ps + i * d.Sk;
           const float m = scale_mask_max(x, add, scale, d.Sk);
           uint32_t* bits = drop ? all_bits + global_row * W : nullptr;
-          if (drop)
-            draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
+          if (drop) draw_keep_bits(args, b, h, i, d.Sk, threshold, bits);
           if (m == -std::numeric_limits<float>::infinity()) {  // no key to attend to
             std::fill(x, x + d.Sk, 0.0f);
             plse[global_row] = m;
@@ -450,8 +446,7 @@ void forward_loop(const AttentionArgs& args, const View& out, const View& lse,
                   const View& keep_bits) {
   const Dims d(args);
   const bool drop = args.dropout_p > 0.0;
-  const PhiloxKey key{uint32_t(args.seed), uint32_t(args.seed >> 32)};
-  const uint32_t threshold = keep_threshold(args.dropout_p);
+  const uint32_t threshold = dropout_threshold(args.dropout_p);
   const T inv_keep = drop ? T(1.0 / (1.0 - args.dropout_p)) : T(1);
   const int64_t W = keep_words(d.Sk);
   const KeyMask mask(args.key_mask, d.B, d.Sk);
@@ -475,7 +470,7 @@ void forward_loop(const AttentionArgs& args, const View& out, const View& lse,
         uint32_t* bits = nullptr;
         if (drop) {
           bits = reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) + global_row * W;
-          draw_keep_bits(key, args.offset + uint64_t(global_row * d.Sk), d.Sk, threshold, bits);
+          draw_keep_bits(args, b, h, i, d.Sk, threshold, bits);
         }
         T* oi = row_ptr<T>(out, b, h, i);
         std::fill(oi, oi + d.Dv, T(0));

@@ -1,45 +1,41 @@
-// Dropout mask from Philox, never stored: the backward applies the identical
-// mask by calling the kernel again on the gradient.
-#include <cmath>
-
+// Dropout mask from Philox by the shared rule of core/philox.h: the decision
+// for an element depends only on its (sequence, position, feature) and the
+// site's key, never on the batch split, the padding or the thread count. The
+// mask is never stored: the backward applies the identical mask by calling
+// the kernel again on the gradient.
 #include "core/cpu/strided_loop.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cpu {
 
-// The decision for element i depends only on (seed, offset, i) -- the same word
-// Tensor::rand would draw there -- never on the thread count.
-void dropout(Stream, KT x_kt, KT out_kt, const DropoutKey& key_in) {
+void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {
   const View x(x_kt), out(out_kt);
-  RF_CHECK(x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape(),
-           "dropout kernel: expected contiguous x and out of one shape, got ", x.desc(), " and ",
-           out.desc());
-  const double p = key_in.p;
-  const uint64_t seed = key_in.seed, offset = key_in.offset;
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  const PhiloxKey key{uint32_t(seed), uint32_t(seed >> 32)};
-  // keep <=> uniform_from_bits(bits) >= p <=> (bits >> 8) >= ceil(p * 2^24),
-  // exact since uniform_from_bits is (bits >> 8) / 2^24.
-  const uint32_t threshold = uint32_t(std::ceil(p * 16777216.0));
-  // One Philox call yields the 4 words of a counter block; walk whole blocks.
-  const uint64_t first_block = offset / 4;
-  const uint64_t end_word = offset + uint64_t(n);
-  const int64_t blocks = int64_t((end_word + 3) / 4 - first_block);
+  RF_CHECK(x.dim() == 3 && x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape(),
+           "dropout kernel: expected contiguous x and out [rows, positions, features], got ",
+           x.desc(), " and ", out.desc());
+  if (x.numel() == 0) return;
+  const int64_t rows = x.shape()[0], positions = x.shape()[1], features = x.shape()[2];
+  const PhiloxKey pkey = dropout_key(key.seed, key.step);
+  const uint32_t threshold = dropout_threshold(p);
+  const int64_t blocks = (features + 3) / 4;
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const A scale = A(1.0 / (1.0 - p));
     const T* px = static_cast<const T*>(x.data());
     T* po = static_cast<T*>(out.data());
-    parallel_rows(blocks, 16, [&](int64_t b) {
-      const uint64_t block = first_block + uint64_t(b);
-      const PhiloxCounter bits = philox4x32({uint32_t(block), uint32_t(block >> 32), 0, 0}, key);
-      for (uint64_t j = 0; j < 4; ++j) {
-        const uint64_t word = block * 4 + j;
-        if (word < offset || word >= end_word) continue;
-        const uint64_t i = word - offset;
-        po[i] = (bits[j] >> 8) >= threshold ? T(A(px[i]) * scale) : T(0.0f);
+    // One token (row, position) per task: its features are whole counter blocks.
+    parallel_rows(rows * positions, features, [&](int64_t token) {
+      const int64_t r = token / positions, s = token % positions;
+      const uint32_t sequence = uint32_t(key.first_sequence + r);
+      const T* xt = px + token * features;
+      T* ot = po + token * features;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const PhiloxCounter bits =
+            philox4x32(dropout_block(uint32_t(b), uint32_t(s), sequence, key.site, 0), pkey);
+        const int64_t f0 = b * 4, n = std::min<int64_t>(4, features - f0);
+        for (int64_t j = 0; j < n; ++j)
+          ot[f0 + j] = (bits[size_t(j)] >> 8) >= threshold ? T(A(xt[f0 + j]) * scale) : T(0.0f);
       }
     });
   });

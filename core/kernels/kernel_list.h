@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "core/dropout_context.h"
 #include "core/kernels/kernel_tensor.h"
 #include "core/kernels/stream.h"
 
@@ -53,25 +54,14 @@ enum class UnaryOp : uint8_t {
   elu_plus_one_grad
 };
 
-// Dropout's random numbers. Element j of sequence (row) b of the call keeps
-// its value when the Philox uniform for (seed, step, site, first_sequence + b,
-// j) -- see core/philox.h -- is >= p. p == 0: no dropout.
-// TRANSITION: until the DropoutContext change lands in main, the CPU kernels
-// use only (seed, offset): element i (flat) draws Philox word offset + i of
-// the stream keyed by seed (counter block = word / 4, high words 0), as the
-// Generator API does today. `offset` goes away with that change.
-struct DropoutKey {
-  double p = 0.0;
-  uint64_t seed = 0;
-  uint64_t step = 0;
-  uint64_t site = 0;           // which dropout in the model (layer and place)
-  int64_t first_sequence = 0;  // index in the global batch of row 0
-  uint64_t offset = 0;         // TRANSITION (see above)
-};
-
+// Dropout draws follow the shared rule of core/philox.h (dropout_key,
+// dropout_block, dropout_threshold) for a DropoutKey (core/dropout_context.h):
+// they depend on (seed, step, sequence, site, head, position, feature) only.
 struct AttentionParams {
-  double scale = 1.0;  // scores = q k^T * scale
-  DropoutKey dropout;  // on the probabilities; row b of the key = batch b
+  double scale = 1.0;      // scores = q k^T * scale
+  double dropout_p = 0.0;  // on the probabilities; 0 = none
+  DropoutKey dropout;      // batch row b is sequence dropout.first_sequence + b;
+                           // the query is the position, the key the feature
 };
 
 // clang-format off
@@ -111,8 +101,9 @@ struct AttentionParams {
                               KT dx, KT dweight, KT dbias))                                     \
   X(gelu_forward, void(Stream, KT x, KT y))                                                     \
   X(gelu_backward, void(Stream, KT x, KT dy, KT dx))                                            \
-  /* --- dropout (core/cpu/dropout.cpp): x, out contiguous [sequences, ...] ---------------- */ \
-  X(dropout, void(Stream, KT x, KT out, const DropoutKey& key))                                 \
+  /* --- dropout (core/cpu/dropout.cpp) ------------------------------------------------- */ \
+  /* x, out contiguous [rows, positions, features]; row r is sequence key.first_sequence+r.*/  \
+  X(dropout, void(Stream, KT x, KT out, double p, const DropoutKey& key))                       \
   /* --- gathers (core/cpu/gather.cpp): table [N, R], ids (i32/i64) of any shape ----------- */\
   /* out [ids..., R] = table[ids]; a bad id gives a zero row and is reported at `site`. */     \
   X(gather_rows, void(Stream, KT table, KT ids, int32_t site, KT out))                          \
@@ -134,7 +125,7 @@ struct AttentionParams {
   /* --- fused softmax attention (core/cpu/attention.cpp) ---------------------------------- */\
   /* q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (unit last stride), key_mask [B, Sk] */\
   /* any dtype, nonzero = keep (or undefined); out [B, H, Sq, Dv]; lse [B, H, Sq]; */          \
-  /* keep_bits [B, H, Sq, ceil(Sk / 32)] i32 when dropout.p > 0. */                            \
+  /* keep_bits [B, H, Sq, ceil(Sk / 32)] i32 when dropout_p > 0. */                            \
   X(attention_forward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,            \
                             KT key_mask, KT out, KT lse, KT keep_bits))                         \
   X(attention_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,           \

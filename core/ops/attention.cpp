@@ -5,6 +5,7 @@
 
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
+#include "core/philox.h"
 
 namespace roformer {
 
@@ -24,7 +25,7 @@ Tensor unit_last_stride(const Tensor& t) {
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                 double dropout_p, bool training, Generator& gen, double scale) {
+                 double dropout_p, bool training, DropoutContext& ctx, double scale) {
   const Device device = kernel_device("attention", {&q, &k, &v, &key_padding_mask});
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
     throw Error(detail::concat("attention: expected q, k, v as [B, H, S, D], got ", q.desc(), ", ",
@@ -51,9 +52,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   const bool drop = training && dropout_p > 0.0;
   kernels::AttentionParams params;
   params.scale = scale;
-  params.dropout.p = drop ? dropout_p : 0.0;
-  params.dropout.seed = gen.seed;
-  params.dropout.offset = drop ? gen.take(uint64_t(B * H * Sq * Sk)) : 0;
+  params.dropout_p = drop ? dropout_p : 0.0;
+  if (drop) {
+    if (H > kDropoutMaxHeads)
+      throw Error(detail::concat("attention: dropout supports at most ", kDropoutMaxHeads,
+                                 " heads, got ", q.desc()));
+    params.dropout = ctx.next_site_key();
+  }
   const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
                vd = unit_last_stride(v.detach());
   // The kernel reads the mask itself (nonzero = attend): no host copy.

@@ -40,7 +40,7 @@ TEST(KernelRegions, AttentionKernelErrorInsideItsRegionIsThrownNotTerminate) {
   const Tensor lse = Tensor::empty({B, H, S}, DType::f64);
   const Tensor bad_bits = Tensor::empty({B, H, S, 1}, DType::f32);
   kernels::AttentionParams params;
-  params.dropout.p = 0.5;
+  params.dropout_p = 0.5;
   const std::string msg = error_of([&] {
     launch::attention_forward(Device::cpu(), params, q, q, q, Tensor(), out, lse, bad_bits);
   });

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/philox.h"
 #include "gradcheck.h"
 
 namespace roformer {
@@ -307,8 +308,8 @@ TEST(Gelu, ErrorsNameOpAndTensor) {
 TEST(Dropout, KeepRateAndScaling) {
   const int64_t n = 1000000;
   for (double p : {0.1, 0.5}) {
-    Generator gen{123, 0};
-    const auto y = dropout(Tensor::ones({n}), p, true, gen).to_vector<float>();
+    DropoutContext ctx{123, 0, 0};
+    const auto y = dropout(Tensor::ones({n}), p, true, ctx).to_vector<float>();
     const float scale = float(1.0 / (1.0 - p));
     int64_t kept = 0;
     for (float v : y) {
@@ -318,42 +319,66 @@ TEST(Dropout, KeepRateAndScaling) {
       }
     }
     EXPECT_NEAR(double(kept) / double(n), 1.0 - p, 0.005) << p;
-    EXPECT_EQ(gen.offset, uint64_t(n));  // numel words reserved
+    EXPECT_EQ(ctx.next_site, 1u);  // one site taken
   }
 }
 
-TEST(Dropout, MaskIsKeyedBySeedOffsetAndIndexOnly) {
-  const Tensor x = random({300, 70}, 80);
-  auto run = [&](uint64_t seed, uint64_t offset, const Tensor& in) {
-    Generator gen{seed, offset};
-    return dropout(in, 0.3, true, gen).to_vector<float>();
+// The shared rule of core/philox.h, evaluated element by element.
+bool reference_keep(uint64_t seed, uint64_t step, uint32_t site, int64_t sequence, int64_t position,
+                    int64_t feature, double p) {
+  const PhiloxCounter bits = philox4x32(
+      dropout_block(uint32_t(feature / 4), uint32_t(position), uint32_t(sequence), site, 0),
+      dropout_key(seed, step));
+  return (bits[size_t(feature % 4)] >> 8) >= dropout_threshold(p);
+}
+
+TEST(Dropout, MaskFollowsTheSharedRule) {
+  const int64_t B = 3, S = 5, F = 70;
+  const Tensor x = random({B, S, F}, 80, DType::f32, 0.5, 1.5);
+  DropoutContext ctx{5, 9, 11, 2};
+  const auto got = dropout(x, 0.3, true, ctx).to_vector<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t f = 0; f < F; ++f)
+        ASSERT_EQ(got[size_t((b * S + s) * F + f)] != 0.0f,
+                  reference_keep(5, 9, 2, 11 + b, s, f, 0.3))
+            << b << " " << s << " " << f;
+  EXPECT_EQ(ctx.next_site, 3u);
+}
+
+TEST(Dropout, MaskIsKeyedBySequenceNotByTheBatchSplit) {
+  const Tensor x = random({4, 6, 33}, 81, DType::f32, 0.5, 1.5);
+  auto run = [&](const Tensor& in, uint64_t seed, uint64_t step, int64_t first) {
+    DropoutContext ctx{seed, step, first};
+    return dropout(in, 0.3, true, ctx).to_vector<float>();
   };
-  const auto a = run(5, 0, x);
-  EXPECT_EQ(a, run(5, 0, x));  // same (seed, offset): same result
-  EXPECT_NE(a, run(5, 21000, x));
-  EXPECT_NE(a, run(6, 0, x));
-  // Element i is dropped exactly when Tensor::rand draws < p at word offset + i.
-  for (uint64_t offset : {uint64_t(0), uint64_t(6)}) {
-    Generator rg{5, offset};
-    const auto u = Tensor::rand({300 * 70}, rg, DType::f64).to_vector<double>();
-    const auto got = run(5, offset, x);
-    for (size_t i = 0; i < u.size(); ++i)
-      ASSERT_EQ(got[i] == 0.0f, u[i] < 0.3) << "element " << i << " offset " << offset;
-  }
-  // Independent of the thread count.
+  const auto whole = run(x, 5, 0, 0);
+  // Two micro-batches of two sequences each draw exactly the same masks.
+  auto halves = run(x.narrow(0, 0, 2).contiguous(), 5, 0, 0);
+  const auto second = run(x.narrow(0, 2, 2).contiguous(), 5, 0, 2);
+  halves.insert(halves.end(), second.begin(), second.end());
+  EXPECT_EQ(halves, whole);
+  // A shorter (unpadded) sequence keeps the draws of its positions.
+  const auto shorter = run(x.narrow(1, 0, 4).contiguous(), 5, 0, 0);
+  for (int64_t b = 0; b < 4; ++b)
+    for (int64_t s = 0; s < 4; ++s)
+      for (int64_t f = 0; f < 33; ++f)
+        ASSERT_EQ(shorter[size_t((b * 4 + s) * 33 + f)], whole[size_t((b * 6 + s) * 33 + f)]);
+  EXPECT_NE(run(x, 5, 1, 0), whole);  // another step
+  EXPECT_NE(run(x, 6, 0, 0), whole);  // another seed
+  // Independent of the thread count, and of the input's strides.
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  const auto one = run(5, 0, x);
+  const auto one = run(x, 5, 0, 0);
   omp_set_num_threads(threads);
-  EXPECT_EQ(one, a);
-  // A transposed view is dropped in logical (row-major) order.
-  EXPECT_EQ(run(5, 0, transposed_copy(x)), a);
+  EXPECT_EQ(one, whole);
+  EXPECT_EQ(run(x.transpose(0, 1).contiguous().transpose(0, 1), 5, 0, 0), whole);
 }
 
 TEST(Dropout, BackwardAppliesTheForwardMask) {
   Tensor x = random({64, 33}, 90, DType::f32, 0.5, 1.5).set_requires_grad(true);
-  Generator gen{9, 40};
-  const Tensor y = dropout(x, 0.25, true, gen);
+  DropoutContext ctx{9, 40, 0};
+  const Tensor y = dropout(x, 0.25, true, ctx);
   const Tensor g = random({64, 33}, 91);
   y.backward(g);
   const auto yv = y.to_vector<float>(), xv = x.to_vector<float>();
@@ -370,11 +395,11 @@ TEST(Dropout, BackwardAppliesTheForwardMask) {
     }
   }
   EXPECT_GT(dropped, 0);
-  // Gradient check with a fixed (seed, offset) per call, so every evaluation
-  // draws the same mask.
+  // Gradient check with a fixed context per call, so every evaluation draws
+  // the same mask.
   EXPECT_TRUE(gradcheck(
       [](const auto& in) {
-        Generator fixed{3, 8};
+        DropoutContext fixed{3, 8, 0};
         return dropout(in[0], 0.4, true, fixed);
       },
       {random_f64({6, 7}, 92)}));
@@ -382,17 +407,17 @@ TEST(Dropout, BackwardAppliesTheForwardMask) {
 
 TEST(Dropout, IdentityInEvalAndForZeroP) {
   Tensor x = random({4, 5}, 100).set_requires_grad(true);
-  Generator gen{1, 16};
-  for (const Tensor& y : {dropout(x, 0.5, false, gen), dropout(x, 0.0, true, gen)}) {
+  DropoutContext ctx{1, 16, 0};
+  for (const Tensor& y : {dropout(x, 0.5, false, ctx), dropout(x, 0.0, true, ctx)}) {
     EXPECT_TRUE(y.shares_storage_with(x));
     EXPECT_EQ(y.grad_fn(), nullptr);
     EXPECT_EQ(y.to_vector<float>(), x.to_vector<float>());
   }
-  EXPECT_EQ(gen.offset, 16u);  // nothing drawn
+  EXPECT_EQ(ctx.next_site, 0u);  // no site taken
 }
 
 TEST(Dropout, ErrorsNameOpAndP) {
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0, 0};
   const Tensor x = Tensor::ones({3});
   expect_error([&] { dropout(x, 1.0, true, gen); }, {"dropout", "[0, 1)", "1", "f32[3]"});
   expect_error([&] { dropout(x, -0.1, false, gen); }, {"dropout", "-0.1"});

@@ -139,21 +139,21 @@ TEST(CudaOps, EveryOpMatchesTheCpu) {
       {"attention with a key mask",
        {randn({2, 6, 3, 8}, 29), randn({2, 6, 3, 8}, 30), randn({2, 6, 3, 8}, 31)},
        [mask](auto& x) {
-         Generator gen{1, 0};
+         DropoutContext ctx{1, 0, 0, 0};
          return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2].transpose(1, 2),
-                          mask.to(x[0].device()), 0.0, false, gen, 0.35);
+                          mask.to(x[0].device()), 0.0, false, ctx, 0.35);
        }},
       {"attention with dropout",
        {randn({2, 2, 5, 4}, 32), randn({2, 2, 6, 4}, 33), randn({2, 2, 6, 4}, 34)},
        [mask](auto& x) {
-         Generator gen{5, 0};
-         return attention(x[0], x[1], x[2], mask.to(x[0].device()), 0.3, true, gen, 0.5);
+         DropoutContext ctx{5, 3, 17, 2};  // seed, step, first sequence, site
+         return attention(x[0], x[1], x[2], mask.to(x[0].device()), 0.3, true, ctx, 0.5);
        }},
       {"dropout",
        {randn({4, 50}, 35)},
        [](auto& x) {
-         Generator gen{9, 0};
-         return dropout(x[0], 0.4, true, gen);
+         DropoutContext ctx{9, 1, 4, 0};
+         return dropout(x[0].view({2, 4, 25}), 0.4, true, ctx);
        }},
       {"where, masked_fill, concat",
        {randn({3, 4}, 36), randn({3, 4}, 37)},

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/ops.h"
+#include "core/philox.h"
 #include "tests/core/gradcheck.h"
 
 namespace roformer {
@@ -42,13 +43,13 @@ TEST(AttentionOp, MatchesCompositeInF64AndF32) {
   const Tensor q = random_f64({B, H, Sq, D}, 1), k = random_f64({B, H, Sk, D}, 2);
   const Tensor v = random_f64({B, H, Sk, Dv}, 3);
   const Tensor mask = padding_mask(B, Sk, {9, 6});
-  Generator gen{7, 0};
+  DropoutContext gen{7, 0};
   const double scale = 1.0 / std::sqrt(double(D));
   const Tensor ref = reference_attention(q, k, v, mask, scale);
   const Tensor out = attention(q, k, v, mask, 0.1, /*training=*/false, gen, scale);
   EXPECT_EQ(out.shape(), (Shape{B, H, Sq, Dv}));
   EXPECT_TRUE(all_close(out, ref, 1e-12, 1e-13));
-  EXPECT_EQ(gen.offset, 0u) << "no dropout draws outside training";
+  EXPECT_EQ(gen.next_site, 0u) << "no dropout site outside training";
   const Tensor out32 =
       attention(q.to(DType::f32), k.to(DType::f32), v.to(DType::f32), mask, 0.0, true, gen, scale);
   EXPECT_EQ(out32.dtype(), DType::f32);
@@ -60,7 +61,7 @@ TEST(AttentionOp, MatchesCompositeInF64AndF32) {
 
 TEST(AttentionOp, OutputIsHeadsMajorViewOfTokenMajorBuffer) {
   const int64_t B = 2, H = 3, S = 4, D = 2;
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const Tensor out = attention(random_f64({B, H, S, D}, 1), random_f64({B, H, S, D}, 2),
                                random_f64({B, H, S, D}, 3), Tensor(), 0.0, false, gen, 1.0);
   EXPECT_TRUE(out.transpose(1, 2).is_contiguous());
@@ -72,7 +73,7 @@ TEST(AttentionOp, GradcheckWithPaddingMask) {
   const Tensor mask = padding_mask(B, S, {5, 3});
   EXPECT_TRUE(gradcheck(
       [&](const std::vector<Tensor>& in) {
-        Generator gen{3, 0};
+        DropoutContext gen{3, 0};
         return attention(in[0], in[1], in[2], mask, 0.0, true, gen, 0.7);
       },
       {random_f64({B, H, S, D}, 11), random_f64({B, H, S, D}, 12), random_f64({B, H, S, D}, 13)}));
@@ -86,7 +87,7 @@ TEST(AttentionOp, GradcheckWithDropoutAndStridedInputs) {
       [&](const std::vector<Tensor>& in) {
         const Tensor qkv = in[0].view({B, S, 3, H, D});
         auto heads = [&](int64_t i) { return qkv.select(2, i).transpose(1, 2); };
-        Generator gen{1234, 8};  // the same keep mask on every evaluation
+        DropoutContext gen{1234, 8};  // the same keep mask on every evaluation
         return attention(heads(0), heads(1), heads(2), mask, 0.3, true, gen, 0.5);
       },
       {random_f64({B, S, 3 * H * D}, 21)}));
@@ -105,7 +106,7 @@ TEST(AttentionOp, F32BackwardMatchesF64Loop) {
       Tensor qq = q.to(dt).detach().set_requires_grad(true);
       Tensor kk = k.to(dt).detach().set_requires_grad(true);
       Tensor vv = v.to(dt).detach().set_requires_grad(true);
-      Generator gen{77, 0};
+      DropoutContext gen{77, 0};
       const Tensor out = attention(qq, kk, vv, mask, p, true, gen, 0.35);
       sum(mul(out, w.to(dt))).backward();
       outs.push_back(out.detach());
@@ -129,10 +130,10 @@ TEST(AttentionOp, DropoutKeepsOrZeroesScaledProbabilities) {
   }
   const Tensor v = eye.expand({B, H, S, S});
   const double p = 0.2;
-  Generator gen{5, 0};
+  DropoutContext gen{5, 3, 10};
   const auto probs = attention(q, k, v, Tensor(), 0.0, false, gen, 1.0).to_vector<double>();
   const auto dropped = attention(q, k, v, Tensor(), p, true, gen, 1.0).to_vector<double>();
-  EXPECT_EQ(gen.offset, uint64_t(B * H * S * S));
+  EXPECT_EQ(gen.next_site, 1u);
   int64_t zeros = 0;
   for (size_t i = 0; i < probs.size(); ++i) {
     if (dropped[i] == 0.0) {
@@ -142,14 +143,34 @@ TEST(AttentionOp, DropoutKeepsOrZeroesScaledProbabilities) {
     }
   }
   EXPECT_NEAR(double(zeros) / double(probs.size()), p, 0.02);
-  // The decisions are Philox's uniforms at the reserved words, the very
-  // numbers Tensor::rand draws from the same (seed, offset).
-  Generator same{5, 0};
-  const auto u = Tensor::rand({B * H * S * S}, same, DType::f64).to_vector<double>();
-  for (size_t i = 0; i < u.size(); ++i) ASSERT_EQ(dropped[i] == 0.0, u[i] < p) << i;
-  // A second draw from the advanced generator is a different mask.
+  // The decisions follow the shared rule of core/philox.h: batch row b is
+  // sequence 10 + b, the head goes with the site, the query is the position
+  // and the key the feature.
+  const PhiloxKey key = dropout_key(5, 3);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < S; ++i)
+        for (int64_t j = 0; j < S; ++j) {
+          const PhiloxCounter bits = philox4x32(
+              dropout_block(uint32_t(j / 4), uint32_t(i), uint32_t(10 + b), 0, uint32_t(h)), key);
+          const bool keep = (bits[size_t(j % 4)] >> 8) >= dropout_threshold(p);
+          ASSERT_EQ(dropped[size_t(((b * H + h) * S + i) * S + j)] != 0.0, keep)
+              << b << " " << h << " " << i << " " << j;
+        }
+  // The next site of the same forward pass is a different mask.
   const auto again = attention(q, k, v, Tensor(), p, true, gen, 1.0).to_vector<double>();
   EXPECT_NE(again, dropped);
+  // Two micro-batches of one sequence each draw the masks of the whole batch.
+  DropoutContext first{5, 3, 10}, second{5, 3, 11};
+  auto row = [&](int64_t b, DropoutContext& ctx) {
+    return attention(q.narrow(0, b, 1), k.narrow(0, b, 1), v.narrow(0, b, 1), Tensor(), p, true,
+                     ctx, 1.0)
+        .to_vector<double>();
+  };
+  auto split = row(0, first);
+  const auto tail = row(1, second);
+  split.insert(split.end(), tail.begin(), tail.end());
+  EXPECT_EQ(split, dropped);
 }
 
 TEST(AttentionOp, BitwiseIndependentOfThreadCount) {
@@ -160,7 +181,7 @@ TEST(AttentionOp, BitwiseIndependentOfThreadCount) {
     Tensor q = random_f64({B, H, S, D}, 51).to(DType::f32).set_requires_grad(true);
     Tensor k = random_f64({B, H, S, D}, 52).to(DType::f32).set_requires_grad(true);
     Tensor v = random_f64({B, H, S, D}, 53).to(DType::f32).set_requires_grad(true);
-    Generator gen{9, 0};
+    DropoutContext gen{9, 0};
     const Tensor out = attention(q, k, v, mask, 0.1, true, gen, 0.25);
     sum(mul(out, random_f64({B, H, S, D}, 54).to(DType::f32))).backward();
     std::vector<std::vector<float>> r{out.to_vector<float>(), q.grad().to_vector<float>(),
@@ -179,7 +200,7 @@ TEST(AttentionOp, RowsWithoutKeysGiveZerosNotNaN) {
   const Tensor mask = padding_mask(B, S, {4, 0});
   for (const DType dt : {DType::f64, DType::f32}) {
     Tensor q = random_f64({B, H, S, D}, 61).to(dt).set_requires_grad(true);
-    Generator gen{1, 0};
+    DropoutContext gen{1, 0};
     const Tensor out = attention(q, q, q, mask, 0.0, true, gen, 1.0);
     sum(out).backward();
     for (double x : out.select(0, 1).to_vector<double>()) EXPECT_EQ(x, 0.0);
@@ -198,7 +219,7 @@ TEST(AttentionOp, KeepsNoSquareBuffersForBackward) {
   Tensor v = random_f64({B, H, S, D}, 73).to(DType::f32).set_requires_grad(true);
   const size_t square = size_t(S * S) * sizeof(float);
   const size_t before = alloc.stats().allocated_bytes;
-  Generator gen{3, 0};
+  DropoutContext gen{3, 0};
   Tensor out = attention(q, k, v, Tensor(), 0.1, true, gen, 0.25);
   const size_t kept = alloc.stats().allocated_bytes - before;
   EXPECT_LT(kept, size_t(B * H) * square / 8) << "forward kept " << kept << " bytes";
@@ -213,7 +234,7 @@ TEST(AttentionOp, KeepsNoSquareBuffersForBackward) {
 }
 
 TEST(AttentionOp, RejectsBadShapesNamingTheOp) {
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const Tensor x = random_f64({1, 2, 3, 4}, 1);
   try {
     attention(x, random_f64({1, 2, 3, 5}, 2), x, Tensor(), 0.0, false, gen, 1.0);

@@ -57,7 +57,7 @@ TEST(RoFormerGolden, MaskedLMMatchesReference) {
   const double logits_err = max_rel_error(logits, ref_logits);
   EXPECT_LT(logits_err, 1e-5);
 
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const MlmOutput out = model.forward_mlm(ids, types, mask, labels, /*training=*/true, gen);
   const double ref_loss = f.read("loss").item();
   EXPECT_NEAR(out.loss.item(), ref_loss, 1e-6 * std::abs(ref_loss));
@@ -88,7 +88,7 @@ TEST(RoFormerGolden, SequenceClassificationMatchesReference) {
   model.load_state_dict(golden_weights(f));
   const Tensor ids = f.read("input_ids", DType::i32), types = f.read("token_type_ids", DType::i32);
   const Tensor mask = f.read("attention_mask", DType::i32), labels = f.read("labels", DType::i32);
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const ClassificationOutput out = model.forward(ids, types, mask, labels, true, gen);
   EXPECT_LT(max_rel_error(out.logits, f.read("logits")), 1e-5);
   const double ref_loss = f.read("loss").item();
@@ -135,7 +135,7 @@ Tensor hidden_at_offset(const RoFormerModel& model, const Tensor& tokens, int64_
   }
   const int64_t S = shift + n;
   NoGradGuard no_grad;
-  Generator gen{0, 0};
+  DropoutContext gen{0, 0};
   const Tensor h = model.forward(Tensor::from_vector(ids, {1, S}), Tensor(),
                                  Tensor::from_vector(mask, {1, S}), false, gen);
   return h.narrow(1, shift, n).contiguous();
@@ -217,7 +217,7 @@ MlmOutput mlm_step(const RoFormerForMaskedLM& model, uint64_t seed, bool trainin
   for (int64_t s = 10; s < S; ++s) mask[size_t(2 * S + s)] = 0;
   for (int64_t i = 0; i < B * S; i += 5)
     if (mask[size_t(i)]) labels[size_t(i)] = int32_t((i * 7) % model.config().vocab_size);
-  Generator gen{seed + 100, 0};
+  DropoutContext gen{seed + 100, 0};
   return model.forward_mlm(ids, Tensor(), Tensor::from_vector(mask, {B, S}),
                            Tensor::from_vector(labels, {B, S}), training, gen);
 }
@@ -272,7 +272,7 @@ TEST(RoFormerMlm, HeadOnMaskedRowsEqualsFullLogits) {
   labels[7] = 60;
   labels[13] = 96;
   labels[19] = 0;
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const MlmOutput out =
       model.forward_mlm(ids, Tensor(), Tensor(), Tensor::from_vector(labels, {B, S}), false, gen);
   EXPECT_EQ(out.num_masked, 4);
@@ -322,7 +322,7 @@ TEST(RoFormerMlm, PlainSgdLearnsATinyBatch) {
 TEST(RoFormerMlm, NoLabelledRowGivesZeroLossThatBackpropagates) {
   RoFormerForMaskedLM model(small_config(), 3);
   const Tensor ids = random_ids(1, 6, 97, 2);
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const MlmOutput out =
       model.forward_mlm(ids, Tensor(), Tensor(), Tensor::full({1, 6}, -100, DType::i32), true, gen);
   EXPECT_EQ(out.num_masked, 0);
@@ -333,7 +333,7 @@ TEST(RoFormerMlm, NoLabelledRowGivesZeroLossThatBackpropagates) {
       InputError);
 }
 
-TEST(RoFormerMlm, DropoutIsDrivenByTheGenerator) {
+TEST(RoFormerMlm, DropoutIsDrivenByTheContext) {
   ModelConfig c = small_config();
   c.hidden_dropout_prob = 0.1;
   c.attention_probs_dropout_prob = 0.1;
@@ -348,7 +348,7 @@ TEST(RoFormerClassification, RegressionWithOneLabel) {
   RoFormerForSequenceClassification model(small_config(), 1, 2);
   const Tensor ids = random_ids(3, 8, 97, 4);
   const Tensor target = Tensor::from_vector<float>({0.5f, -1.0f, 2.0f}, {3});
-  Generator gen{1, 0};
+  DropoutContext gen{1, 0};
   const ClassificationOutput out = model.forward(ids, Tensor(), Tensor(), target, false, gen);
   EXPECT_EQ(out.logits.shape(), (Shape{3, 1}));
   const auto l = out.logits.to_vector<double>();

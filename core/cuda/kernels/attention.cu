@@ -1,8 +1,8 @@
 // Softmax attention without an S x S matrix in memory (flash-style, simple):
 // - forward: one block per query row, keys in tiles of kTile with an online
 //   softmax (running max and sum, the output rescaled per tile); the row's
-//   log-sum-exp and, with dropout, its keep bits (Philox word offset +
-//   row * Sk + key, the CPU's numbering) are written for the backward;
+//   log-sum-exp and, with dropout, its keep bits (the shared rule of
+//   core/philox.h, as the CPU draws them) are written for the backward;
 // - backward recomputes the probabilities from q, k and the log-sum-exp: one
 //   block per query row for dq (and D = dO . O), then one block per key row
 //   for dk and dv. Each output row is owned by one block: no atomics, the
@@ -17,9 +17,13 @@ namespace {
 
 constexpr int kTile = 128;  // keys (or queries) per tile = threads per block
 
+// Keep bit of key j for query i of batch row b, head h: the shared rule's
+// word for (sequence first + b, position i, feature j, head h).
 struct DropoutRule {
   bool on = false;
-  uint64_t seed = 0, offset = 0;
+  PhiloxKey key{};
+  int64_t first_sequence = 0;
+  uint32_t site = 0;
   uint32_t threshold = 0;
   double inv_keep = 1.0;
 };
@@ -92,8 +96,10 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
     l = l * corr + block_sum(p, red);
     A pd = p;
     if (drop.on) {
-      const bool keep = j < Sk && (philox_word(drop.seed, drop.offset + uint64_t(row * Sk + j)) >>
-                                   8) >= drop.threshold;
+      const bool keep =
+          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(i),
+                                  uint32_t(drop.first_sequence + b), drop.site, uint32_t(h)) >>
+                     8) >= drop.threshold;
       const unsigned bits = __ballot_sync(0xffffffffu, keep);
       const int64_t word = (j0 + (threadIdx.x / 32) * 32) / 32;
       if (threadIdx.x % 32 == 0 && word < W)
@@ -258,11 +264,12 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
 
 DropoutRule dropout_rule(const AttentionParams& params) {
   DropoutRule r;
-  r.on = params.dropout.p > 0.0;
-  r.seed = params.dropout.seed;
-  r.offset = params.dropout.offset;
-  r.threshold = uint32_t(std::ceil(params.dropout.p * 16777216.0));
-  r.inv_keep = r.on ? 1.0 / (1.0 - params.dropout.p) : 1.0;
+  r.on = params.dropout_p > 0.0;
+  r.key = dropout_key(params.dropout.seed, params.dropout.step);
+  r.first_sequence = params.dropout.first_sequence;
+  r.site = params.dropout.site;
+  r.threshold = dropout_threshold(params.dropout_p);
+  r.inv_keep = r.on ? 1.0 / (1.0 - params.dropout_p) : 1.0;
   return r;
 }
 

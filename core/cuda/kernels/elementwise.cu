@@ -114,14 +114,18 @@ __global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, Strided<3> 
   }
 }
 
-// Element i keeps its value when the 24-bit uniform of Philox word offset + i
-// is >= p: (bits >> 8) >= threshold, the CPU's rule.
+// Element (r, s, f) of x [rows, positions, features] keeps its value when
+// the shared rule's word for (sequence first + r, position s, feature f) is
+// >= the threshold (core/philox.h): the CPU's mask, bit for bit.
 template <class T>
-__global__ void dropout_kernel(const T* x, T* out, int64_t n, uint64_t seed, uint64_t offset,
-                               uint32_t threshold, acc_t<T> scale) {
+__global__ void dropout_kernel(const T* x, T* out, int64_t n, int64_t positions, int64_t features,
+                               PhiloxKey pkey, DropoutKey key, uint32_t threshold, acc_t<T> scale) {
   using A = acc_t<T>;
   RF_GRID_LOOP(i, n) {
-    const uint32_t bits = philox_word(seed, offset + uint64_t(i));
+    const int64_t f = i % features, token = i / features;
+    const int64_t s = token % positions, r = token / positions;
+    const uint32_t bits =
+        dropout_word(pkey, uint32_t(f), uint32_t(s), uint32_t(key.first_sequence + r), key.site, 0);
     out[i] = (bits >> 8) >= threshold ? convert<T>(convert<A>(x[i]) * scale) : convert<T>(0.0f);
   }
 }
@@ -195,17 +199,18 @@ void gelu_backward(Stream stream, const KernelTensor& x, const KernelTensor& dy,
   });
 }
 
-void dropout(Stream stream, const KernelTensor& x, const KernelTensor& out, const DropoutKey& key) {
-  RF_CHECK(x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel(),
-           "dropout kernel: expected contiguous x and out of one shape");
+void dropout(Stream stream, const KernelTensor& x, const KernelTensor& out, double p,
+             const DropoutKey& key) {
+  RF_CHECK(x.ndim == 3 && x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel(),
+           "dropout kernel: expected contiguous x and out [rows, positions, features]");
   const int64_t n = x.numel();
   if (n == 0) return;
-  const uint32_t threshold = uint32_t(std::ceil(key.p * 16777216.0));
   on_floating_dtype(x.dtype, "dropout", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     RF_LAUNCH((dropout_kernel<T>), grid_for(n), kThreads, 0, native(stream), x.as<const T>(),
-              out.as<T>(), n, key.seed, key.offset, threshold, A(1.0 / (1.0 - key.p)));
+              out.as<T>(), n, x.sizes[1], x.sizes[2], dropout_key(key.seed, key.step), key,
+              dropout_threshold(p), A(1.0 / (1.0 - p)));
   });
 }
 
