@@ -39,3 +39,7 @@ $roformer predict --checkpoint "$run_dir" --top-k 5 \
   --text "the [MASK] of the union is strong." \
   --text "call me [MASK]." \
   --text "the whale swam into the [MASK]."
+
+phase "training curves"
+$roformer plot "$run_dir" --out "$run_dir/curves.svg"
+echo "open $run_dir/curves.svg to see loss, accuracy and learning rate against tokens"

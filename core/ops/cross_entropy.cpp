@@ -8,7 +8,8 @@
 
 namespace roformer {
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+std::pair<Tensor, Tensor> cross_entropy_with_count(const Tensor& logits, const Tensor& targets,
+                                                   int64_t ignore_index) {
   const Device device = kernel_device("cross_entropy", {&logits, &targets});
   if (logits.dim() != 2 || !is_floating(logits.dtype()))
     throw Error(detail::concat("cross_entropy: expected floating logits [N, C], got ",
@@ -36,16 +37,21 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   Tensor out = Tensor::empty({}, loss_dtype, device);
   Tensor count = Tensor::empty({}, DType::i64, device);
   launch::cross_entropy_forward(device, xc, tc, ignore_index, site, lse, row_loss, out, count);
-  if (!needs_grad({&logits})) return out;
+  if (!needs_grad({&logits})) return {out, count};
   const SavedTensor saved_logits(xc, "cross_entropy"), saved_targets(tc, "cross_entropy");
   const DType logits_dtype = logits.dtype();
-  return record("cross_entropy", out, {&logits}, [=](const Tensor& g) {
+  out = record("cross_entropy", out, {&logits}, [=](const Tensor& g) {
     const Tensor& x = saved_logits.get();
     Tensor grad = Tensor::empty(x.shape(), logits_dtype, x.device());
     launch::cross_entropy_backward(x.device(), x, saved_targets.get(), ignore_index, lse,
                                    g.contiguous(), count, grad);
     return std::vector<Tensor>{grad};
   });
+  return {out, count};
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  return cross_entropy_with_count(logits, targets, ignore_index).first;
 }
 
 }  // namespace roformer

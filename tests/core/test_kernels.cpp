@@ -137,6 +137,14 @@ TEST(KernelErrors, CrossEntropyCountsOnlyValidRowsAndNeedsNoHostRead) {
   const auto g = x.grad().to_vector<double>();
   EXPECT_NEAR(g[1], (0.25 - 1.0) / 2.0, 1e-12);              // mean over the 2 counted rows
   for (int c = 4; c < 8; ++c) EXPECT_EQ(g[size_t(c)], 0.0);  // ignored row
+  // The count comes out as a device tensor next to the loss.
+  const auto [loss2, count] =
+      cross_entropy_with_count(x.detach(), Tensor::from_vector<int32_t>({-100, -100, 3}, {3}));
+  EXPECT_EQ(count.dtype(), DType::i64);
+  EXPECT_EQ(count.item(), 1.0);
+  EXPECT_NEAR(loss2.item(), std::log(4.0), 1e-12);
+  EXPECT_EQ(cross_entropy_with_count(x.detach(), Tensor::full({3}, -100, DType::i64)).second.item(),
+            0.0);
 }
 
 TEST(KernelTensor, CarriesPointerDtypeSizesAndStrides) {

@@ -89,6 +89,7 @@ void copy(Stream stream, const KernelTensor& src, const KernelTensor& dst) {
   for (int32_t d = 0; d < dst.ndim; ++d)
     RF_CHECK(src.sizes[d] == dst.sizes[d], "copy: shape mismatch at dimension ", d);
   const bool plain = src.dtype == dst.dtype && src.is_contiguous() && dst.is_contiguous();
+  if (plain && src.data == dst.data) return;  // a copy onto itself
   if (!plain && may_overlap(src, dst)) {
     // Threads would read elements others already overwrote: via a temporary.
     Scratch tmp(stream, nbytes_of(src));
