@@ -21,14 +21,39 @@ class FunctionNode final : public Node {
   BackwardFn fn_;
 };
 
-// Adds a gradient into a leaf's .grad (out of place: the incoming tensor may be
-// shared with other consumers).
+// dst += src for same-shaped tensors of one dtype and device (dst contiguous).
+void add_in_place(Tensor& dst, const Tensor& src) {
+  if (dst.device().is_cpu() && src.device().is_cpu() && dst.dtype() == DType::f32 &&
+      src.dtype() == DType::f32 && src.is_contiguous()) {
+    float* d = dst.data_as<float>();
+    const float* s = src.data_as<float>();
+    const int64_t n = dst.numel();
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+    dst.bump_version();
+    return;
+  }
+  dst.copy_(add(dst, src));
+}
+
+// Adds a gradient into a leaf's .grad.
 void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
   Tensor grad = g;
   if (grad.dtype() != leaf.dtype) grad = grad.to(leaf.dtype);
   if (grad.shape() != leaf.shape)
     throw Error(detail::concat("autograd: gradient ", grad.desc(), " does not match leaf ",
                                dtype_name(leaf.dtype), shape_str(leaf.shape)));
+  if (leaf.grad_slot && leaf.grad_slot->buffer.defined()) {
+    // Persistent buffer (flat parameters): accumulate in place, no allocation.
+    Tensor buffer = leaf.grad_slot->buffer;
+    if (!leaf.grad) {
+      buffer.copy_(grad);
+      leaf.grad = buffer.impl_ptr();
+    } else {
+      add_in_place(buffer, grad);
+    }
+    return;
+  }
   if (!leaf.grad) {
     // Keep the tensor only if nothing else can see it: add passes one gradient
     // to both inputs, and a root gradient is the caller's. .grad is written in
@@ -39,6 +64,15 @@ void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
   } else {
     leaf.grad = add(Tensor(leaf.grad), grad).impl_ptr();
   }
+}
+
+bool has_ready_hook(const TensorImpl& leaf) {
+  return leaf.grad_slot && leaf.grad_slot->ready_hook;
+}
+
+void fire_ready_hook(const TensorImpl& leaf) {
+  const std::function<void()> hook = leaf.grad_slot->ready_hook;  // may replace itself
+  if (hook) hook();
 }
 }  // namespace
 
@@ -66,6 +100,14 @@ const Tensor& SavedTensor::get() const {
                        ") was modified in place after it was saved (version ", tensor_.version(),
                        ", expected ", version_, "); clone it before modifying it"));
   return tensor_;
+}
+
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {
+  if (!leaf.is_leaf())
+    throw Error("set_grad_ready_hook: " + leaf.desc() + " is not a leaf (it has history)");
+  TensorImpl& impl = leaf.impl();
+  if (!impl.grad_slot) impl.grad_slot = std::make_shared<GradSlot>();
+  impl.grad_slot->ready_hook = std::move(hook);
 }
 
 bool grad_enabled() {
@@ -121,17 +163,23 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
   NoGradGuard no_grad;  // gradients themselves are not differentiated
   if (!root.grad_fn()) {
     accumulate_into_leaf(root.impl(), grad_root);
+    if (has_ready_hook(root.impl())) fire_ready_hook(root.impl());
     return;
   }
   // Count, for every node reachable from the root, how many edges lead into
   // it; a node runs once all of its consumers have passed their gradient.
+  // Leaves with a ready hook are counted the same way: the hook fires when
+  // the last edge into the leaf has been processed (a weight used twice, as
+  // the tied embedding is, has two).
   std::unordered_map<Node*, int> pending;
+  std::unordered_map<TensorImpl*, int> leaf_pending;
   std::vector<Node*> stack{root.grad_fn().get()};
   pending[root.grad_fn().get()] = 0;
   while (!stack.empty()) {
     Node* node = stack.back();
     stack.pop_back();
     for (const Edge& e : node->edges()) {
+      if (e.leaf && has_ready_hook(*e.leaf)) ++leaf_pending[e.leaf.get()];
       if (!e.node) continue;
       auto [it, inserted] = pending.try_emplace(e.node.get(), 0);
       ++it->second;
@@ -161,7 +209,11 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
                                  " gradients for ", node->edges().size(), " inputs"));
     for (size_t i = 0; i < input_grads.size(); ++i) {
       const Edge& e = node->edges()[i];
-      if (e.leaf && input_grads[i].defined()) accumulate_into_leaf(*e.leaf, input_grads[i]);
+      if (e.leaf) {
+        if (input_grads[i].defined()) accumulate_into_leaf(*e.leaf, input_grads[i]);
+        auto it = leaf_pending.find(e.leaf.get());
+        if (it != leaf_pending.end() && --it->second == 0) fire_ready_hook(*e.leaf);
+      }
       if (!e.node) continue;
       if (input_grads[i].defined()) {
         auto it = grads.find(e.node.get());

@@ -22,6 +22,28 @@ struct Edge {
   bool active() const { return node || leaf; }
 };
 
+class FlatParameters;
+
+// What a leaf can carry beyond .grad (TensorImpl::grad_slot):
+// - `buffer`: persistent gradient memory of the leaf's shape (a view into a
+//   flat gradient buffer). Backward copies the first contribution after a
+//   zero_grad into it and adds later ones in place; .grad then points at it.
+//   Invariant: the buffer is all zeros while .grad is undefined.
+// - `ready_hook`: run once per backward pass, right after the leaf's last
+//   gradient contribution of that pass was accumulated (every edge into the
+//   leaf from the graph being run has been processed), so a data-parallel
+//   reduction can start on it while the rest of backward runs. A leaf the
+//   graph does not reach gets no call.
+struct GradSlot {
+  Tensor buffer;
+  std::function<void()> ready_hook;
+  std::weak_ptr<FlatParameters> owner;  // the flat set the leaf lives in, if any
+  size_t index = 0;                     // its position there
+};
+
+// Sets (or, with an empty function, removes) the leaf's gradient-ready hook.
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook);
+
 class Node {
  public:
   explicit Node(std::string name) : name_(std::move(name)) {}

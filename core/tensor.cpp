@@ -515,7 +515,27 @@ Tensor Tensor::grad() const {
 void Tensor::set_grad(const Tensor& g) const {
   if (g.defined() && g.shape() != shape())
     throw Error(detail::concat("set_grad: gradient ", g.desc(), " does not match ", desc()));
-  impl().grad = g.defined() ? g.impl_ptr() : nullptr;
+  const GradSlot* slot = impl().grad_slot.get();
+  if (!slot || !slot->buffer.defined()) {
+    impl().grad = g.defined() ? g.impl_ptr() : nullptr;
+    return;
+  }
+  if (!g.defined()) {
+    zero_grad();
+    return;
+  }
+  Tensor buffer = slot->buffer;
+  if (g.impl_ptr() != buffer.impl_ptr()) buffer.copy_(g);
+  impl().grad = buffer.impl_ptr();
+}
+
+void Tensor::zero_grad() const {
+  const GradSlot* slot = impl().grad_slot.get();
+  if (slot && slot->buffer.defined() && impl().grad) {
+    Tensor buffer = slot->buffer;
+    buffer.zero_();
+  }
+  impl().grad.reset();
 }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {

@@ -36,6 +36,7 @@ struct StorageImpl {
 };
 
 class Node;
+struct GradSlot;  // core/autograd.h
 struct TensorImpl {
   std::shared_ptr<StorageImpl> storage;
   Shape shape;
@@ -45,6 +46,8 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf
   std::shared_ptr<Node> grad_fn;     // the node that produced this tensor, if any
+  // A leaf's persistent gradient buffer and "gradient ready" hook, if set.
+  std::shared_ptr<GradSlot> grad_slot;
 };
 
 // Counter-based random state: values are a pure function of (seed, offset,
@@ -142,8 +145,11 @@ class Tensor {
   Tensor& set_requires_grad(bool value);
   bool is_leaf() const { return impl().grad_fn == nullptr; }
   Tensor grad() const;
+  // With a persistent gradient buffer (flat parameters), both write into it:
+  // set_grad copies `grad` in, zero_grad zeroes it; grad() is undefined until
+  // a gradient arrives either way.
   void set_grad(const Tensor& grad) const;
-  void zero_grad() const { impl().grad.reset(); }
+  void zero_grad() const;
   const std::shared_ptr<Node>& grad_fn() const { return impl().grad_fn; }
   // Reverse-mode gradient of this (scalar, unless `gradient` is given).
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;

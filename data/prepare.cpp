@@ -161,10 +161,12 @@ std::optional<PrepareResult> existing_result(const std::string& dir,
 }  // namespace
 
 std::string prepare_fingerprint(const PrepareOptions& o, const std::vector<std::string>& files,
-                                const TokenizerIdentity& tok) {
+                                const TokenizerIdentity& tok, const std::string& pre_tokenizer) {
   Fnv1a64 h;
   h.update_field("roformer-prepare-v1");
   h.update_field(tok.describe());
+  // Absent for BERT's tokenizer, so its fingerprints stay what they were.
+  if (pre_tokenizer != "none") h.update_field(pre_tokenizer);
   h.update_field(o.input_format).update_field(o.jsonl_field).update_field(o.invalid_utf8);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.17g", o.validation_fraction);
@@ -199,14 +201,20 @@ PrepareResult run_prepare(const PrepareOptions& o) {
   const std::vector<std::string> files = expand_inputs(o.inputs);
   TokenizerOptions tok_options;
   tok_options.lowercase = o.lowercase;
+  tok_options.pre_tokenizer = o.pre_tokenizer;
+  tok_options.jieba_dict = o.jieba_dict;
 
   if (o.build_vocab > 0) {
-    spdlog::info("prepare: learning a {}-piece WordPiece vocab from {} files", o.build_vocab,
-                 files.size());
+    const bool words = o.pre_tokenizer == PreTokenizer::jieba;
+    spdlog::info("prepare: learning a {}-piece {} vocab from {} files", o.build_vocab,
+                 words ? "jieba word + character" : "WordPiece", files.size());
     VocabBuilderOptions vb;
     vb.vocab_size = o.build_vocab;
     vb.threads = o.threads;
-    auto pieces = build_wordpiece_vocab(count_words(files, read, tok_options, o.threads), vb);
+    auto pieces = words
+                      ? build_word_vocab(count_pre_tokens(files, read, tok_options, o.threads),
+                                         tok_options, vb)
+                      : build_wordpiece_vocab(count_words(files, read, tok_options, o.threads), vb);
     const Vocab built = Vocab::from_tokens(std::move(pieces), o.vocab);
     std::error_code ec;
     bool same = false;
@@ -228,7 +236,8 @@ PrepareResult run_prepare(const PrepareOptions& o) {
 
   const Tokenizer tokenizer(o.vocab, tok_options);
   const TokenizerIdentity identity = tokenizer.identity();
-  const std::string fingerprint = prepare_fingerprint(o, files, identity);
+  const std::string fingerprint =
+      prepare_fingerprint(o, files, identity, tokenizer.pre_tokenizer_identity());
   if (!o.force) {
     if (auto r = existing_result(o.shard_dir, fingerprint)) {
       spdlog::info("prepare: shards in {} are up to date (fingerprint {}); nothing to do",
@@ -362,6 +371,7 @@ PrepareResult run_prepare(const PrepareOptions& o) {
   m["format"] = kManifestFormat;
   m["fingerprint"] = fingerprint;
   m["tokenizer"] = identity.describe();
+  m["pre_tokenizer"] = tokenizer.pre_tokenizer_identity();
   m["vocab"] = o.vocab;
   m["files"] = result.files;
   auto names = [](const std::vector<std::string>& paths) {

@@ -19,6 +19,8 @@ namespace roformer::data {
 struct PrepareOptions {
   std::string vocab;  // vocab.txt (written there first when build_vocab > 0)
   bool lowercase = true;
+  PreTokenizer pre_tokenizer = PreTokenizer::none;
+  std::string jieba_dict;             // "" = Jieba::default_dict_path()
   std::vector<std::string> inputs;    // paths or glob patterns
   std::string input_format = "text";  // text | jsonl
   std::string jsonl_field = "text";
@@ -27,9 +29,11 @@ struct PrepareOptions {
   uint64_t split_seed = 0;
   std::string invalid_utf8 = "error";  // error | replace
 
-  int64_t build_vocab = 0;  // > 0: learn a WordPiece vocab of this size from the inputs
-  int threads = 0;          // 0: all cores
-  bool progress = true;     // a progress bar, only when stderr is a terminal
+  // > 0: learn a vocab of this size from the inputs (WordPiece; with jieba a
+  // word + character vocab, data/vocab_builder.h)
+  int64_t build_vocab = 0;
+  int threads = 0;       // 0: all cores
+  bool progress = true;  // a progress bar, only when stderr is a terminal
   int64_t max_shard_tokens = int64_t(1) << 28;
   bool force = false;  // rebuild even when the shards are up to date
 };
@@ -54,10 +58,12 @@ PrepareResult run_prepare(const PrepareOptions& options);
 std::vector<std::string> list_shards(const std::string& shard_dir, const std::string& split);
 
 // The fingerprint run_prepare stores: input paths, sizes and contents, the
-// vocab's identity and every option that changes the shards.
+// vocab's identity, the pre-tokenizer (Tokenizer::pre_tokenizer_identity)
+// and every option that changes the shards.
 std::string prepare_fingerprint(const PrepareOptions& options,
                                 const std::vector<std::string>& files,
-                                const TokenizerIdentity& tokenizer);
+                                const TokenizerIdentity& tokenizer,
+                                const std::string& pre_tokenizer = "none");
 
 struct TokenizeStreamOptions {
   bool json = false;                // one JSON object per line: {"ids": [...], "tokens": [...]}

@@ -97,7 +97,8 @@ inline void append_lower(std::u32string& out, char32_t cp) {
 
 struct Scratch {
   std::u32string cps, tmp, token;
-  std::string utf8, word, piece, utf8_word, out_piece;
+  std::string utf8, word, piece, utf8_word, out_piece, lowered;
+  std::vector<std::string_view> segments;
   std::vector<utf8proc_int32_t> norm;
   std::vector<uint32_t> bounds;
   std::vector<int32_t> pieces;
@@ -139,7 +140,42 @@ void to_utf8(std::u32string_view cps, std::string& out) {
   for (char32_t cp : cps) append_utf8(out, cp);
 }
 
+// Python's per-character str.lower() of the whole text, as
+// PreTrainedTokenizer.tokenize applies it before RoFormer's jieba.
+void lower_text(std::string_view text, std::string& out) {
+  out.clear();
+  std::u32string one;
+  for (size_t pos = 0; pos < text.size();) {
+    const auto c = static_cast<unsigned char>(text[pos]);
+    if (c < 0x80) {
+      out.push_back(c >= 'A' && c <= 'Z' ? char(c + 32) : char(c));
+      ++pos;
+      continue;
+    }
+    char32_t cp;
+    const size_t n = decode_utf8(text, pos, cp);
+    if (cp >= 0x3000 && cp < 0xA000) {  // CJK, kana, CJK punctuation: no case
+      out.append(text.substr(pos, n));
+    } else {
+      one.clear();
+      append_lower(one, cp);
+      for (char32_t l : one) append_utf8(out, l);
+    }
+    pos += n;
+  }
+}
+
 }  // namespace
+
+PreTokenizer parse_pre_tokenizer(std::string_view name) {
+  if (name == "none") return PreTokenizer::none;
+  if (name == "jieba") return PreTokenizer::jieba;
+  throw InputError(detail::concat("unknown pre-tokenizer '", name, "' (none | jieba)"));
+}
+
+std::string_view pre_tokenizer_name(PreTokenizer p) {
+  return p == PreTokenizer::jieba ? "jieba" : "none";
+}
 
 std::string TokenizerIdentity::describe() const {
   return detail::concat("vocab ", vocab_hash, " (", vocab_size, " pieces), lowercase=", lowercase,
@@ -151,6 +187,9 @@ Tokenizer::Tokenizer(std::shared_ptr<const Vocab> vocab, TokenizerOptions option
     : vocab_(std::move(vocab)), options_(options) {
   RF_CHECK(vocab_ != nullptr, "Tokenizer needs a vocab");
   RF_INPUT_CHECK(options_.max_input_chars_per_word > 0, "max_input_chars_per_word must be > 0");
+  if (options_.pre_tokenizer == PreTokenizer::jieba)
+    jieba_ =
+        Jieba::load(options_.jieba_dict.empty() ? Jieba::default_dict_path() : options_.jieba_dict);
 }
 
 Tokenizer::Tokenizer(const std::string& vocab_path, TokenizerOptions options)
@@ -159,6 +198,10 @@ Tokenizer::Tokenizer(const std::string& vocab_path, TokenizerOptions options)
 TokenizerIdentity Tokenizer::identity() const {
   return {vocab_->hash(), vocab_->size(), options_.lowercase, options_.strips_accents(),
           options_.tokenize_chinese_chars};
+}
+
+std::string Tokenizer::pre_tokenizer_identity() const {
+  return jieba_ ? "jieba (dict " + jieba_->hash() + ")" : "none";
 }
 
 // Calls emit(segment, is_special) for the text between special tokens and
@@ -375,14 +418,60 @@ void Tokenizer::wordpiece(std::string_view word, std::vector<int32_t>& out) cons
   out.insert(out.end(), pieces.begin(), pieces.end());
 }
 
+void Tokenizer::jieba_segments(std::string_view text, std::vector<std::string_view>& out) const {
+  Scratch& s = scratch();
+  if (options_.lowercase) {
+    lower_text(text, s.lowered);
+    text = s.lowered;
+  }
+  out.clear();
+  jieba_->cut(text, out);
+}
+
+void Tokenizer::encode_jieba(std::string_view text, std::vector<int32_t>& out) const {
+  // The segments view scratch().lowered, which basic_words leaves alone.
+  std::vector<std::string_view>& segments = scratch().segments;
+  jieba_segments(text, segments);
+  for (std::string_view segment : segments) {
+    const int32_t id = vocab_->find(segment);
+    if (id >= 0)
+      out.push_back(id);
+    else
+      basic_words(segment, [&](std::string_view word) { wordpiece(word, out); });
+  }
+}
+
 void Tokenizer::encode_ids(std::string_view text, std::vector<int32_t>& out) const {
   split_specials(text, [&](std::string_view segment, bool special) {
-    if (special) {
+    if (special)
       out.push_back(vocab_->find(segment));
+    else if (jieba_)
+      encode_jieba(segment, out);
+    else
+      basic_words(segment, [&](std::string_view word) { wordpiece(word, out); });
+  });
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string> out;
+  std::vector<std::string_view> segments;
+  split_specials(text, [&](std::string_view segment, bool special) {
+    if (special || !jieba_) {
+      out.emplace_back(segment);
       return;
     }
-    basic_words(segment, [&](std::string_view word) { wordpiece(word, out); });
+    jieba_segments(segment, segments);
+    for (std::string_view w : segments) {
+      bool blank = true;
+      for (size_t pos = 0; pos < w.size() && blank;) {
+        char32_t cp;
+        pos += decode_utf8(w, pos, cp);
+        blank = is_whitespace(cp);
+      }
+      if (!blank) out.emplace_back(w);
+    }
   });
+  return out;
 }
 
 std::vector<int32_t> Tokenizer::encode_ids(std::string_view text) const {

@@ -11,6 +11,11 @@
 //      Unicode P*) becomes its own word;
 //   7. WordPiece: greedy longest-match-first with "##" continuations; a word
 //      longer than 100 code points or with no match becomes [UNK].
+// With the jieba pre-tokenizer it gives the ids of Hugging Face's
+// RoFormerTokenizer instead: after the special tokens are cut out and the
+// text lower-cased (when lower-casing), jieba (data/jieba.h, no HMM) splits
+// it into words; a word that is itself in the vocab is one token, every
+// other word goes through steps 2-7 above on its own.
 // Unicode properties come from utf8proc. Thread-safe: all methods are const.
 #pragma once
 
@@ -22,12 +27,20 @@
 #include <string_view>
 #include <vector>
 
+#include "data/jieba.h"
 #include "data/vocab.h"
 
 namespace roformer::data {
 
+// What splits the text into words before the vocab and WordPiece see it.
+enum class PreTokenizer { none, jieba };
+PreTokenizer parse_pre_tokenizer(std::string_view name);  // "none" | "jieba"
+std::string_view pre_tokenizer_name(PreTokenizer p);
+
 struct TokenizerOptions {
   bool lowercase = true;
+  PreTokenizer pre_tokenizer = PreTokenizer::none;
+  std::string jieba_dict;  // jieba's dict.txt; "" = Jieba::default_dict_path()
   // nullopt: strip accents exactly when lower-casing (BERT's default).
   std::optional<bool> strip_accents;
   bool tokenize_chinese_chars = true;
@@ -67,6 +80,10 @@ class Tokenizer {
   std::vector<std::string> tokenize(std::string_view text) const;
   // Words after the basic (pre-WordPiece) stage.
   std::vector<std::string> basic_tokenize(std::string_view text) const;
+  // The jieba words of `text` (lower-cased when lower-casing; special tokens
+  // cut out first and kept; whitespace words dropped); the text as one word
+  // without a pre-tokenizer.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
 
   // [CLS] text [SEP] (and pair [SEP]); max_length > 0 truncates longest-first
   // (one token at a time from the longer side, from the second on ties),
@@ -83,6 +100,11 @@ class Tokenizer {
   std::shared_ptr<const Vocab> vocab_ptr() const { return vocab_; }
   const TokenizerOptions& options() const { return options_; }
   TokenizerIdentity identity() const;
+  // "none", or "jieba (dict <hash>)": what prepare's fingerprint records
+  // beside identity().
+  std::string pre_tokenizer_identity() const;
+  // The segmenter, or null without the jieba pre-tokenizer.
+  const Jieba* jieba() const { return jieba_.get(); }
 
  private:
   template <class Emit>
@@ -90,11 +112,16 @@ class Tokenizer {
   template <class Emit>
   void basic_chunk(std::string_view chunk, Emit&& emit) const;
   void wordpiece(std::string_view word, std::vector<int32_t>& out) const;
+  // RoFormerTokenizer's rule on text without special tokens.
+  void encode_jieba(std::string_view text, std::vector<int32_t>& out) const;
+  // Lower-cased (when lower-casing) text cut by jieba into segments.
+  void jieba_segments(std::string_view text, std::vector<std::string_view>& out) const;
   template <class Emit>
   void split_specials(std::string_view text, Emit&& emit) const;
 
   std::shared_ptr<const Vocab> vocab_;
   TokenizerOptions options_;
+  std::shared_ptr<const Jieba> jieba_;
 };
 
 }  // namespace roformer::data

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <queue>
 #include <thread>
@@ -12,12 +13,12 @@
 
 namespace roformer::data {
 
-WordCounts count_words(const std::vector<std::string>& files, const TextReadOptions& read,
-                       const TokenizerOptions& tokenizer_options, int threads) {
-  // Basic tokenization needs no vocabulary beyond the special tokens.
-  std::vector<std::string> specials(std::begin(kSpecialTokens), std::end(kSpecialTokens));
-  const Tokenizer tokenizer(std::make_shared<const Vocab>(Vocab::from_tokens(specials)),
-                            tokenizer_options);
+namespace {
+
+// Counts split(text) over the documents of `files`, files in parallel.
+template <class Split>
+WordCounts count_split(const std::vector<std::string>& files, const TextReadOptions& read,
+                       int threads, Split&& split) {
   const int n =
       std::max(1, std::min<int>(threads > 0 ? threads : int(std::thread::hardware_concurrency()),
                                 int(files.size())));
@@ -28,7 +29,7 @@ WordCounts count_words(const std::vector<std::string>& files, const TextReadOpti
     try {
       for (size_t f; (f = next++) < files.size();) {
         read_documents(files[f], read, [&](std::string_view text, int64_t) {
-          for (auto& w : tokenizer.basic_tokenize(text)) ++partial[size_t(t)][std::move(w)];
+          for (auto& w : split(text)) ++partial[size_t(t)][std::move(w)];
         });
       }
     } catch (...) {
@@ -46,6 +47,28 @@ WordCounts count_words(const std::vector<std::string>& files, const TextReadOpti
     for (auto& [w, c] : partial[t]) total[w] += c;
   for (auto special : kSpecialTokens) total.erase(std::string(special));
   return total;
+}
+
+// Basic tokenization and jieba need no vocabulary beyond the special tokens.
+Tokenizer specials_only_tokenizer(const TokenizerOptions& options) {
+  std::vector<std::string> specials(std::begin(kSpecialTokens), std::end(kSpecialTokens));
+  return Tokenizer(std::make_shared<const Vocab>(Vocab::from_tokens(specials)), options);
+}
+
+}  // namespace
+
+WordCounts count_words(const std::vector<std::string>& files, const TextReadOptions& read,
+                       const TokenizerOptions& tokenizer_options, int threads) {
+  const Tokenizer tokenizer = specials_only_tokenizer(tokenizer_options);
+  return count_split(files, read, threads,
+                     [&](std::string_view text) { return tokenizer.basic_tokenize(text); });
+}
+
+WordCounts count_pre_tokens(const std::vector<std::string>& files, const TextReadOptions& read,
+                            const TokenizerOptions& tokenizer_options, int threads) {
+  const Tokenizer tokenizer = specials_only_tokenizer(tokenizer_options);
+  return count_split(files, read, threads,
+                     [&](std::string_view text) { return tokenizer.pre_tokenize(text); });
 }
 
 namespace {
@@ -197,6 +220,96 @@ std::vector<std::string> build_wordpiece_vocab(const WordCounts& counts,
         heap.push({c, k});
     }
   }
+  return pieces;
+}
+
+std::vector<std::string> build_word_vocab(const WordCounts& words,
+                                          const TokenizerOptions& tokenizer_options,
+                                          const VocabBuilderOptions& options) {
+  const int64_t specials = int64_t(std::size(kSpecialTokens));
+  RF_INPUT_CHECK(options.vocab_size > specials, "vocab size must exceed the ", specials,
+                 " special tokens, not ", options.vocab_size);
+  RF_INPUT_CHECK(!words.empty(), "cannot build a vocabulary from an empty corpus");
+  RF_INPUT_CHECK(options.wordpiece_fraction >= 0 && options.wordpiece_fraction <= 1,
+                 "wordpiece_fraction must be in [0, 1], not ", options.wordpiece_fraction);
+  TokenizerOptions basic_options = tokenizer_options;
+  basic_options.pre_tokenizer = PreTokenizer::none;
+  const Tokenizer basic = specials_only_tokenizer(basic_options);
+  const size_t size = size_t(options.vocab_size);
+
+  std::vector<std::pair<std::string, int64_t>> sorted(words.begin(), words.end());
+  // Most frequent first; ties in byte order (deterministic).
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+
+  std::vector<std::string> pieces(std::begin(kSpecialTokens), std::end(kSpecialTokens));
+  std::unordered_set<std::string> have(pieces.begin(), pieces.end());
+  auto add = [&](const std::string& p) {
+    if (pieces.size() < size && have.insert(p).second) pieces.push_back(p);
+  };
+
+  // 1. Characters of the basic-tokenized words.
+  std::map<char32_t, int64_t> char_counts;
+  std::vector<std::vector<std::string>> basic_words(sorted.size());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    basic_words[i] = basic.basic_tokenize(sorted[i].first);
+    for (const auto& w : basic_words[i])
+      for (size_t pos = 0; pos < w.size();) {
+        char32_t cp;
+        pos += decode_utf8(w, pos, cp);
+        char_counts[cp] += sorted[i].second;
+      }
+  }
+  std::vector<std::pair<char32_t, int64_t>> chars(char_counts.begin(), char_counts.end());
+  std::stable_sort(chars.begin(), chars.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (const auto& [cp, c] : chars) {
+    std::string p;
+    append_utf8(p, cp);
+    add(p);
+  }
+
+  // 2. Whole words: two or more characters, frequent enough.
+  std::vector<size_t> candidates;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const std::string& w = sorted[i].first;
+    size_t chars_in_word = 0;
+    for (size_t pos = 0; pos < w.size(); ++chars_in_word) {
+      char32_t cp;
+      pos += decode_utf8(w, pos, cp);
+    }
+    if (chars_in_word >= 2 && sorted[i].second >= options.min_frequency &&
+        w.compare(0, 2, "##") != 0)
+      candidates.push_back(i);
+  }
+  const size_t left = size - pieces.size();
+  const size_t word_quota =
+      left - std::min(left, size_t(std::llround(options.wordpiece_fraction * double(left))));
+  std::vector<uint8_t> kept(sorted.size(), 0);
+  size_t next_candidate = 0;
+  for (; next_candidate < candidates.size() && pieces.size() - (size - left) < word_quota;
+       ++next_candidate) {
+    kept[candidates[next_candidate]] = 1;
+    add(sorted[candidates[next_candidate]].first);
+  }
+
+  // 3. WordPiece on what the kept words do not cover.
+  if (pieces.size() < size) {
+    WordCounts rest;
+    for (size_t i = 0; i < sorted.size(); ++i)
+      if (!kept[i])
+        for (const auto& w : basic_words[i])
+          if (!have.count(w)) rest[w] += sorted[i].second;
+    if (!rest.empty()) {
+      VocabBuilderOptions wp = options;
+      wp.vocab_size = options.vocab_size + specials;
+      for (const auto& p : build_wordpiece_vocab(rest, wp)) add(p);
+    }
+  }
+  // 4. More words while there is room.
+  for (; next_candidate < candidates.size() && pieces.size() < size; ++next_candidate)
+    add(sorted[candidates[next_candidate]].first);
   return pieces;
 }
 

@@ -144,7 +144,38 @@ void Module::train(bool on) {
 }
 
 void Module::zero_grad() {
+  if (flat_) {
+    flat_->zero_grad();
+    return;
+  }
   for (const auto& p : named_parameters()) p.tensor.zero_grad();
+}
+
+FlatParameters& Module::flatten_parameters() {
+  if (!flat_) flat_ = FlatParameters::create(parameters());
+  return *flat_;
+}
+
+void Module::to(Device device) {
+  // Copy everything first, so a failure leaves the module as it was; then
+  // point each tensor's implementation at its copy (every handle follows).
+  std::vector<std::pair<Tensor, Tensor>> moves;
+  auto plan = [&](const Tensor& t) {
+    if (t.defined() && t.device() != device) moves.emplace_back(t, t.to(device));
+  };
+  if (!flat_)
+    for (const Tensor& p : parameters()) {
+      plan(p);
+      plan(p.grad());
+    }
+  for (const NamedTensor& b : named_buffers()) plan(b.tensor);
+  if (flat_) flat_->to(device);
+  for (auto& [from, to] : moves) {
+    TensorImpl& impl = from.impl();
+    impl.storage = to.impl().storage;
+    impl.offset = to.offset();
+    impl.strides = to.strides();
+  }
 }
 
 void Module::init_own(Generator&) {}

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/flat_parameters.h"
 #include "core/tensor.h"
 
 namespace roformer {
@@ -54,8 +56,24 @@ class Module {
   void train(bool on = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }
-  // Drops the accumulated gradient of every parameter.
+  // Drops the accumulated gradient of every parameter (one fill of the flat
+  // gradient buffer once flattened).
   void zero_grad();
+
+  // Moves every parameter of the tree into one contiguous f32 buffer, with a
+  // persistent gradient buffer of the same layout (core/flat_parameters.h), in
+  // named_parameters() order; a tied weight is one parameter. Names, order,
+  // values and the handles layers hold are unchanged. Call it once the tree
+  // is built (the models do, at the end of their constructors); calling it
+  // again returns the same set.
+  FlatParameters& flatten_parameters();
+  // The flat set made by flatten_parameters() on this module, or null.
+  const std::shared_ptr<FlatParameters>& flat_parameters() const { return flat_; }
+
+  // Moves parameters, their gradients and buffers to `device`; every handle
+  // follows. Throws Tensor::to's error (e.g. a device this build lacks),
+  // leaving the module where it was.
+  void to(Device device);
 
   // Re-initialises this module and its children in registration order,
   // drawing from `gen` (BERT's scheme: normal(0, initializer_range) weights,
@@ -85,6 +103,7 @@ class Module {
 
   std::vector<NamedTensor> params_, buffers_;
   std::vector<std::pair<std::string, Module*>> children_;
+  std::shared_ptr<FlatParameters> flat_;
   bool training_ = true;
 };
 

@@ -199,6 +199,7 @@ RoFormerForMaskedLM::RoFormerForMaskedLM(const ModelConfig& config, uint64_t see
   register_module("cls", cls_);
   Generator gen{seed, 0};
   reset_parameters(gen);
+  flatten_parameters();
 }
 
 MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
@@ -273,6 +274,7 @@ RoFormerForSequenceClassification::RoFormerForSequenceClassification(const Model
   register_module("classifier", classifier_);
   Generator gen{seed, 0};
   reset_parameters(gen);
+  flatten_parameters();
 }
 
 ClassificationOutput RoFormerForSequenceClassification::forward(const Tensor& input_ids,

@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/autograd.h"
@@ -15,20 +16,40 @@ bool decays_by_default(const std::string& name) {
   return true;
 }
 
+namespace {
+std::vector<Tensor> tensors_of(const std::vector<NamedParameter>& params) {
+  std::vector<Tensor> out;
+  out.reserve(params.size());
+  for (const NamedParameter& p : params) out.push_back(p.tensor);
+  return out;
+}
+}  // namespace
+
 AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
     : params_(std::move(params)), options_(options) {
   for (const NamedParameter& p : params_) {
-    if (p.tensor.dtype() != DType::f32 || !p.tensor.is_contiguous())
+    if (!p.tensor.defined() || p.tensor.dtype() != DType::f32 || !p.tensor.is_contiguous())
       throw Error("AdamW: parameter '" + p.name + "' must be a contiguous f32 tensor, got " +
                   p.tensor.desc());
-    offsets_.push_back(total_);
-    total_ += p.tensor.numel();
   }
-  m_ = Tensor::zeros({total_}, DType::f32);
-  v_ = Tensor::zeros({total_}, DType::f32);
+  const std::vector<Tensor> tensors = tensors_of(params_);
+  flat_ = FlatParameters::of(tensors);
+  if (!flat_) {
+    for (const NamedParameter& p : params_)
+      if (FlatParameters::owner_of(p.tensor))
+        throw Error("AdamW: parameter '" + p.name +
+                    "' is part of a flat set that is not exactly the given parameters in its "
+                    "order; pass the flattened module's named_parameters()");
+    flat_ = FlatParameters::create(tensors);
+  }
+  m_ = Tensor::zeros({flat_->padded_numel()}, DType::f32, flat_->device());
+  v_ = Tensor::zeros({flat_->padded_numel()}, DType::f32, flat_->device());
 }
 
 void AdamW::step(double lr, double grad_scale) {
+  const FlatParameters& flat = *flat_;
+  if (!flat.device().is_cpu())
+    throw Error("AdamW: no update kernel for " + flat.device().str() + " in this build");
   ++step_;
   const double bc1 = 1.0 - std::pow(options_.beta1, double(step_));
   const double bc2 = 1.0 - std::pow(options_.beta2, double(step_));
@@ -36,65 +57,79 @@ void AdamW::step(double lr, double grad_scale) {
   const float step_size = float(lr / bc1);
   const float bc2_sqrt = float(std::sqrt(bc2));
   const float eps = float(options_.eps), scale = float(grad_scale);
+  const float decay_factor = float(1.0 - lr * options_.weight_decay);
+
+  // The parameters that have a gradient, as runs of one decay setting. A run
+  // may cross the zero padding between slices: zeros stay zero there.
+  std::vector<Span> spans;
+  for (size_t i = 0; i < flat.size(); ++i) {
+    if (!flat.has_grad(i)) continue;
+    const int64_t begin = flat.offset(i), end = begin + flat.numel(i);
+    const bool decay = params_[i].decay;
+    if (!spans.empty() && spans.back().decay == decay &&
+        (spans.back().end + FlatParameters::kAlignment - 1) / FlatParameters::kAlignment *
+                FlatParameters::kAlignment ==
+            begin) {
+      spans.back().end = end;
+    } else {
+      spans.push_back({begin, end, decay});
+    }
+  }
+
+  float* p = flat.data().data_as<float>();
+  const float* g = flat.grad().data_as<float>();
   float* m = m_.data_as<float>();
   float* v = v_.data_as<float>();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& param = params_[i].tensor;
-    const Tensor grad_tensor = param.grad();
-    if (!grad_tensor.defined()) continue;
-    const Tensor g_c = grad_tensor.dtype() == DType::f32 ? grad_tensor.contiguous()
-                                                         : grad_tensor.to(DType::f32).contiguous();
-    const float* g = g_c.data_as<float>();
-    float* p = param.data_as<float>();
-    float* mi = m + offsets_[i];
-    float* vi = v + offsets_[i];
-    const float decay = params_[i].decay ? float(1.0 - lr * options_.weight_decay) : 1.0f;
-    const int64_t n = param.numel();
-    // The same order of operations as torch.optim.AdamW (decay, moments, update).
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t j = 0; j < n; ++j) {
-      const float gj = g[j] * scale;
-      p[j] *= decay;
-      mi[j] = b1 * mi[j] + (1.0f - b1) * gj;
-      vi[j] = b2 * vi[j] + (1.0f - b2) * gj * gj;
-      p[j] -= step_size * mi[j] / (std::sqrt(vi[j]) / bc2_sqrt + eps);
+  // Fixed-size chunks of the flat buffers in parallel, each walking the runs it
+  // overlaps: one pass, balanced whatever the parameter sizes.
+  constexpr int64_t kChunk = 32768;
+  const int64_t n = flat.padded_numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 2)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    auto it = std::partition_point(spans.begin(), spans.end(),
+                                   [lo](const Span& s) { return s.end <= lo; });
+    for (; it != spans.end() && it->begin < hi; ++it) {
+      const int64_t begin = std::max(lo, it->begin), end = std::min(hi, it->end);
+      const float decay = it->decay ? decay_factor : 1.0f;
+      // The same order of operations as torch.optim.AdamW (decay, moments, update).
+#pragma omp simd
+      for (int64_t j = begin; j < end; ++j) {
+        const float gj = g[j] * scale;
+        p[j] *= decay;
+        m[j] = b1 * m[j] + (1.0f - b1) * gj;
+        v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
+        p[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
+      }
     }
-    param.bump_version();
   }
+  flat.data().bump_version();
 }
 
 void AdamW::zero_grad() {
-  for (NamedParameter& p : params_) p.tensor.zero_grad();
+  flat_->zero_grad();
 }
 
 void AdamW::load_state(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step) {
-  if (exp_avg.numel() != total_ || exp_avg_sq.numel() != total_)
+  const int64_t total = flat_->num_elements();
+  if (exp_avg.numel() != total || exp_avg_sq.numel() != total)
     throw InputError(detail::concat("AdamW: saved moments have ", exp_avg.numel(), " and ",
-                                    exp_avg_sq.numel(), " elements, the model has ", total_));
-  m_.copy_(exp_avg.to(DType::f32).reshape({total_}));
-  v_.copy_(exp_avg_sq.to(DType::f32).reshape({total_}));
+                                    exp_avg_sq.numel(), " elements, the model has ", total));
+  flat_->unpack(exp_avg.to(DType::f32), m_);
+  flat_->unpack(exp_avg_sq.to(DType::f32), v_);
   step_ = step;
 }
 
 double global_grad_norm(const std::vector<NamedParameter>& params) {
+  if (const auto flat = FlatParameters::of(tensors_of(params))) return grad_norm(*flat);
   double total = 0.0;
   for (const NamedParameter& p : params) {
     const Tensor g = p.tensor.grad();
     if (!g.defined()) continue;
-    const Tensor gc = g.dtype() == DType::f32 ? g.contiguous() : g.to(DType::f32).contiguous();
-    const float* d = gc.data_as<float>();
-    const int64_t n = gc.numel();
-    double sum = 0.0;
-#pragma omp parallel for reduction(+ : sum) schedule(static) if (n > 65536)
-    for (int64_t j = 0; j < n; ++j) sum += double(d[j]) * double(d[j]);
-    total += sum;
+    total += sum_of_squares(g.to(DType::f32).contiguous());
   }
   return std::sqrt(total);
-}
-
-double clip_scale(double norm, double max_norm) {
-  if (max_norm <= 0.0 || !std::isfinite(norm)) return 1.0;
-  return norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
 }
 
 }  // namespace roformer::optim

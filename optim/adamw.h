@@ -1,12 +1,17 @@
 // AdamW (Loshchilov & Hutter) with decoupled weight decay and bias correction,
-// updating every parameter in one fused pass: the moments live in two flat f32
-// buffers, and the gradient-clipping scale is folded into the same pass.
+// as one pass over flat buffers: the parameters and gradients are a
+// FlatParameters set (core/flat_parameters.h) and the two moments are flat
+// buffers of the same layout; the gradient-clipping scale is folded into the
+// same pass.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/flat_parameters.h"
 #include "core/tensor.h"
+#include "optim/grad_norm.h"
 
 namespace roformer::optim {
 
@@ -28,38 +33,46 @@ bool decays_by_default(const std::string& name);
 
 class AdamW {
  public:
+  // `params` must be exactly a flat set, in its order (a flattened model's
+  // named_parameters()), or not flat at all: then AdamW flattens them itself.
   AdamW(std::vector<NamedParameter> params, AdamWOptions options);
 
   // One update with learning rate `lr`; every gradient is multiplied by
   // `grad_scale` first (global-norm clipping). Parameters without a gradient
   // are left untouched, as torch.optim.AdamW does.
   void step(double lr, double grad_scale = 1.0);
+  // One fill of the flat gradient buffer.
   void zero_grad();
 
   int64_t step_count() const { return step_; }
   const std::vector<NamedParameter>& parameters() const { return params_; }
-  // Flat moment buffers (f32, the parameters' elements in order) and the step,
-  // for checkpoints.
-  const Tensor& exp_avg() const { return m_; }
-  const Tensor& exp_avg_sq() const { return v_; }
+  const FlatParameters& flat() const { return *flat_; }
+  // The moments packed to the parameters' elements in order (f32
+  // [num_elements()], a copy), and the step, for checkpoints.
+  Tensor exp_avg() const { return flat_->pack(m_); }
+  Tensor exp_avg_sq() const { return flat_->pack(v_); }
   void load_state(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t step);
-  int64_t num_elements() const { return total_; }
+  int64_t num_elements() const { return flat_->num_elements(); }
 
  private:
+  // A run of parameters updated with one decay setting: [begin, end) of the
+  // flat buffers.
+  struct Span {
+    int64_t begin, end;
+    bool decay;
+  };
+
   std::vector<NamedParameter> params_;
-  std::vector<int64_t> offsets_;  // start of each parameter in the flat buffers
-  int64_t total_ = 0;
+  std::shared_ptr<FlatParameters> flat_;
   AdamWOptions options_;
-  Tensor m_, v_;
+  Tensor m_, v_;  // flat layout, padding included
   int64_t step_ = 0;
 };
 
-// sqrt(sum of squares) over all gradients (double accumulation); parameters
-// without a gradient count as zero. NaN/inf propagate so callers can skip.
+// sqrt(sum of squares) over all gradients (double accumulation, independent of
+// the thread count); parameters without a gradient count as zero. One pass
+// over the flat gradient buffer when `params` are a flat set. NaN/inf
+// propagate so callers can skip.
 double global_grad_norm(const std::vector<NamedParameter>& params);
-
-// The factor clipping multiplies gradients by: min(1, max_norm / (norm + 1e-6));
-// 1 when max_norm <= 0 (clipping off).
-double clip_scale(double norm, double max_norm);
 
 }  // namespace roformer::optim

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs: only what is missing, quietly,
-# safe to run again. Usage: scripts/setup.sh [--python]  (--python adds the
-# CPU PyTorch peer used by the benchmarks and golden-file scripts)
+# safe to run again. Usage: scripts/setup.sh [--python] [--zh]  (--python adds
+# the CPU PyTorch peer used by the benchmarks and golden-file scripts; --zh
+# what the Chinese demo needs: python3-jieba's dictionary for the jieba
+# pre-tokenizer, opencc and fortunes-zh for scripts/fetch_data_zh.sh)
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config git ca-certificates xz-utils
@@ -9,9 +11,12 @@ packages=(build-essential cmake pkg-config git ca-certificates xz-utils
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libutf8proc-dev
   libopenmpi-dev clang-format gnuplot-nox)
 if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
-if [[ "${1:-}" == "--python" ]]; then
-  packages+=(python3 python3-numpy python3-h5py python3-torch libopenblas0-pthread)
-fi
+for arg in "$@"; do
+  case $arg in
+    --python) packages+=(python3 python3-numpy python3-h5py python3-torch libopenblas0-pthread) ;;
+    --zh) packages+=(python3-jieba opencc fortunes-zh) ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

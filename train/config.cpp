@@ -42,6 +42,12 @@ std::span<const EnumEntry<data::InputFormat>> enum_entries<data::InputFormat>() 
   return kEntries;
 }
 template <>
+std::span<const EnumEntry<data::PreTokenizer>> enum_entries<data::PreTokenizer>() {
+  static constexpr EnumEntry<data::PreTokenizer> kEntries[] = {
+      {"none", data::PreTokenizer::none}, {"jieba", data::PreTokenizer::jieba}};
+  return kEntries;
+}
+template <>
 std::span<const EnumEntry<data::InvalidUtf8>> enum_entries<data::InvalidUtf8>() {
   static constexpr EnumEntry<data::InvalidUtf8> kEntries[] = {
       {"error", data::InvalidUtf8::error}, {"replace", data::InvalidUtf8::replace}};

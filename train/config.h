@@ -17,6 +17,7 @@
 
 #include "core/device.h"
 #include "data/text_reader.h"
+#include "data/tokenizer.h"
 #include "layers/model_config.h"
 #include "optim/lr_schedule.h"
 
@@ -63,6 +64,8 @@ struct RunConfig {
 struct DataConfig {
   std::string vocab;  // path to vocab.txt; "" = unset (required by prepare/pretrain)
   bool lowercase = true;
+  data::PreTokenizer pre_tokenizer = data::PreTokenizer::none;  // jieba: RoFormer's Chinese words
+  std::string jieba_dict;           // jieba's dict.txt; "" = python3-jieba's (data/jieba.h)
   std::vector<std::string> inputs;  // paths or globs of raw text
   data::InputFormat input_format = data::InputFormat::text;
   std::string jsonl_field = "text";
@@ -77,6 +80,15 @@ struct DataConfig {
   int64_t prefetch_batches = 2;
   bool operator==(const DataConfig&) const = default;
 };
+
+// The tokenizer the data section describes (casing, pre-tokenizer).
+inline data::TokenizerOptions tokenizer_options(const DataConfig& d) {
+  data::TokenizerOptions o;
+  o.lowercase = d.lowercase;
+  o.pre_tokenizer = d.pre_tokenizer;
+  o.jieba_dict = d.jieba_dict;
+  return o;
+}
 
 struct OptimConfig {
   double lr = 1e-4;  // peak learning rate

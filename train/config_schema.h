@@ -82,6 +82,8 @@ template <class V, class D>
 void visit_data(V& v, D& c) {
   v.field("vocab", c.vocab, Opt{.nullable = true});
   v.field("lowercase", c.lowercase);
+  v.field("pre_tokenizer", c.pre_tokenizer);
+  v.field("jieba_dict", c.jieba_dict, Opt{.nullable = true});
   v.field("inputs", c.inputs);
   v.field("input_format", c.input_format);
   v.field("jsonl_field", c.jsonl_field);

@@ -76,6 +76,9 @@ HfFolder read_hf_folder(const fs::path& dir, bool require_mlm_head) {
       const auto tj = nlohmann::json::parse(read_text(dir / "tokenizer_config.json"));
       if (tj.contains("do_lower_case") && tj["do_lower_case"].is_boolean())
         out.lowercase = tj["do_lower_case"].get<bool>();
+      if (tj.contains("tokenizer_class") && tj["tokenizer_class"].is_string() &&
+          tj["tokenizer_class"].get<std::string>().starts_with("RoFormerTokenizer"))
+        out.pre_tokenizer = data::PreTokenizer::jieba;
     } catch (const nlohmann::json::exception&) {
       // tokenizer_config.json is optional; a broken one only costs the default.
     }
@@ -161,6 +164,7 @@ void convert_from_hf(const fs::path& dir, const fs::path& out_checkpoint) {
   config.run.dir = (out.has_parent_path() ? out.parent_path() : fs::path(".")).string();
   config.data.vocab = fs::absolute(vocab_out).lexically_normal().string();
   config.data.lowercase = hf.lowercase;
+  config.data.pre_tokenizer = hf.pre_tokenizer;
   // A config needs a stage; the checkpoint records it as finished.
   StageConfig stage;
   stage.max_seq_len = std::min<int64_t>(128, hf.config.max_position_embeddings);
@@ -233,7 +237,10 @@ void convert_to_hf(const fs::path& checkpoint, const fs::path& dir) {
     std::ofstream(tmp / "config.json") << cj.dump(2) << "\n";
     std::ofstream(tmp / "tokenizer_config.json")
         << nlohmann::json{{"do_lower_case", config.data.lowercase},
-                          {"tokenizer_class", "BertTokenizer"}}
+                          // transformers' RoFormerTokenizer: jieba words, then WordPiece
+                          {"tokenizer_class", config.data.pre_tokenizer == data::PreTokenizer::jieba
+                                                  ? "RoFormerTokenizer"
+                                                  : "BertTokenizer"}}
                .dump(2)
         << "\n";
     write_safetensors(tmp / "model.safetensors", tensors, {{"format", "pt"}});

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "layers/model_config.h"
 #include "layers/module.h"
 
@@ -19,9 +20,12 @@ namespace roformer {
 
 struct HfFolder {
   ModelConfig config;
-  StateDict parameters;              // f32, our (= HF) names, in our model's order
-  std::filesystem::path vocab;       // the folder's vocab.txt
-  bool lowercase = true;             // tokenizer_config.json do_lower_case (default true)
+  StateDict parameters;         // f32, our (= HF) names, in our model's order
+  std::filesystem::path vocab;  // the folder's vocab.txt
+  bool lowercase = true;        // tokenizer_config.json do_lower_case (default true)
+  // tokenizer_config.json tokenizer_class: RoFormerTokenizer (transformers'
+  // Chinese tokenizer, jieba first) -> jieba; anything else -> none.
+  data::PreTokenizer pre_tokenizer = data::PreTokenizer::none;
   std::vector<std::string> ignored;  // tensors present in the file but not used
 };
 

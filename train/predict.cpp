@@ -23,8 +23,7 @@ FillMask::FillMask(const std::filesystem::path& checkpoint, const std::string& v
     const std::filesystem::path path = resolve_checkpoint(checkpoint);
     CheckpointData data = load_checkpoint(path, false);
     impl_->config = parse_config_string(data.config_yaml, path.string());
-    data::TokenizerOptions options;
-    options.lowercase = impl_->config.data.lowercase;
+    const data::TokenizerOptions options = tokenizer_options(impl_->config.data);
     const std::string vocab_path = vocab.empty() ? impl_->config.data.vocab : vocab;
     impl_->tokenizer = std::make_unique<data::Tokenizer>(vocab_path, options);
     impl_->model = std::make_unique<RoFormerForMaskedLM>(impl_->config.model, 0);

@@ -1,7 +1,10 @@
 // Tokenizer throughput in MB/s of UTF-8 input on the State of the Union
 // speeches (scripts/fetch_data.sh), single-threaded and with all cores.
-// Usage: tokenizer_bench [VOCAB] [FILES...]
+// With --jieba: RoFormer's Chinese tokenizer (jieba words, then WordPiece) on
+// the Chinese corpus (scripts/fetch_data_zh.sh), and jieba's segmentation alone.
+// Usage: tokenizer_bench [--jieba] [VOCAB] [FILES...]
 //   defaults: .data/vocab/bert-base-uncased-vocab.txt .data/text/sotu/*.txt
+//   --jieba:  .data/vocab/zh-jieba-16k.txt .data/text/zh/*.txt
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -55,8 +58,16 @@ std::tuple<double, double, int64_t> run(const roformer::data::Tokenizer& tok,
 }  // namespace
 
 int main(int argc, char** argv) try {
+  roformer::data::TokenizerOptions options;
   std::string vocab = ".data/vocab/bert-base-uncased-vocab.txt";
   std::vector<std::string> patterns{".data/text/sotu/*.txt"};
+  if (argc > 1 && std::string(argv[1]) == "--jieba") {
+    options.pre_tokenizer = roformer::data::PreTokenizer::jieba;
+    vocab = ".data/vocab/zh-jieba-16k.txt";
+    patterns = {".data/text/zh/*.txt"};
+    --argc;
+    ++argv;
+  }
   if (argc > 1) vocab = argv[1];
   if (argc > 2) patterns.assign(argv + 2, argv + argc);
   const auto files = roformer::data::expand_inputs(patterns);
@@ -67,7 +78,7 @@ int main(int argc, char** argv) try {
       docs.emplace_back(text);
       bytes += text.size();
     });
-  const roformer::data::Tokenizer tok(vocab);
+  const roformer::data::Tokenizer tok(vocab, options);
   const double mb = double(bytes) / 1e6;
   std::printf("tokenizer_bench: %zu files, %zu documents, %.1f MB, vocab %s\n", files.size(),
               docs.size(), mb, vocab.c_str());
@@ -87,6 +98,26 @@ int main(int argc, char** argv) try {
         "CPU-second)\n",
         threads, mb / best, double(ids) / best, best, mb / best_cpu);
     if (cores == 1) break;
+  }
+  if (const auto* jieba = tok.jieba()) {
+    std::vector<std::string_view> words;
+    double best = 1e30, best_cpu = 1e30;
+    int64_t n = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
+      n = 0;
+      for (const auto& d : docs) {
+        words.clear();
+        jieba->cut(d, words);
+        n += int64_t(words.size());
+      }
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+      best_cpu = std::min(best_cpu, cpu_seconds() - c0);
+    }
+    std::printf(
+        "  jieba cut alone, 1 thread: %8.2f MB/s  %10.0f words/s  (%.2f MB per CPU-second)\n",
+        mb / best, double(n) / best, mb / best_cpu);
   }
   return 0;
 } catch (const std::exception& e) {

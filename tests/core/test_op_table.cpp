@@ -221,6 +221,17 @@ std::vector<OpCase> make_table() {
        .name = "cross_entropy_with_ignored_row",
        .inputs = {in({6, 5}, transposed, -2.0, 2.0), fixed(i64({0, 4, -100, 2, 2, 1}, {6}))},
        .build = [](const X& x) { return cross_entropy(x[0], x[1]); }});
+  // The loss with its count: the loss is the differentiable output, and the
+  // count (4 rows not ignored) must match what the loss was divided by.
+  t.push_back(
+      {.op = "cross_entropy_with_count",
+       .name = "cross_entropy_with_count",
+       .inputs = {in({6, 5}, strided, -2.0, 2.0), fixed(i64({0, 4, -100, 2, -100, 1}, {6}))},
+       .build = [](const X& x) {
+         auto [loss, count] = cross_entropy_with_count(x[0], x[1]);
+         if (count.item() != 4.0) throw Error("cross_entropy_with_count: count is not 4");
+         return loss;
+       }});
   t.push_back({.op = "rope",
                .name = "rope_interleaved_heads_layout",
                .inputs = {in({2, 3, 6, 4}, heads), fixed(i64({0, 1, 2, 3, 4, 5}, {6}))},

@@ -1,11 +1,13 @@
 // Module: hierarchical names, state_dict / load_state_dict (one error listing
-// every problem), train/eval, initialisation.
+// every problem), train/eval, initialisation, flat parameters, devices.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "layers/roformer.h"
 #include "tests/core/gradcheck.h"
+#include "tests/test_support.h"
 
 namespace roformer {
 namespace {
@@ -187,6 +189,142 @@ TEST(Module, RejectsInvalidConfigsWithTheKey) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("num_attention_heads"), std::string::npos) << e.what();
   }
+}
+
+// A two-module tree that is not flattened by its constructor.
+class TwoLayers : public Module {
+ public:
+  TwoLayers() : dense_(4, 3, true, 0.5), norm_(3, 1e-12) {
+    register_module("dense", dense_);
+    register_module("norm", norm_);
+    Generator gen{5, 0};
+    reset_parameters(gen);
+  }
+  Tensor forward(const Tensor& x) const { return norm_.forward(dense_.forward(x)); }
+
+ private:
+  Linear dense_;
+  LayerNorm norm_;
+};
+
+TEST(Module, FlattenKeepsNamesOrderValuesAndHandles) {
+  TwoLayers tree;
+  const StateDict before = tree.state_dict();
+  std::vector<std::vector<float>> values;
+  for (const auto& e : before) values.push_back(e.tensor.to_vector<float>());
+  FlatParameters& flat = tree.flatten_parameters();
+  EXPECT_EQ(&tree.flatten_parameters(), &flat);  // once
+  const StateDict after = tree.state_dict();
+  ASSERT_EQ(names_of(after), names_of(before));
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].tensor.impl_ptr(), before[i].tensor.impl_ptr()) << after[i].name;
+    EXPECT_EQ(after[i].tensor.to_vector<float>(), values[i]) << after[i].name;
+    EXPECT_TRUE(after[i].tensor.shares_storage_with(flat.data())) << after[i].name;
+  }
+  EXPECT_EQ(FlatParameters::of(tree.parameters()).get(), &flat);
+}
+
+TEST(Module, ModelsAreFlatWithTheTiedEmbeddingAsOneParameter) {
+  RoFormerForMaskedLM mlm(tiny_config(), 1);
+  ASSERT_TRUE(mlm.flat_parameters());
+  EXPECT_EQ(FlatParameters::of(mlm.parameters()), mlm.flat_parameters());
+  EXPECT_EQ(mlm.flat_parameters()->num_elements(), mlm.num_parameters());
+  RoFormerForSequenceClassification cls(tiny_config(), 3, 1);
+  EXPECT_EQ(FlatParameters::of(cls.parameters()), cls.flat_parameters());
+  // load_state_dict writes into the views: still flat, new values.
+  RoFormerForMaskedLM other(tiny_config(), 2);
+  other.load_state_dict(mlm.state_dict());
+  for (const auto& e : other.named_parameters()) {
+    EXPECT_TRUE(e.tensor.shares_storage_with(other.flat_parameters()->data())) << e.name;
+    EXPECT_EQ(e.tensor.to_vector<float>(), mlm.find(e.name).to_vector<float>()) << e.name;
+  }
+}
+
+// Masked-LM loss of `model` on a fixed batch with a few labelled positions.
+Tensor mlm_loss(const RoFormerForMaskedLM& model, uint64_t seed) {
+  const int64_t B = 2, S = 6;
+  Generator g{seed, 0};
+  const auto u = Tensor::rand({B * S}, g, DType::f64).to_vector<double>();
+  std::vector<int32_t> ids, labels(size_t(B * S), -100);
+  for (double x : u) ids.push_back(int32_t(1 + x * 48));
+  for (size_t i : {1u, 4u, 8u}) labels[i] = ids[(i + 3) % ids.size()];
+  DropoutContext dropout{1, 0};
+  return model
+      .forward_mlm(Tensor::from_vector(ids, {B, S}), Tensor(), Tensor(),
+                   Tensor::from_vector(labels, {B, S}), /*training=*/false, dropout)
+      .loss;
+}
+
+TEST(Module, ReadyHooksFireOncePerParameterAfterAllContributions) {
+  ModelConfig c = tiny_config();
+  c.num_hidden_layers = 2;
+  RoFormerForMaskedLM model(c, 3);
+  const auto named = model.named_parameters();
+  const FlatParameters& flat = *model.flat_parameters();
+  std::vector<size_t> order;
+  std::vector<std::vector<float>> at_hook(named.size());
+  model.flat_parameters()->set_grad_ready_hook([&](size_t i) {
+    order.push_back(i);
+    at_hook[i] = flat.parameters()[i].grad().to_vector<float>();
+  });
+  auto position = [&](const std::string& name) {
+    for (size_t k = 0; k < order.size(); ++k)
+      if (named[order[k]].name == name) return k;
+    ADD_FAILURE() << name << " never became ready";
+    return order.size();
+  };
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {
+    order.clear();
+    mlm_loss(model, 10 + uint64_t(micro_batch)).backward();
+    // Every parameter once, with its complete gradient at that moment: the
+    // tied word embedding only after both the decoder and the gather.
+    ASSERT_EQ(order.size(), named.size());
+    for (size_t i = 0; i < named.size(); ++i)
+      EXPECT_EQ(at_hook[i], named[i].tensor.grad().to_vector<float>()) << named[i].name;
+    // Graph order: the head first, then the top layer, ..., the embeddings.
+    const std::string L0 = "roformer.encoder.layer.0.", L1 = "roformer.encoder.layer.1.";
+    EXPECT_LT(position("cls.predictions.bias"), position(L1 + "output.dense.weight"));
+    EXPECT_LT(position(L1 + "output.dense.weight"), position(L1 + "attention.self.query.weight"));
+    EXPECT_LT(position(L1 + "attention.self.query.weight"), position(L0 + "output.dense.weight"));
+    EXPECT_LT(position(L0 + "attention.self.query.weight"),
+              position("roformer.embeddings.LayerNorm.weight"));
+    EXPECT_LT(position("roformer.embeddings.LayerNorm.weight"),
+              position("roformer.embeddings.word_embeddings.weight"));
+  }
+  model.zero_grad();
+  for (const auto& e : named) EXPECT_FALSE(e.tensor.grad().defined()) << e.name;
+  const auto grads = flat.grad().to_vector<float>();
+  EXPECT_TRUE(std::all_of(grads.begin(), grads.end(), [](float v) { return v == 0.0f; }));
+}
+
+TEST(Module, ToMovesTheModuleOrFailsWithTensorsError) {
+  RoFormerForMaskedLM model(tiny_config(), 1);
+  TwoLayers tree;  // not flat: moved tensor by tensor
+  const auto before = model.find("cls.predictions.bias").to_vector<float>();
+  model.to(Device::cpu());
+  tree.to(Device::cpu());
+  EXPECT_TRUE(
+      model.find("cls.predictions.bias").shares_storage_with(model.flat_parameters()->data()));
+  std::string tensor_error;
+  try {
+    (void)Tensor::zeros({1}).to(Device::cuda(0));
+  } catch (const Error& e) {
+    tensor_error = e.what();
+  }
+  if (tensor_error.empty()) {  // a build and machine with a GPU: a round trip
+    model.to(Device::cuda(0));
+    tree.to(Device::cuda(0));
+    EXPECT_TRUE(model.find("cls.predictions.bias").device().is_cuda());
+    EXPECT_TRUE(tree.find("dense.weight").device().is_cuda());
+    model.to(Device::cpu());
+    tree.to(Device::cpu());
+  } else {
+    EXPECT_EQ(roformer::testing::error_of([&] { model.to(Device::cuda(0)); }), tensor_error);
+    EXPECT_EQ(roformer::testing::error_of([&] { tree.to(Device::cuda(0)); }), tensor_error);
+  }
+  EXPECT_TRUE(model.find("cls.predictions.bias").device().is_cpu());
+  EXPECT_EQ(model.find("cls.predictions.bias").to_vector<float>(), before);
+  EXPECT_TRUE(tree.find("dense.weight").device().is_cpu());
 }
 
 }  // namespace

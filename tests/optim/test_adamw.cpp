@@ -1,9 +1,12 @@
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/autograd.h"
 #include "core/ops.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -111,6 +114,123 @@ TEST(Clipping, GlobalNormAndScale) {
   EXPECT_NEAR(opt.exp_avg().to_vector<float>()[0], 0.1 * 3.0 / (norm + 1e-6), 1e-6);
   b.set_grad(Tensor::full({1}, std::nan("")));
   EXPECT_TRUE(std::isnan(global_grad_norm(params)));
+}
+
+Tensor random_param(const Shape& shape, uint64_t seed) {
+  Generator gen{seed, 0};
+  return Tensor::randn(shape, gen).set_requires_grad(true);
+}
+
+TEST(AdamW, OnePassOverTheFlatBuffersMatchesThePerElementFormula) {
+  // Three parameters: one without a gradient (left untouched), one decayed,
+  // one not; odd sizes so slices have padding between them.
+  const Tensor idle = random_param({5}, 1), w = random_param({70000}, 2), b = random_param({33}, 3);
+  const auto idle0 = idle.to_vector<float>(), w0 = w.to_vector<float>(), b0 = b.to_vector<float>();
+  AdamW opt({{"idle.weight", idle, true}, {"w.weight", w, true}, {"w.bias", b, false}},
+            {0.9, 0.999, 1e-8, 0.1});
+  // The constructor flattened them: the optimizer walks one buffer.
+  EXPECT_EQ(FlatParameters::of({idle, w, b}).get(), &opt.flat());
+  Generator gen{4, 0};
+  const Tensor gw = Tensor::randn({70000}, gen), gb = Tensor::randn({33}, gen);
+  const double lr = 0.01, scale = 0.5;
+  auto expected = [&](double p, double g, double decay) {  // step 1, in double
+    g *= scale;
+    p *= 1.0 - lr * decay;
+    const double m = 0.1 * g, v = 0.001 * g * g;
+    return p - (lr / 0.1) * m / (std::sqrt(v) / std::sqrt(0.001) + 1e-8);
+  };
+  w.set_grad(gw);
+  b.set_grad(gb);
+  opt.step(lr, scale);
+  EXPECT_EQ(idle.to_vector<float>(), idle0);
+  const auto w1 = w.to_vector<float>(), b1 = b.to_vector<float>();
+  const auto gwv = gw.to_vector<float>(), gbv = gb.to_vector<float>();
+  for (size_t i = 0; i < w1.size(); i += 997)
+    EXPECT_NEAR(w1[i], expected(w0[i], gwv[i], 0.1), 1e-6 * (1 + std::abs(w1[i]))) << i;
+  for (size_t i = 0; i < b1.size(); ++i)
+    EXPECT_NEAR(b1[i], expected(b0[i], gbv[i], 0.0), 1e-6 * (1 + std::abs(b1[i]))) << i;
+  // Moments come out packed in parameter order (no padding): zeros for idle.
+  const auto m = opt.exp_avg().to_vector<float>();
+  ASSERT_EQ(int64_t(m.size()), 5 + 70000 + 33);
+  EXPECT_EQ(m[4], 0.0f);
+  EXPECT_FLOAT_EQ(m[5], float(0.1 * scale) * gwv[0]);
+  EXPECT_FLOAT_EQ(m[5 + 70000], float(0.1 * scale) * gbv[0]);
+}
+
+TEST(AdamW, SavedStateResumesBitForBit) {
+  auto make = [](uint64_t seed) {
+    return std::vector<NamedParameter>{{"a.weight", random_param({40000}, seed), true},
+                                       {"a.bias", random_param({7}, seed + 1), false}};
+  };
+  auto grads = [](std::vector<NamedParameter>& ps, uint64_t seed) {
+    Generator gen{seed, 0};
+    for (auto& p : ps) p.tensor.set_grad(Tensor::randn(p.tensor.shape(), gen));
+  };
+  std::vector<NamedParameter> straight = make(10), resumed = make(10);
+  AdamW a(straight, {});
+  for (uint64_t s = 0; s < 3; ++s) {
+    grads(straight, 100 + s);
+    a.step(1e-3);
+  }
+  // A second optimizer on copies of the parameters, loaded from packed state.
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    NoGradGuard no_grad;
+    resumed[i].tensor.copy_(straight[i].tensor);
+  }
+  AdamW b(resumed, {});
+  b.load_state(a.exp_avg(), a.exp_avg_sq(), a.step_count());
+  grads(straight, 200);
+  grads(resumed, 200);
+  a.step(1e-3);
+  b.step(1e-3);
+  for (size_t i = 0; i < straight.size(); ++i)
+    EXPECT_EQ(straight[i].tensor.to_vector<float>(), resumed[i].tensor.to_vector<float>());
+  EXPECT_THROW(b.load_state(Tensor::zeros({3}), Tensor::zeros({3}), 1), InputError);
+}
+
+TEST(AdamW, RejectsPartOfAFlatSet) {
+  const Tensor a = random_param({4}, 5), b = random_param({4}, 6);
+  const auto flat = FlatParameters::create({a, b});
+  try {
+    AdamW opt({{"b.weight", b, true}}, {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'b.weight'"), std::string::npos) << e.what();
+  }
+  AdamW whole({{"a.weight", a, true}, {"b.weight", b, true}}, {});
+  EXPECT_EQ(&whole.flat(), flat.get());
+}
+
+TEST(Clipping, GradNormIsBitIdenticalForOneAndTwoThreads) {
+  // Large enough for many chunks; a wide spread of magnitudes so that the
+  // summation order would show in the last bits.
+  std::vector<NamedParameter> params;
+  Generator gen{7, 0};
+  for (int64_t n : {100003, 5, 250000, 33}) {
+    Tensor p = random_param({n}, uint64_t(n));
+    p.set_grad(mul(Tensor::randn({n}, gen), exp(mul(Tensor::randn({n}, gen), 3.0))));
+    params.push_back({"p" + std::to_string(n), p, true});
+  }
+  const int threads = omp_get_max_threads();
+  // Not flat: parameter by parameter.
+  omp_set_num_threads(1);
+  const double loose1 = global_grad_norm(params);
+  omp_set_num_threads(2);
+  const double loose2 = global_grad_norm(params);
+  AdamW opt(params, {});  // flattens them
+  const double flat2 = global_grad_norm(params);
+  omp_set_num_threads(1);
+  const double flat1 = global_grad_norm(params);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(std::memcmp(&loose1, &loose2, sizeof(double)), 0) << loose1 << " vs " << loose2;
+  EXPECT_EQ(std::memcmp(&flat1, &flat2, sizeof(double)), 0) << flat1 << " vs " << flat2;
+  EXPECT_EQ(flat1, grad_norm(opt.flat()));
+  // Against a long-double reference.
+  long double ref = 0;
+  for (const auto& p : params)
+    for (float g : p.tensor.grad().to_vector<float>()) ref += (long double)g * g;
+  EXPECT_NEAR(flat1, std::sqrt(double(ref)), 1e-12 * std::sqrt(double(ref)));
+  EXPECT_NEAR(loose1, flat1, 1e-12 * flat1);
 }
 
 TEST(LrSchedule, WarmupThenLinearDecayAcrossStages) {

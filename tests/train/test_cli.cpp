@@ -144,5 +144,34 @@ TEST_F(Cli, LogLevelIsAGlobalOption) {
   EXPECT_TRUE(r.err.empty()) << r.err;  // the info summary is silenced
 }
 
+// roformer tokenize with RoFormer's Chinese tokenizer: one line of ids per
+// line (empty for an empty line), the whole jieba word when the vocab has it,
+// and invalid UTF-8 on stdin named by its line.
+TEST_F(Cli, TokenizeWithJieba) {
+  const std::string fixtures = ROFORMER_FIXTURES_DIR;
+  {
+    std::ofstream v(dir_ / "vocab.txt");
+    v << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n床\n前\n明月\n光\n，\n疑\n是\n地\n上\n霜\n。\nab\n";
+    std::ofstream in(dir_ / "in.txt");
+    in << "床前明月光，疑是地上霜。\n\n床前[MASK]AB\n";
+    std::ofstream bad(dir_ / "bad.txt");
+    bad << "明月\n\xe6\x98\n";
+  }
+  const std::string common = "tokenize --vocab '" + (dir_ / "vocab.txt").string() +
+                             "' --jieba-dict '" + fixtures + "/zh/jieba_dict.txt' ";
+  Result r = run(common + "--pre-tokenizer jieba < '" + (dir_ / "in.txt").string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "5 6 7 8 9 10 11 12 13 14 15\n\n5 6 4 16\n");
+  r = run(common + "--pre-tokenizer jieba --no-lowercase < '" + (dir_ / "in.txt").string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.substr(r.out.rfind("5 6 4")), "5 6 4 1\n");  // AB is not ab
+  r = run(common + "< '" + (dir_ / "in.txt").string() + "'");  // BERT's: characters
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "5 6 1 1 8 9 10 11 12 13 14 15");
+  r = run(common + "--pre-tokenizer jieba < '" + (dir_ / "bad.txt").string() + "'");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("line 2"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace roformer

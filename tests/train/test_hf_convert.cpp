@@ -55,10 +55,12 @@ ModelConfig small_config() {
 
 // A pretraining-style checkpoint of a freshly initialised model.
 void write_checkpoint(const fs::path& path, const ModelConfig& mc, const fs::path& vocab,
-                      const RoFormerForMaskedLM& model) {
+                      const RoFormerForMaskedLM& model,
+                      data::PreTokenizer pre_tokenizer = data::PreTokenizer::none) {
   Config c;
   c.model = mc;
   c.data.vocab = vocab.string();
+  c.data.pre_tokenizer = pre_tokenizer;
   StageConfig s;
   s.max_seq_len = 16;
   s.batch_size = s.micro_batch_size = 2;
@@ -108,6 +110,26 @@ TEST(HfConvert, OursToHfToOursIsBitExact) {
                            [&](const NamedTensor& t) { return t.name == p.name; });
     ASSERT_NE(it, back.parameters.end()) << p.name;
     EXPECT_TRUE(bit_equal(it->tensor, p.tensor)) << p.name;
+  }
+}
+
+// A Chinese (jieba) model names transformers' RoFormerTokenizer, and a folder
+// naming it comes back with the jieba pre-tokenizer; BERT's stays BERT's.
+TEST(HfConvert, TokenizerClassCarriesThePreTokenizer) {
+  TempDir tmp;
+  write_vocab(tmp.path / "vocab.txt", 50);
+  const RoFormerForMaskedLM model(small_config(), 7);
+  for (auto pre : {data::PreTokenizer::jieba, data::PreTokenizer::none}) {
+    const std::string name(data::pre_tokenizer_name(pre));
+    write_checkpoint(tmp.path / (name + ".h5"), small_config(), tmp.path / "vocab.txt", model, pre);
+    convert_to_hf(tmp.path / (name + ".h5"), tmp.path / ("hf-" + name));
+    std::ifstream in(tmp.path / ("hf-" + name) / "tokenizer_config.json");
+    const auto tj = nlohmann::json::parse(in);
+    EXPECT_EQ(tj["tokenizer_class"],
+              pre == data::PreTokenizer::jieba ? "RoFormerTokenizer" : "BertTokenizer");
+    convert_from_hf(tmp.path / ("hf-" + name), tmp.path / (name + "-back.h5"));
+    const CheckpointData back = load_checkpoint(tmp.path / (name + "-back.h5"), false);
+    EXPECT_EQ(parse_config_string(back.config_yaml, "back").data.pre_tokenizer, pre) << name;
   }
 }
 

@@ -20,8 +20,9 @@ class PrepareCommand : public roformer::cli::Command {
   }
   void setup(CLI::App& app) override {
     app.add_option("--build-vocab", build_vocab_,
-                   "Learn a WordPiece vocab of SIZE pieces from data.inputs and write it to "
-                   "data.vocab before making the shards")
+                   "Learn a vocab of SIZE pieces from data.inputs (WordPiece; with "
+                   "data.pre_tokenizer: jieba, characters + jieba words + WordPiece) and write it "
+                   "to data.vocab before making the shards")
         ->type_name("SIZE")
         ->check(CLI::Range(int64_t(6), int64_t(1) << 31));
     app.add_flag("--force", force_, "Rebuild the shards even when they are up to date");
@@ -36,6 +37,8 @@ class PrepareCommand : public roformer::cli::Command {
     roformer::data::PrepareOptions o;
     o.vocab = d.vocab;
     o.lowercase = d.lowercase;
+    o.pre_tokenizer = d.pre_tokenizer;
+    o.jieba_dict = d.jieba_dict;
     o.inputs = d.inputs;
     o.input_format = d.input_format == roformer::data::InputFormat::jsonl ? "jsonl" : "text";
     o.jsonl_field = d.jsonl_field;

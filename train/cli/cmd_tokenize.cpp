@@ -1,6 +1,7 @@
-// roformer tokenize --vocab FILE [--json] [--special] [--cased]: reads lines on
-// stdin and prints their WordPiece ids, one line per input line. Without
-// --vocab the config's data.vocab and data.lowercase are used.
+// roformer tokenize --vocab FILE [--pre-tokenizer none|jieba] [--json] [--special]
+// [--no-lowercase]: reads lines on stdin and prints their ids, one line per
+// input line. Without --vocab the config's data.vocab, data.lowercase and
+// data.pre_tokenizer are used.
 #include <iostream>
 
 #include "core/error.h"
@@ -14,7 +15,7 @@ class TokenizeCommand : public roformer::cli::Command {
  public:
   std::string name() const override { return "tokenize"; }
   std::string description() const override {
-    return "Print the WordPiece ids of each line read on stdin";
+    return "Print the token ids of each line read on stdin";
   }
   roformer::cli::ConfigMode config_mode() const override {
     return roformer::cli::ConfigMode::kOptional;
@@ -25,16 +26,27 @@ class TokenizeCommand : public roformer::cli::Command {
     app.add_flag("--json", options_.json,
                  "Print {\"ids\": [...], \"tokens\": [...]} per line instead of ids");
     app.add_flag("--special", options_.add_special_tokens, "Add [CLS] and [SEP]");
-    app.add_flag("--cased", cased_, "Do not lower-case or strip accents (cased vocabularies)");
+    app.add_flag("--no-lowercase,--cased", cased_,
+                 "Do not lower-case or strip accents (cased vocabularies)");
+    app.add_option("--pre-tokenizer", pre_tokenizer_,
+                   "none: BERT's WordPiece; jieba: RoFormer's Chinese words first "
+                   "(default: the config's data.pre_tokenizer, else none)")
+        ->check(CLI::IsMember({"none", "jieba"}));
+    app.add_option("--jieba-dict", jieba_dict_,
+                   "jieba's dict.txt (default: the config's, else python3-jieba's)")
+        ->type_name("FILE");
   }
   int run(const roformer::cli::Invocation& inv) override {
     roformer::data::TokenizerOptions tok;
     std::string vocab = vocab_;
     if (inv.config) {
       if (vocab.empty()) vocab = inv.config->data.vocab;
-      tok.lowercase = inv.config->data.lowercase;
+      tok = roformer::tokenizer_options(inv.config->data);
     }
     if (cased_) tok.lowercase = false;
+    if (!pre_tokenizer_.empty())
+      tok.pre_tokenizer = roformer::data::parse_pre_tokenizer(pre_tokenizer_);
+    if (!jieba_dict_.empty()) tok.jieba_dict = jieba_dict_;
     RF_INPUT_CHECK(!vocab.empty(), "tokenize needs --vocab FILE (or --config with data.vocab)");
     const roformer::data::Tokenizer tokenizer(vocab, tok);
     std::ios::sync_with_stdio(false);
@@ -44,7 +56,7 @@ class TokenizeCommand : public roformer::cli::Command {
   }
 
  private:
-  std::string vocab_;
+  std::string vocab_, pre_tokenizer_, jieba_dict_;
   bool cased_ = false;
   roformer::data::TokenizeStreamOptions options_;
 };
