@@ -22,6 +22,13 @@ struct GemmCase {
   double tolerance;
 };
 
+// Readable test names: "2x64x48x32_TN_bias_bf16_to_f32".
+void PrintTo(const GemmCase& c, std::ostream* os) {
+  *os << c.batch << "x" << c.m << "x" << c.n << "x" << c.k << "_" << (c.trans_a ? "T" : "N")
+      << (c.trans_b ? "T" : "N") << (c.bias ? "_bias_" : "_") << dtype_name(c.in) << "_to_"
+      << dtype_name(c.out) << (c.tf32 ? "_tf32" : "");
+}
+
 class CudaGemm : public ::testing::TestWithParam<GemmCase> {};
 
 TEST_P(CudaGemm, MatchesAHostReferenceInDouble) {
