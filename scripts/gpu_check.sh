@@ -137,6 +137,7 @@ run_checks() {
   tar xJf "$pack_dir/bundle.tar.xz" -C "$pack_dir"
   # shellcheck disable=SC1091
   source "$pack_dir/gpubundle/env.sh"
+  export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, nvcc
   : > "$OUT/summary.txt"
   step device device_info
   step cuda_tests cuda_tests --gtest_output="xml:$OUT/cuda_tests.xml"
