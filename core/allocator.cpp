@@ -1,8 +1,10 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
+#include "core/device_backend.h"
 #include "core/error.h"
 
 namespace roformer {
@@ -16,13 +18,7 @@ CpuCachingAllocator::~CpuCachingAllocator() {
 }
 
 size_t CpuCachingAllocator::bin_size(size_t nbytes) {
-  if (nbytes == 0) nbytes = 1;
-  if (nbytes <= 4096) return (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-  // Quarter steps between powers of two: waste at most 25%.
-  size_t power = 4096;
-  while (power * 2 < nbytes) power *= 2;
-  const size_t quarter = power / 4;
-  return (nbytes + quarter - 1) / quarter * quarter;
+  return allocation_bin(nbytes, kAlignment, 4096);
 }
 
 void* CpuCachingAllocator::allocate(size_t nbytes) {
@@ -51,6 +47,9 @@ void* CpuCachingAllocator::allocate(size_t nbytes) {
   stats_.allocated_bytes += size;
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
     stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  if (stats_.reserved_bytes() > stats_.peak_reserved_bytes)
+    stats_.peak_reserved_bytes = stats_.reserved_bytes();
+  if (poison()) std::memset(ptr, 0xFF, size);
   return ptr;
 }
 
@@ -71,6 +70,7 @@ AllocatorStats CpuCachingAllocator::stats() const {
 void CpuCachingAllocator::reset_peak() {
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes();
 }
 
 void CpuCachingAllocator::release_cached() {
@@ -81,24 +81,13 @@ void CpuCachingAllocator::release_cached() {
   stats_.cached_bytes = 0;
 }
 
-namespace {
-Allocator* g_cuda_allocator = nullptr;
-}
-
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {
     // Never destroyed: tensors with static lifetime may outlive any other object.
     static auto* cpu = new CpuCachingAllocator();
     return *cpu;
   }
-  if (!g_cuda_allocator)
-    throw Error(detail::concat("no allocator for device ", device.str(),
-                               ": this build has no CUDA backend or no GPU was found"));
-  return *g_cuda_allocator;
-}
-
-void register_allocator(DeviceType type, Allocator* allocator) {
-  if (type == DeviceType::cuda) g_cuda_allocator = allocator;
+  return backend_for(device).allocator(device.index);
 }
 
 }  // namespace roformer

@@ -2,6 +2,8 @@
 // a training step frees and re-allocates the same sizes every step, and giving
 // large blocks back to the OS makes the next step fault them in again (that
 // page-fault work was most of PyTorch's CPU time on a small RoFormer here).
+// The CUDA caching allocator (core/cuda/caching_allocator.h) implements the
+// same interface; nvcc reads this header, so it stays C++17.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +22,22 @@ struct AllocatorStats {
   size_t peak_allocated_bytes = 0;
   size_t num_allocations = 0;  // calls to allocate()
   size_t num_cache_hits = 0;   // served from the cache
+  size_t peak_reserved_bytes = 0;
+  // Memory held from the system: handed out plus cached.
+  size_t reserved_bytes() const { return allocated_bytes + cached_bytes; }
 };
+
+// The bin a request of `nbytes` is rounded up to: multiples of `granule` up to
+// `small_limit`, then quarter steps between powers of two (at most 25% waste),
+// so slightly different requests share blocks.
+inline size_t allocation_bin(size_t nbytes, size_t granule, size_t small_limit) {
+  if (nbytes == 0) nbytes = 1;
+  if (nbytes <= small_limit) return (nbytes + granule - 1) / granule * granule;
+  size_t power = small_limit;
+  while (power * 2 < nbytes) power *= 2;
+  const size_t quarter = power / 4;
+  return (nbytes + quarter - 1) / quarter * quarter;
+}
 
 class Allocator {
  public:
@@ -28,9 +45,18 @@ class Allocator {
   virtual void* allocate(size_t nbytes) = 0;
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual AllocatorStats stats() const = 0;
+  // Resets both peaks (allocated and reserved) to the current values.
   virtual void reset_peak() = 0;
-  // Returns every cached block to the system.
+  // Returns every cached block to the system (the trainer calls this at stage
+  // boundaries, where the shapes of the next stage differ).
   virtual void release_cached() = 0;
+  // Tests: while on, every allocation comes back filled with 0xFF bytes (NaN
+  // in every float type), so an output element a kernel never writes shows.
+  void set_poison(bool on) { poison_ = on; }
+  bool poison() const { return poison_; }
+
+ private:
+  bool poison_ = false;
 };
 
 // 64-byte aligned, size-binned blocks kept for reuse. Sizes are rounded up to
@@ -53,11 +79,8 @@ class CpuCachingAllocator final : public Allocator {
   AllocatorStats stats_;
 };
 
-// The allocator of a device. Throws if the device has no allocator in this
-// build (e.g. cuda without the CUDA backend).
+// The allocator of a device (one per device index). Throws naming the device
+// if this build or machine has no such device (e.g. cuda without the backend).
 Allocator& allocator_for(Device device);
-
-// Lets a backend (core/cuda) install the allocator for its device type.
-void register_allocator(DeviceType type, Allocator* allocator);
 
 }  // namespace roformer

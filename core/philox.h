@@ -2,25 +2,44 @@
 // A value is a pure function of (key, counter), so the numbers a tensor, a
 // dropout mask or an MLM mask receives do not depend on thread count, batch
 // layout or device, and a resumed run can draw the same numbers again.
+//
+// nvcc reads this header too (C++17, host + device functions), so a CUDA
+// kernel draws exactly the words the CPU draws: dropout masks agree across
+// devices.
 #pragma once
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 
+#if defined(__CUDACC__)
+#define RF_HOST_DEVICE __host__ __device__
+#else
+#define RF_HOST_DEVICE
+#endif
+
 namespace roformer {
 
-using PhiloxCounter = std::array<uint32_t, 4>;
-using PhiloxKey = std::array<uint32_t, 2>;
+// Plain arrays rather than std::array: device code cannot call std::array's
+// members without --expt-relaxed-constexpr.
+struct PhiloxCounter {
+  uint32_t v[4];
+  RF_HOST_DEVICE uint32_t& operator[](int i) { return v[i]; }
+  RF_HOST_DEVICE uint32_t operator[](int i) const { return v[i]; }
+};
+struct PhiloxKey {
+  uint32_t v[2];
+  RF_HOST_DEVICE uint32_t& operator[](int i) { return v[i]; }
+  RF_HOST_DEVICE uint32_t operator[](int i) const { return v[i]; }
+};
 
-inline PhiloxCounter philox4x32(PhiloxCounter ctr, PhiloxKey key) {
+RF_HOST_DEVICE inline PhiloxCounter philox4x32(PhiloxCounter ctr, PhiloxKey key) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = uint64_t(kM0) * ctr[0];
     const uint64_t p1 = uint64_t(kM1) * ctr[2];
-    ctr = {uint32_t(p1 >> 32) ^ ctr[1] ^ key[0], uint32_t(p1), uint32_t(p0 >> 32) ^ ctr[3] ^ key[1],
-           uint32_t(p0)};
+    ctr = PhiloxCounter{{uint32_t(p1 >> 32) ^ ctr[1] ^ key[0], uint32_t(p1),
+                         uint32_t(p0 >> 32) ^ ctr[3] ^ key[1], uint32_t(p0)}};
     key[0] += kW0;
     key[1] += kW1;
   }
@@ -28,16 +47,27 @@ inline PhiloxCounter philox4x32(PhiloxCounter ctr, PhiloxKey key) {
 }
 
 // Maps 32 random bits to a float in [0, 1) (24 bits of mantissa).
-inline float uniform_from_bits(uint32_t bits) {
+RF_HOST_DEVICE inline float uniform_from_bits(uint32_t bits) {
   return float(bits >> 8) * (1.0f / 16777216.0f);
 }
 
 // Maps 32 random bits to a double in (0, 1], safe for log().
-inline double open_uniform_from_bits(uint32_t bits) {
+RF_HOST_DEVICE inline double open_uniform_from_bits(uint32_t bits) {
   return (double(bits) + 1.0) / 4294967296.0;
 }
 
-// A stream of random numbers for one (seed, subsequence): the key is the seed,
+// Word `word` of the Philox stream keyed by `seed` with counter blocks
+// (word / 4, 0): the numbering Tensor::rand and dropout use, one word per
+// element.
+RF_HOST_DEVICE inline uint32_t philox_word(uint64_t seed, uint64_t word) {
+  const uint64_t block = word / 4;
+  const PhiloxCounter bits =
+      philox4x32(PhiloxCounter{{uint32_t(block), uint32_t(block >> 32), 0u, 0u}},
+                 PhiloxKey{{uint32_t(seed), uint32_t(seed >> 32)}});
+  return bits[int(word % 4)];
+}
+
+// A stream of random numbers for one (seed, subsequence) (host only): the key is the seed,
 // the counter is (block index, subsequence). Draws are sequential within the
 // stream; different subsequences (e.g. one per example, per layer, per epoch)
 // are independent.
@@ -81,14 +111,14 @@ class PhiloxStream {
 
 // Mixes several integers into one 64-bit subsequence id (splitmix64 finaliser),
 // e.g. subsequence_of(epoch, example_index) for MLM masking.
-inline uint64_t mix64(uint64_t x) {
+RF_HOST_DEVICE inline uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
 template <class... Ints>
-uint64_t subsequence_of(uint64_t first, Ints... rest) {
+RF_HOST_DEVICE uint64_t subsequence_of(uint64_t first, Ints... rest) {
   uint64_t h = mix64(first);
   ((h = mix64(h ^ uint64_t(rest))), ...);
   return h;
@@ -108,13 +138,19 @@ namespace roformer {
 // hidden-state dropout), `position` the token (the query for attention) and
 // `inner` the feature (the key for attention). Keep an element when
 // (word >> 8) >= ceil(p * 2^24), i.e. when its 24-bit uniform is >= p.
-inline PhiloxKey dropout_key(uint64_t seed, uint64_t step) {
+// (Host and device: CUDA kernels draw the same words.)
+RF_HOST_DEVICE inline PhiloxKey dropout_key(uint64_t seed, uint64_t step) {
   const uint64_t k = seed + (step + 1) * 0x9E3779B97F4A7C15ull;
-  return {uint32_t(k), uint32_t(k >> 32)};
+  return PhiloxKey{{uint32_t(k), uint32_t(k >> 32)}};
 }
-inline PhiloxCounter dropout_block(uint32_t inner_block, uint32_t position, uint32_t sequence,
-                                   uint32_t site, uint32_t head) {
-  return {inner_block, position, sequence, (site << 8) | head};
+RF_HOST_DEVICE inline PhiloxCounter dropout_block(uint32_t inner_block, uint32_t position,
+                                                  uint32_t sequence, uint32_t site, uint32_t head) {
+  return PhiloxCounter{{inner_block, position, sequence, (site << 8) | head}};
+}
+// The word for `inner` (one Philox call per word).
+RF_HOST_DEVICE inline uint32_t dropout_word(const PhiloxKey& key, uint32_t inner, uint32_t position,
+                                            uint32_t sequence, uint32_t site, uint32_t head) {
+  return philox4x32(dropout_block(inner / 4, position, sequence, site, head), key)[int(inner % 4)];
 }
 inline uint32_t dropout_threshold(double p) {
   return uint32_t(std::ceil(p * 16777216.0));

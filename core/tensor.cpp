@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/autograd.h"
+#include "core/device_backend.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/philox.h"
@@ -95,43 +96,49 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
   return t;
 }
 
-Tensor Tensor::arange(int64_t start, int64_t end, DType dtype) {
+Tensor Tensor::arange(int64_t start, int64_t end, DType dtype, Device device) {
   Tensor t = empty({std::max<int64_t>(end - start, 0)}, dtype);
   dispatch_all(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* p = static_cast<T*>(t.data());
     for (int64_t i = 0; i < t.numel(); ++i) p[i] = T(double(start + i));
   });
-  return t;
+  return t.to(device);
 }
 
 template <class T>
-Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
   if (int64_t(values.size()) != shape_numel(shape))
     throw Error(detail::concat("from_vector: ", values.size(), " values do not fill shape ",
                                shape_str(shape)));
-  Tensor t = empty(shape, dtype_of<T>());
-  if (!values.empty()) std::memcpy(t.data(), values.data(), values.size() * sizeof(T));
+  Tensor t = empty(shape, dtype_of<T>(), device);
+  if (values.empty()) return t;
+  if (device.is_cpu()) {
+    std::memcpy(t.data(), values.data(), values.size() * sizeof(T));
+  } else {
+    backend_for(device).copy_bytes(t.data(), device, values.data(), Device::cpu(),
+                                   values.size() * sizeof(T), current_stream(device));
+  }
   return t;
 }
-template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&);
-template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&);
-template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&);
-template Tensor Tensor::from_vector<int64_t>(const std::vector<int64_t>&, const Shape&);
-template Tensor Tensor::from_vector<bf16>(const std::vector<bf16>&, const Shape&);
+template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device);
+template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&, Device);
+template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device);
+template Tensor Tensor::from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, Device);
+template Tensor Tensor::from_vector<bf16>(const std::vector<bf16>&, const Shape&, Device);
 
-Tensor Tensor::rand(const Shape& shape, Generator& gen, DType dtype) {
-  Tensor out = empty(shape, dtype);
+Tensor Tensor::rand(const Shape& shape, Generator& gen, DType dtype, Device device) {
+  Tensor out = empty(shape, dtype, device);
   const uint64_t base = gen.take(uint64_t(out.numel()));
-  launch::random_fill(out.device(), out, gen.seed, base, /*normal=*/false);
+  launch::random_fill(device, out, gen.seed, base, /*normal=*/false);
   return out;
 }
 
-Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype) {
-  Tensor out = empty(shape, dtype);
+Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
+  Tensor out = empty(shape, dtype, device);
   // Two words per number (Box-Muller).
   const uint64_t base = gen.take(2 * uint64_t(out.numel()));
-  launch::random_fill(out.device(), out, gen.seed, base, /*normal=*/true);
+  launch::random_fill(device, out, gen.seed, base, /*normal=*/true);
   return out;
 }
 
@@ -410,8 +417,14 @@ Tensor Tensor::to(DType target) const {
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
-  throw Error(detail::concat("to: no copy path from ", device().str(), " to ", target.str(),
-                             " in this build"));
+  Tensor out = empty(shape(), dtype(), target);
+  {
+    NoGradGuard no_grad;
+    out.copy_(*this);
+  }
+  const Device source = device();
+  return record("to", out, {this},
+                [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
 }
 
 // --- host read-back ----------------------------------------------------------------
@@ -444,7 +457,33 @@ Tensor& Tensor::fill_(double value) {
   return *this;
 }
 
+namespace {
+// copy_ between devices: the source side makes the bytes match (broadcast,
+// dtype, contiguity), the backend moves them, the destination side scatters
+// them into a strided destination. Not differentiable, like every copy_.
+void copy_across_devices(Tensor& dst, const Tensor& src) {
+  NoGradGuard no_grad;
+  Tensor staged = src;
+  if (staged.shape() != dst.shape())
+    staged = staged.numel() == dst.numel() && staged.is_contiguous() ? staged.view(dst.shape())
+                                                                     : staged.expand(dst.shape());
+  staged = staged.to(dst.dtype()).contiguous();
+  const bool direct = dst.is_contiguous();
+  Tensor landing = direct ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+  // The side that is not the host moves the bytes (between two GPUs: the destination).
+  const Device mover = dst.device().is_cpu() ? src.device() : dst.device();
+  backend_for(mover).copy_bytes(landing.data(), dst.device(), staged.data(), src.device(),
+                                dst.nbytes(), current_stream(mover));
+  if (!direct) dst.copy_(landing);
+}
+}  // namespace
+
 Tensor& Tensor::copy_(const Tensor& src) {
+  if (src.defined() && defined() && src.device() != this->device()) {
+    copy_across_devices(*this, src);
+    bump_version();
+    return *this;
+  }
   const Device device = kernel_device("copy_", {this, &src});
   if (src.shape() != shape()) {
     if (src.numel() == numel() && src.is_contiguous() && is_contiguous()) {

@@ -73,13 +73,19 @@ class Tensor {
   static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                      Device device = Device::cpu());
-  static Tensor arange(int64_t start, int64_t end, DType dtype = DType::i64);
-  // Copies host data; the tensor gets T's dtype.
+  static Tensor arange(int64_t start, int64_t end, DType dtype = DType::i64,
+                       Device device = Device::cpu());
+  // Copies host data to a tensor on `device`; the tensor gets T's dtype.
   template <class T>
-  static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
-  // Uniform [0, 1) and standard normal numbers from Philox(seed, offset).
-  static Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::f32);
-  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32);
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
+                            Device device = Device::cpu());
+  // Uniform [0, 1) and standard normal numbers from Philox(seed, offset), on
+  // `device` by the same rule (the same uniforms; normals up to the device's
+  // last-bit rounding of log, sqrt and cos).
+  static Tensor rand(const Shape& shape, Generator& gen, DType dtype = DType::f32,
+                     Device device = Device::cpu());
+  static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32,
+                      Device device = Device::cpu());
 
   // --- properties ----------------------------------------------------------
   bool defined() const { return impl_ != nullptr; }
@@ -120,16 +126,18 @@ class Tensor {
   Tensor contiguous() const;  // itself if already contiguous
   Tensor clone() const;       // always a fresh contiguous copy
   Tensor to(DType dtype) const;
+  // A copy on `device` (itself if already there); differentiable. Throws
+  // naming the device when this build or machine lacks it.
   Tensor to(Device device) const;
 
   // --- host read-back --------------------------------------------------------
   template <class T>
-  std::vector<T> to_vector() const;  // converts to T from any dtype
-  double item() const;               // a one-element tensor as double
+  std::vector<T> to_vector() const;  // converts to T from any dtype; waits for the device
+  double item() const;               // a one-element tensor as double; waits for the device
 
   // --- in-place (not differentiable; bump the version counter) --------------
   Tensor& fill_(double value);
-  Tensor& copy_(const Tensor& src);  // same shape, any dtype
+  Tensor& copy_(const Tensor& src);  // same shape (or broadcastable), any dtype, any device
   Tensor& zero_() { return fill_(0.0); }
 
   // --- autograd --------------------------------------------------------------
@@ -164,11 +172,14 @@ extern template std::vector<float> Tensor::to_vector<float>() const;
 extern template std::vector<double> Tensor::to_vector<double>() const;
 extern template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 extern template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
-extern template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&);
-extern template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&);
-extern template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&);
-extern template Tensor Tensor::from_vector<int64_t>(const std::vector<int64_t>&, const Shape&);
-extern template Tensor Tensor::from_vector<bf16>(const std::vector<bf16>&, const Shape&);
+extern template Tensor Tensor::from_vector<float>(const std::vector<float>&, const Shape&, Device);
+extern template Tensor Tensor::from_vector<double>(const std::vector<double>&, const Shape&,
+                                                   Device);
+extern template Tensor Tensor::from_vector<int32_t>(const std::vector<int32_t>&, const Shape&,
+                                                    Device);
+extern template Tensor Tensor::from_vector<int64_t>(const std::vector<int64_t>&, const Shape&,
+                                                    Device);
+extern template Tensor Tensor::from_vector<bf16>(const std::vector<bf16>&, const Shape&, Device);
 
 template <class T>
 T* Tensor::data_as() const {

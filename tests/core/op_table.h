@@ -23,13 +23,8 @@
 
 #include "core/allocator.h"
 #include "core/autograd.h"
+#include "core/device_backend.h"
 #include "core/ops.h"
-
-#ifdef ROFORMER_CUDA
-#include <cuda_runtime_api.h>
-
-#include "core/cuda/cuda_backend.h"
-#endif
 
 namespace roformer::testing::op_table {
 
@@ -344,11 +339,10 @@ inline std::string error_text(const std::function<void()>& fn) {
 // why there are none.
 inline std::vector<Device> accelerators(std::string* why) {
 #ifdef ROFORMER_CUDA
-  if (cuda::device_count() == 0) {
+  if (device_count(DeviceType::cuda) == 0) {
     *why = "no GPU on this machine";
     return {};
   }
-  if (!cuda::init_backend(why)) return {};
   return {Device::cuda(0)};
 #else
   *why = "this build has no CUDA backend (ROFORMER_CUDA off)";
@@ -359,36 +353,13 @@ inline std::vector<Device> accelerators(std::string* why) {
 #ifdef ROFORMER_CUDA
 // While alive, every CUDA allocation comes back filled with 0xFF bytes (NaN
 // for every floating dtype, -1 for integers), so an output element a kernel
-// never writes shows up in the comparison.
+// never writes shows up in the comparison (the allocator's poison mode).
 class PoisonedCudaAllocations {
  public:
-  PoisonedCudaAllocations() : inner_(allocator_for(Device::cuda(0))), poison_(inner_) {
-    register_allocator(DeviceType::cuda, &poison_);
-  }
-  ~PoisonedCudaAllocations() { register_allocator(DeviceType::cuda, &inner_); }
+  PoisonedCudaAllocations() { allocator_for(Device::cuda(0)).set_poison(true); }
+  ~PoisonedCudaAllocations() { allocator_for(Device::cuda(0)).set_poison(false); }
   PoisonedCudaAllocations(const PoisonedCudaAllocations&) = delete;
   PoisonedCudaAllocations& operator=(const PoisonedCudaAllocations&) = delete;
-
- private:
-  class Poison final : public Allocator {
-   public:
-    explicit Poison(Allocator& inner) : inner_(inner) {}
-    void* allocate(size_t nbytes) override {
-      void* p = inner_.allocate(nbytes);
-      if (cudaMemset(p, 0xFF, nbytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
-        throw Error("op table: cudaMemset failed while poisoning a fresh allocation");
-      return p;
-    }
-    void deallocate(void* p, size_t nbytes) override { inner_.deallocate(p, nbytes); }
-    AllocatorStats stats() const override { return inner_.stats(); }
-    void reset_peak() override { inner_.reset_peak(); }
-    void release_cached() override { inner_.release_cached(); }
-
-   private:
-    Allocator& inner_;
-  };
-  Allocator& inner_;
-  Poison poison_;
 };
 #endif
 

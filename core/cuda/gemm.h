@@ -1,0 +1,51 @@
+// Matrix products through cuBLASLt, in row-major terms (the library is
+// column-major; the wrapper computes C^T = B^T A^T, which is the same memory).
+//
+//   C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b]  (+ bias[n] on every row)
+//
+// A is M x K (stored K x M when trans_a), B is K x N (stored N x K when
+// trans_b), C is M x N; lda/ldb/ldc are the row strides of the stored
+// matrices; stride_* are the distances between batch entries (0 broadcasts).
+// Inputs f32 or bf16 with f32 accumulation; C f32 or bf16; the bias has C's
+// dtype or f32. f32 inputs use TF32 tensor cores only when allow_tf32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace roformer::cuda {
+
+struct GemmArgs {
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  bool trans_a = false;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  bool trans_b = false;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  DType input_dtype = DType::f32;   // of A and B
+  DType output_dtype = DType::f32;  // of C
+  const void* bias = nullptr;       // [n], or nullptr
+  DType bias_dtype = DType::f32;
+  float alpha = 1.0f, beta = 0.0f;
+  bool allow_tf32 = false;
+};
+
+// Whether the kernel list's f32 matmul may use TF32 tensor cores (off by
+// default: f32 results then match the CPU closely). A run sets it from its
+// precision setting.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// Queues the product on `stream` of device `device`. The device's one
+// cuBLASLt workspace is shared: run GEMMs of one device on one stream at a time. Throws naming the
+// shapes when cuBLASLt has no algorithm for them, and the call when one fails.
+void gemm(const GemmArgs& args, int device, cudaStream_t stream);
+
+}  // namespace roformer::cuda

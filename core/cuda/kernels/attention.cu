@@ -1,0 +1,343 @@
+// Softmax attention without an S x S matrix in memory (flash-style, simple):
+// - forward: one block per query row, keys in tiles of kTile with an online
+//   softmax (running max and sum, the output rescaled per tile); the row's
+//   log-sum-exp and, with dropout, its keep bits (the shared rule of
+//   core/philox.h, as the CPU draws them) are written for the backward;
+// - backward recomputes the probabilities from q, k and the log-sum-exp: one
+//   block per query row for dq (and D = dO . O), then one block per key row
+//   for dk and dv. Each output row is owned by one block: no atomics, the
+//   same result on every run.
+// Arithmetic in f32 for f32/bf16 and f64 for f64; speed belongs to later work.
+#include "core/cuda/kernels/common.cuh"
+#include "core/philox.h"
+
+namespace roformer::kernels::cuda {
+
+namespace {
+
+constexpr int kTile = 128;  // keys (or queries) per tile = threads per block
+
+// Keep bit of key j for query i of batch row b, head h: the shared rule's
+// word for (sequence first + b, position i, feature j, head h).
+struct DropoutRule {
+  bool on = false;
+  PhiloxKey key{};
+  int64_t first_sequence = 0;
+  uint32_t site = 0;
+  uint32_t threshold = 0;
+  double inv_keep = 1.0;
+};
+
+template <class T>
+__device__ __forceinline__ const T* row4(const KernelTensor& t, int64_t b, int64_t h, int64_t i) {
+  return t.as<const T>() + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
+}
+template <class T>
+__device__ __forceinline__ T* row4_mut(const KernelTensor& t, int64_t b, int64_t h, int64_t i) {
+  return t.as<T>() + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
+}
+
+__device__ __forceinline__ bool key_kept(const KernelTensor& mask, int64_t b, int64_t j) {
+  if (!mask.defined()) return true;
+  const int64_t off = b * mask.strides[0] + j * mask.strides[1];
+  switch (mask.dtype) {
+    case DType::f32:
+      return mask.as<const float>()[off] != 0.0f;
+    case DType::f64:
+      return mask.as<const double>()[off] != 0.0;
+    case DType::bf16:
+      return __bfloat162float(mask.as<const bf16_t>()[off]) != 0.0f;
+    case DType::i32:
+      return mask.as<const int32_t>()[off] != 0;
+    case DType::i64:
+      return mask.as<const int64_t>()[off] != 0;
+  }
+  return true;
+}
+
+template <class T, class A>
+__device__ __forceinline__ A dot_shared(const A* x, const T* y, int64_t n) {
+  A acc = 0;
+  for (int64_t c = 0; c < n; ++c) acc += x[c] * convert<A>(y[c]);
+  return acc;
+}
+
+template <class T>
+__global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelTensor v,
+                                         KernelTensor mask, KernelTensor out, KernelTensor lse,
+                                         KernelTensor keep_bits, acc_t<T> scale, DropoutRule drop,
+                                         int64_t H) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem_raw[];
+  A* smem = reinterpret_cast<A*>(smem_raw);
+  const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
+  const int64_t i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t row = bh * Sq + i, W = (Sk + 31) / 32;
+  A* q_sh = smem;         // D
+  A* acc = q_sh + D;      // Dv
+  A* p_sh = acc + Dv;     // kTile
+  A* red = p_sh + kTile;  // 32
+  const T* qi = row4<T>(q, b, h, i);
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) q_sh[c] = convert<A>(qi[c]);
+  for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) acc[c] = 0;
+  __syncthreads();
+  A m = -INFINITY, l = 0;
+  for (int64_t j0 = 0; j0 < Sk; j0 += kTile) {
+    const int64_t j = j0 + threadIdx.x;
+    A s = -INFINITY;
+    if (j < Sk && key_kept(mask, b, j)) s = scale * dot_shared<T, A>(q_sh, row4<T>(k, b, h, j), D);
+    const A tile_max = block_max(s, red);
+    const A m_new = tile_max > m ? tile_max : m;
+    A p = 0, corr = 1;
+    if (m_new != -INFINITY) {
+      corr = m == -INFINITY ? A(0) : exp(m - m_new);
+      p = s == -INFINITY ? A(0) : exp(s - m_new);
+    }
+    l = l * corr + block_sum(p, red);
+    A pd = p;
+    if (drop.on) {
+      const bool keep =
+          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(i),
+                                  uint32_t(drop.first_sequence + b), drop.site, uint32_t(h)) >>
+                     8) >= drop.threshold;
+      const unsigned bits = __ballot_sync(0xffffffffu, keep);
+      const int64_t word = (j0 + (threadIdx.x / 32) * 32) / 32;
+      if (threadIdx.x % 32 == 0 && word < W)
+        keep_bits.as<int32_t>()[row * W + word] = int32_t(bits);
+      pd = keep ? p * A(drop.inv_keep) : A(0);
+    }
+    p_sh[threadIdx.x] = pd;
+    __syncthreads();
+    const int64_t tile = Sk - j0 < kTile ? Sk - j0 : kTile;
+    for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) {
+      A sum = acc[c] * corr;
+      for (int64_t t = 0; t < tile; ++t)
+        if (p_sh[t] != A(0)) sum += p_sh[t] * convert<A>(row4<T>(v, b, h, j0 + t)[c]);
+      acc[c] = sum;
+    }
+    __syncthreads();
+    m = m_new;
+  }
+  T* oi = row4_mut<T>(out, b, h, i);
+  const bool empty = m == -INFINITY;  // no key to attend to
+  for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x)
+    oi[c] = convert<T>(empty ? A(0) : acc[c] / l);
+  if (threadIdx.x == 0) lse.as<A>()[row] = empty ? A(-INFINITY) : m + log(l);
+}
+
+// dq for one query row, and D = dO . O (kept for the key-row pass).
+template <class T>
+__global__ void attention_dq_kernel(KernelTensor q, KernelTensor k, KernelTensor v,
+                                    KernelTensor mask, KernelTensor out, KernelTensor lse,
+                                    KernelTensor keep_bits, KernelTensor grad_out,
+                                    KernelTensor grad_q, acc_t<T>* delta, acc_t<T> scale,
+                                    DropoutRule drop, int64_t H) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem_raw[];
+  A* smem = reinterpret_cast<A*>(smem_raw);
+  const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
+  const int64_t i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t row = bh * Sq + i, W = (Sk + 31) / 32;
+  A* q_sh = smem;       // D
+  A* go_sh = q_sh + D;  // Dv
+  A* dq = go_sh + Dv;   // D
+  A* ds_sh = dq + D;    // kTile
+  A* red = ds_sh + kTile;
+  const T* qi = row4<T>(q, b, h, i);
+  const T* goi = row4<T>(grad_out, b, h, i);
+  const T* oi = row4<T>(out, b, h, i);
+  A partial = 0;
+  for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) {
+    go_sh[c] = convert<A>(goi[c]);
+    partial += go_sh[c] * convert<A>(oi[c]);
+  }
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    q_sh[c] = convert<A>(qi[c]);
+    dq[c] = 0;
+  }
+  const A Di = block_sum(partial, red);  // also the barrier for the shared rows
+  if (threadIdx.x == 0) delta[row] = Di;
+  const A row_lse = lse.as<const A>()[row];
+  if (row_lse != -INFINITY) {
+    const uint32_t* bits =
+        drop.on ? reinterpret_cast<const uint32_t*>(keep_bits.as<const int32_t>()) + row * W
+                : nullptr;
+    for (int64_t j0 = 0; j0 < Sk; j0 += kTile) {
+      const int64_t j = j0 + threadIdx.x;
+      A ds = 0;
+      if (j < Sk && key_kept(mask, b, j)) {
+        const A p = exp(scale * dot_shared<T, A>(q_sh, row4<T>(k, b, h, j), D) - row_lse);
+        const A z = bits ? (((bits[j >> 5] >> (j & 31)) & 1u) ? A(drop.inv_keep) : A(0)) : A(1);
+        const A dp = dot_shared<T, A>(go_sh, row4<T>(v, b, h, j), Dv);
+        ds = p * (dp * z - Di) * scale;
+      }
+      ds_sh[threadIdx.x] = ds;
+      __syncthreads();
+      const int64_t tile = Sk - j0 < kTile ? Sk - j0 : kTile;
+      for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        A sum = dq[c];
+        for (int64_t t = 0; t < tile; ++t)
+          if (ds_sh[t] != A(0)) sum += ds_sh[t] * convert<A>(row4<T>(k, b, h, j0 + t)[c]);
+        dq[c] = sum;
+      }
+      __syncthreads();
+    }
+  }
+  T* dqi = row4_mut<T>(grad_q, b, h, i);
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) dqi[c] = convert<T>(dq[c]);
+}
+
+// dk and dv for one key row.
+template <class T>
+__global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTensor v,
+                                     KernelTensor mask, KernelTensor lse, KernelTensor keep_bits,
+                                     KernelTensor grad_out, KernelTensor grad_k,
+                                     KernelTensor grad_v, const acc_t<T>* delta, acc_t<T> scale,
+                                     DropoutRule drop, int64_t H) {
+  using A = acc_t<T>;
+  extern __shared__ unsigned char smem_raw[];
+  A* smem = reinterpret_cast<A*>(smem_raw);
+  const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
+  const int64_t j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const int64_t W = (Sk + 31) / 32;
+  A* k_sh = smem;            // D
+  A* v_sh = k_sh + D;        // Dv
+  A* dk = v_sh + Dv;         // D
+  A* dv = dk + D;            // Dv
+  A* ds_sh = dv + Dv;        // kTile
+  A* pz_sh = ds_sh + kTile;  // kTile
+  const T* kj = row4<T>(k, b, h, j);
+  const T* vj = row4<T>(v, b, h, j);
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    k_sh[c] = convert<A>(kj[c]);
+    dk[c] = 0;
+  }
+  for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) {
+    v_sh[c] = convert<A>(vj[c]);
+    dv[c] = 0;
+  }
+  __syncthreads();
+  const bool kept = key_kept(mask, b, j);
+  if (kept) {
+    const uint32_t* bits =
+        drop.on ? reinterpret_cast<const uint32_t*>(keep_bits.as<const int32_t>()) : nullptr;
+    for (int64_t i0 = 0; i0 < Sq; i0 += kTile) {
+      const int64_t i = i0 + threadIdx.x;
+      A ds = 0, pz = 0;
+      if (i < Sq) {
+        const int64_t row = bh * Sq + i;
+        const A row_lse = lse.as<const A>()[row];
+        if (row_lse != -INFINITY) {
+          const A p = exp(scale * dot_shared<T, A>(k_sh, row4<T>(q, b, h, i), D) - row_lse);
+          const A z =
+              bits ? (((bits[row * W + (j >> 5)] >> (j & 31)) & 1u) ? A(drop.inv_keep) : A(0))
+                   : A(1);
+          const A dp = dot_shared<T, A>(v_sh, row4<T>(grad_out, b, h, i), Dv);
+          ds = p * (dp * z - delta[row]) * scale;
+          pz = p * z;
+        }
+      }
+      ds_sh[threadIdx.x] = ds;
+      pz_sh[threadIdx.x] = pz;
+      __syncthreads();
+      const int64_t tile = Sq - i0 < kTile ? Sq - i0 : kTile;
+      for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+        A sum = dk[c];
+        for (int64_t t = 0; t < tile; ++t)
+          if (ds_sh[t] != A(0)) sum += ds_sh[t] * convert<A>(row4<T>(q, b, h, i0 + t)[c]);
+        dk[c] = sum;
+      }
+      for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) {
+        A sum = dv[c];
+        for (int64_t t = 0; t < tile; ++t)
+          if (pz_sh[t] != A(0)) sum += pz_sh[t] * convert<A>(row4<T>(grad_out, b, h, i0 + t)[c]);
+        dv[c] = sum;
+      }
+      __syncthreads();
+    }
+  }
+  T* dkj = row4_mut<T>(grad_k, b, h, j);
+  T* dvj = row4_mut<T>(grad_v, b, h, j);
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) dkj[c] = convert<T>(dk[c]);
+  for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) dvj[c] = convert<T>(dv[c]);
+}
+
+DropoutRule dropout_rule(const AttentionParams& params) {
+  DropoutRule r;
+  r.on = params.dropout_p > 0.0;
+  r.key = dropout_key(params.dropout.seed, params.dropout.step);
+  r.first_sequence = params.dropout.first_sequence;
+  r.site = params.dropout.site;
+  r.threshold = dropout_threshold(params.dropout_p);
+  r.inv_keep = r.on ? 1.0 / (1.0 - params.dropout_p) : 1.0;
+  return r;
+}
+
+void check_geometry(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v) {
+  RF_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4 && q.strides[3] == 1 && k.strides[3] == 1 &&
+               v.strides[3] == 1,
+           "attention kernel: expected q, k, v [B, H, S, D] with unit last stride");
+}
+
+// Sets a kernel's dynamic shared memory limit when it needs more than 48 KB.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    RF_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace
+
+void attention_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                       const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
+                       const KernelTensor& out, const KernelTensor& lse,
+                       const KernelTensor& keep_bits) {
+  check_geometry(q, k, v);
+  if (out.numel() == 0) return;
+  const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
+  const DropoutRule drop = dropout_rule(params);
+  on_floating_dtype(q.dtype, "attention", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const size_t shared = size_t(D + Dv + kTile + 32) * sizeof(A);
+    allow_shared(attention_forward_kernel<T>, shared);
+    const dim3 grid(unsigned(Sq), unsigned(B * H));
+    RF_LAUNCH((attention_forward_kernel<T>), grid, kTile, shared, native(stream), q, k, v, key_mask,
+              out, lse, keep_bits, A(params.scale), drop, H);
+  });
+}
+
+void attention_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                        const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
+                        const KernelTensor& out, const KernelTensor& lse,
+                        const KernelTensor& keep_bits, const KernelTensor& grad_out,
+                        const KernelTensor& grad_q, const KernelTensor& grad_k,
+                        const KernelTensor& grad_v) {
+  check_geometry(q, k, v);
+  const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], Sk = k.sizes[2];
+  const int64_t D = q.sizes[3], Dv = v.sizes[3];
+  if (B * H == 0) return;
+  const DropoutRule drop = dropout_rule(params);
+  on_floating_dtype(q.dtype, "attention", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    Scratch delta(stream, size_t(B * H * (Sq > 0 ? Sq : 1)) * sizeof(A));
+    if (Sq > 0) {
+      const size_t shared = size_t(2 * D + Dv + kTile + 32) * sizeof(A);
+      allow_shared(attention_dq_kernel<T>, shared);
+      RF_LAUNCH((attention_dq_kernel<T>), dim3(unsigned(Sq), unsigned(B * H)), kTile, shared,
+                native(stream), q, k, v, key_mask, out, lse, keep_bits, grad_out, grad_q,
+                delta.as<A>(), A(params.scale), drop, H);
+    }
+    if (Sk > 0) {
+      const size_t shared = size_t(2 * D + 2 * Dv + 2 * kTile) * sizeof(A);
+      allow_shared(attention_dkv_kernel<T>, shared);
+      RF_LAUNCH((attention_dkv_kernel<T>), dim3(unsigned(Sk), unsigned(B * H)), kTile, shared,
+                native(stream), q, k, v, key_mask, lse, keep_bits, grad_out, grad_k, grad_v,
+                delta.as<const A>(), A(params.scale), drop, H);
+    }
+  });
+}
+
+}  // namespace roformer::kernels::cuda

@@ -1,0 +1,248 @@
+// What every CUDA kernel of the list shares: element types, strided index
+// math over KernelTensor, dtype dispatch, launch sizes, per-call scratch
+// memory and index-error reports. C++17 (nvcc).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "core/cuda/backend.h"
+#include "core/cuda/check.h"
+#include "core/error.h"
+#include "core/kernels/kernel_list.h"
+
+namespace roformer::kernels::cuda {
+
+using bf16_t = __nv_bfloat16;
+
+inline cudaStream_t native(const Stream& s) {
+  return static_cast<cudaStream_t>(s.native);
+}
+
+// --- element types ---------------------------------------------------------------
+// Arithmetic type of T: double for f64, float for f32 and bf16 (as on the CPU).
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class To, class From>
+__device__ __forceinline__ To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, bf16_t>) {
+    return convert<To>(__bfloat162float(v));
+  } else if constexpr (std::is_same_v<To, bf16_t>) {
+    return __float2bfloat16_rn(float(v));  // from double: via float, as the CPU does
+  } else {
+    return To(v);
+  }
+}
+
+// Calls fn(T{}) with T the device type of a dtype (bf16 as __nv_bfloat16).
+template <class Fn>
+void on_any_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::f32:
+      return fn(float{});
+    case DType::f64:
+      return fn(double{});
+    case DType::bf16:
+      return fn(bf16_t{});
+    case DType::i32:
+      return fn(int32_t{});
+    case DType::i64:
+      return fn(int64_t{});
+  }
+  throw Error("cuda kernel: unknown dtype");
+}
+
+template <class Fn>
+void on_floating_dtype(DType t, const char* what, Fn&& fn) {
+  switch (t) {
+    case DType::f32:
+      return fn(float{});
+    case DType::f64:
+      return fn(double{});
+    case DType::bf16:
+      return fn(bf16_t{});
+    default:
+      break;
+  }
+  throw Error(
+      detail::concat(what, ": expected a floating dtype (f32, bf16, f64), got ", dtype_name(t)));
+}
+
+template <class Fn>
+void on_index_dtype(DType t, const char* what, Fn&& fn) {
+  switch (t) {
+    case DType::i32:
+      return fn(int32_t{});
+    case DType::i64:
+      return fn(int64_t{});
+    default:
+      break;
+  }
+  throw Error(detail::concat(what, ": expected an index dtype (i32, i64), got ", dtype_name(t)));
+}
+
+// --- geometry ----------------------------------------------------------------------
+// Shape of an elementwise call plus up to N operands' strides over it.
+template <int N>
+struct Strided {
+  int32_t ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[N][kMaxDims] = {};
+
+  // Element offsets of linear index i (row-major over sizes) in each operand.
+  __device__ __forceinline__ void offsets(int64_t i, int64_t (&out)[N]) const {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = 0;
+    for (int32_t d = ndim - 1; d >= 0; --d) {
+      const int64_t idx = i % sizes[d];
+      i /= sizes[d];
+#pragma unroll
+      for (int k = 0; k < N; ++k) out[k] += idx * strides[k][d];
+    }
+  }
+};
+
+// `shape` gives the sizes; operands must have that many dims (broadcast dims
+// carry stride 0, as the op expands them).
+template <int N>
+Strided<N> strided(const KernelTensor& shape, const KernelTensor* const (&operands)[N]) {
+  Strided<N> s;
+  s.ndim = shape.ndim;
+  for (int32_t d = 0; d < shape.ndim; ++d) s.sizes[d] = shape.sizes[d];
+  for (int k = 0; k < N; ++k) {
+    RF_CHECK(operands[k]->ndim == shape.ndim, "cuda kernel: operand with ", operands[k]->ndim,
+             " dims for a result with ", shape.ndim);
+    for (int32_t d = 0; d < shape.ndim; ++d) s.strides[k][d] = operands[k]->strides[d];
+  }
+  return s;
+}
+
+// Offset of linear index i (row-major) in t.
+__device__ __forceinline__ int64_t offset_of(const KernelTensor& t, int64_t i) {
+  int64_t off = 0;
+  for (int32_t d = t.ndim - 1; d >= 0; --d) {
+    off += (i % t.sizes[d]) * t.strides[d];
+    i /= t.sizes[d];
+  }
+  return off;
+}
+
+// --- launches ------------------------------------------------------------------------
+constexpr int kThreads = 256;
+
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 32 ? 65535 * 32 : blocks));
+}
+
+// Grid-stride loop over [0, n).
+#define RF_GRID_LOOP(i, n)                                                  \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+// Launches and checks; wrap a template kernel in parentheses:
+// RF_LAUNCH((k<T, U>), grid, block, shared, stream, args...).
+#define RF_LAUNCH(kernel, grid, block, shared, stream, ...)                 \
+  do {                                                                      \
+    auto* launched_kernel_ = kernel;                                        \
+    launched_kernel_<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__); \
+    ::roformer::cuda::check_launch(#kernel, __FILE__, __LINE__);            \
+  } while (0)
+
+// --- block reductions (fixed order for a given block size: deterministic) -----------
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+#pragma unroll
+  for (int w = 16; w > 0; w /= 2) v += __shfl_xor_sync(0xffffffffu, v, w);
+  return v;
+}
+template <class A>
+__device__ __forceinline__ A warp_max(A v) {
+#pragma unroll
+  for (int w = 16; w > 0; w /= 2) {
+    const A o = __shfl_xor_sync(0xffffffffu, v, w);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+// Every thread gets the block's total; blockDim.x a multiple of 32, <= 1024.
+// `shared` holds 32 values; the call ends with a barrier, so it can be reused.
+template <class A>
+__device__ A block_sum(A v, A* shared) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  A total = lane < warps ? shared[lane] : A(0);
+  total = warp_sum(total);
+  __syncthreads();
+  return total;
+}
+template <class A>
+__device__ A block_max(A v, A* shared) {
+  v = warp_max(v);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  A total = lane < warps ? shared[lane] : A(-INFINITY);
+  total = warp_max(total);
+  __syncthreads();
+  return total;
+}
+
+// Device memory for one kernel call's temporaries, ordered on its stream:
+// freed at the end of the call, the block is reused only by later work there.
+class Scratch {
+ public:
+  Scratch(const Stream& stream, size_t nbytes)
+      : allocator_(&::roformer::cuda::caching_allocator(stream.device_index)), nbytes_(nbytes) {
+    ptr_ = allocator_->allocate_on(nbytes, native(stream));
+  }
+  ~Scratch() { allocator_->deallocate(ptr_, nbytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  ::roformer::cuda::CachingAllocator* allocator_;
+  size_t nbytes_;
+  void* ptr_ = nullptr;
+};
+
+// A contiguous KernelTensor over memory of `dtype` with `t`'s sizes.
+inline KernelTensor contiguous_like(const KernelTensor& t, void* data, DType dtype) {
+  KernelTensor out;
+  out.data = data;
+  out.dtype = dtype;
+  out.ndim = t.ndim;
+  int64_t s = 1;
+  for (int32_t d = t.ndim - 1; d >= 0; --d) {
+    out.sizes[d] = t.sizes[d];
+    out.strides[d] = s;
+    s *= t.sizes[d];
+  }
+  return out;
+}
+
+inline size_t nbytes_of(const KernelTensor& t) {
+  return size_t(t.numel()) * dtype_size(t.dtype);
+}
+
+// --- index errors ---------------------------------------------------------------------
+// The first bad index of a call (smallest position): kernels atomicMin the
+// position into `first` (initialised to INT64_MAX), then report_first_bad
+// copies it, the id and the site to the stream's error record, unless an
+// earlier report is still there.
+void report_first_bad(const Stream& stream, int32_t site, const unsigned long long* first,
+                      const KernelTensor& ids);
+
+}  // namespace roformer::kernels::cuda

@@ -1,0 +1,131 @@
+// Row gathers (embedding lookup, index_select) and the deterministic
+// scatter-add of their backward: the (id, position) pairs are stably sorted
+// by id (CUB radix sort), then one thread per (id segment, column) adds the
+// segment's rows in position order -- the CPU's order, without float atomics.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "core/cuda/kernels/common.cuh"
+
+namespace roformer::kernels::cuda {
+
+namespace {
+
+template <class I>
+__device__ __forceinline__ int64_t id_at(const I* ids, int64_t n) {
+  return int64_t(ids[n]);
+}
+
+template <class I>
+__global__ void first_bad_id(const I* ids, int64_t count, int64_t rows, unsigned long long* first) {
+  RF_GRID_LOOP(n, count) {
+    const int64_t v = id_at(ids, n);
+    if (v < 0 || v >= rows) atomicMin(first, (unsigned long long)n);
+  }
+}
+
+template <class I>
+__global__ void gather_rows_kernel(const char* table, const I* ids, char* out, int64_t count,
+                                   int64_t rows, int64_t row_bytes) {
+  // One thread per (row, 2-byte word): every dtype is a multiple of 2 bytes.
+  const int64_t words = row_bytes / 2;
+  RF_GRID_LOOP(i, count * words) {
+    const int64_t n = i / words, w = i % words;
+    const int64_t v = id_at(ids, n);
+    uint16_t* dst = reinterpret_cast<uint16_t*>(out + n * row_bytes) + w;
+    *dst = v < 0 || v >= rows ? uint16_t(0)
+                              : reinterpret_cast<const uint16_t*>(table + v * row_bytes)[w];
+  }
+}
+
+template <class I>
+__global__ void make_keys(const I* ids, int64_t count, int64_t rows, int64_t* keys,
+                          int64_t* positions) {
+  RF_GRID_LOOP(n, count) {
+    const int64_t v = id_at(ids, n);
+    keys[n] = v < 0 || v >= rows ? rows : v;  // bad ids sort last and are skipped
+    positions[n] = n;
+  }
+}
+
+template <class T>
+__global__ void segment_sums(const T* grad_out, const int64_t* keys, const int64_t* positions,
+                             T* grad_table, int64_t count, int64_t rows, int64_t dim) {
+  using A = acc_t<T>;
+  RF_GRID_LOOP(i, count * dim) {
+    const int64_t s = i / dim, c = i % dim;
+    const int64_t key = keys[s];
+    if (key >= rows || (s > 0 && keys[s - 1] == key)) continue;  // not a segment start
+    T* dst = grad_table + key * dim + c;
+    for (int64_t j = s; j < count && keys[j] == key; ++j)
+      *dst = convert<T>(convert<A>(*dst) + convert<A>(grad_out[positions[j] * dim + c]));
+  }
+}
+
+void check_rows(const KernelTensor& table, const KernelTensor& ids, const char* kernel) {
+  RF_CHECK(table.ndim == 2 && table.is_contiguous() && ids.is_contiguous(), kernel,
+           ": expected a contiguous table [N, R] and contiguous ids");
+}
+
+}  // namespace
+
+void gather_rows(Stream stream, const KernelTensor& table, const KernelTensor& ids, int32_t site,
+                 const KernelTensor& out) {
+  check_rows(table, ids, "gather_rows");
+  RF_CHECK(out.is_contiguous(), "gather_rows: expected a contiguous output");
+  const int64_t count = ids.numel(), rows = table.sizes[0];
+  const int64_t row_bytes = table.sizes[1] * int64_t(dtype_size(table.dtype));
+  if (count == 0) return;
+  on_index_dtype(ids.dtype, "gather ids", [&](auto tag) {
+    using I = decltype(tag);
+    Scratch first(stream, sizeof(unsigned long long));
+    RF_CUDA_CHECK(
+        cudaMemsetAsync(first.as<void>(), 0xff, sizeof(unsigned long long), native(stream)));
+    RF_LAUNCH((first_bad_id<I>), grid_for(count), kThreads, 0, native(stream), ids.as<const I>(),
+              count, rows, first.as<unsigned long long>());
+    report_first_bad(stream, site, first.as<const unsigned long long>(), ids);
+    if (row_bytes == 0) return;
+    RF_LAUNCH((gather_rows_kernel<I>), grid_for(count * (row_bytes / 2)), kThreads, 0,
+              native(stream), table.as<const char>(), ids.as<const I>(), out.as<char>(), count,
+              rows, row_bytes);
+  });
+}
+
+void scatter_add_rows(Stream stream, const KernelTensor& grad_out, const KernelTensor& ids,
+                      const KernelTensor& grad_table) {
+  check_rows(grad_table, ids, "scatter_add_rows");
+  const int64_t count = ids.numel(), rows = grad_table.sizes[0], dim = grad_table.sizes[1];
+  if (count == 0 || dim == 0) return;
+  RF_CHECK(grad_out.is_contiguous() && grad_out.dtype == grad_table.dtype &&
+               grad_out.numel() == count * dim,
+           "scatter_add_rows: the gradient does not match ", count, " rows of the table");
+  // keys, positions, sorted keys, sorted positions, then CUB's temporary space.
+  const size_t pairs = size_t(count) * sizeof(int64_t);
+  Scratch buffers(stream, 4 * pairs);
+  int64_t* keys = buffers.as<int64_t>();
+  int64_t* positions = keys + count;
+  int64_t* sorted_keys = positions + count;
+  int64_t* sorted_positions = sorted_keys + count;
+  int end_bit = 1;
+  while (end_bit < 63 && (int64_t(1) << end_bit) <= rows) ++end_bit;
+  on_index_dtype(ids.dtype, "scatter ids", [&](auto tag) {
+    using I = decltype(tag);
+    RF_LAUNCH((make_keys<I>), grid_for(count), kThreads, 0, native(stream), ids.as<const I>(),
+              count, rows, keys, positions);
+  });
+  size_t temp_bytes = 0;
+  RF_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_keys, positions,
+                                                sorted_positions, count, 0, end_bit,
+                                                native(stream)));
+  Scratch temp(stream, temp_bytes);
+  RF_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys, sorted_keys,
+                                                positions, sorted_positions, count, 0, end_bit,
+                                                native(stream)));
+  on_floating_dtype(grad_table.dtype, "scatter_add_rows", [&](auto tag) {
+    using T = decltype(tag);
+    RF_LAUNCH((segment_sums<T>), grid_for(count * dim), kThreads, 0, native(stream),
+              grad_out.as<const T>(), sorted_keys, sorted_positions, grad_table.as<T>(), count,
+              rows, dim);
+  });
+}
+
+}  // namespace roformer::kernels::cuda

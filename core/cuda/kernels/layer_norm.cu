@@ -1,0 +1,164 @@
+// Layer norm over the last dim of contiguous rows. Forward: one block per row
+// (mean, then the biased variance, in A = f32 for f32/bf16, f64 for f64).
+// Backward: dx per row block; dweight and dbias as column sums in two passes
+// (fixed row chunks, then the chunks in order): deterministic, no atomics.
+#include "core/cuda/kernels/common.cuh"
+
+namespace roformer::kernels::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+constexpr int64_t kRowChunk = 64;  // rows per partial column sum
+
+template <class T>
+__global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean,
+                                          acc_t<T>* var, int64_t cols, acc_t<T> eps) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  T* yr = y + r * cols;
+  A s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += convert<A>(xr[c]);
+  const A m = block_sum(s, shared) / A(cols);
+  A q = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const A d = convert<A>(xr[c]) - m;
+    q += d * d;
+  }
+  const A v = block_sum(q, shared) / A(cols);
+  const A rstd = A(1) / sqrt(v + eps);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    A out = (convert<A>(xr[c]) - m) * rstd;
+    if (w) out *= convert<A>(w[c]);
+    if (b) out += convert<A>(b[c]);
+    yr[c] = convert<T>(out);
+  }
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    var[r] = v;
+  }
+}
+
+template <class T>
+__global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mean,
+                                     const acc_t<T>* var, const T* dy, T* dx, int64_t cols,
+                                     acc_t<T> eps) {
+  using A = acc_t<T>;
+  __shared__ A shared[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * cols;
+  const T* gr = dy + r * cols;
+  const A m = mean[r], rstd = A(1) / sqrt(var[r] + eps);
+  A sg = 0, sgx = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const A gw = convert<A>(gr[c]) * (w ? convert<A>(w[c]) : A(1));
+    sg += gw;
+    sgx += gw * (convert<A>(xr[c]) - m) * rstd;
+  }
+  sg = block_sum(sg, shared) / A(cols);
+  sgx = block_sum(sgx, shared) / A(cols);
+  // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * weight.
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const A gw = convert<A>(gr[c]) * (w ? convert<A>(w[c]) : A(1));
+    const A xhat = (convert<A>(xr[c]) - m) * rstd;
+    dx[r * cols + c] = convert<T>(rstd * (gw - sg - xhat * sgx));
+  }
+}
+
+// partial[chunk][c] (weight) and partial[chunks + chunk][c] (bias).
+template <class T>
+__global__ void layer_norm_param_partials(const T* x, const acc_t<T>* mean, const acc_t<T>* var,
+                                          const T* dy, acc_t<T>* partial, int64_t rows,
+                                          int64_t cols, acc_t<T> eps) {
+  using A = acc_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t chunk = blockIdx.y, chunks = gridDim.y;
+  const int64_t r0 = chunk * kRowChunk;
+  const int64_t r1 = r0 + kRowChunk < rows ? r0 + kRowChunk : rows;
+  A sw = 0, sb = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const A g = convert<A>(dy[r * cols + c]);
+    const A rstd = A(1) / sqrt(var[r] + eps);
+    sw += g * (convert<A>(x[r * cols + c]) - mean[r]) * rstd;
+    sb += g;
+  }
+  partial[chunk * cols + c] = sw;
+  partial[(chunks + chunk) * cols + c] = sb;
+}
+
+template <class T>
+__global__ void layer_norm_param_finish(const acc_t<T>* partial, T* dw, T* db, int64_t chunks,
+                                        int64_t cols) {
+  using A = acc_t<T>;
+  RF_GRID_LOOP(c, cols) {
+    A sw = 0, sb = 0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      sw += partial[k * cols + c];
+      sb += partial[(chunks + k) * cols + c];
+    }
+    if (dw) dw[c] = convert<T>(sw);
+    if (db) db[c] = convert<T>(sb);
+  }
+}
+
+template <class T>
+const T* optional(const KernelTensor& t) {
+  return t.defined() ? t.as<const T>() : nullptr;
+}
+
+}  // namespace
+
+void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor& weight,
+                        const KernelTensor& bias, double eps, const KernelTensor& y,
+                        const KernelTensor& mean, const KernelTensor& var) {
+  RF_CHECK(x.ndim >= 1 && x.is_contiguous() && y.is_contiguous(),
+           "layer_norm_forward: expected contiguous x and y");
+  if (x.numel() == 0) return;
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    RF_LAUNCH((layer_norm_forward_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
+              x.as<const T>(), optional<T>(weight), optional<T>(bias), y.as<T>(), mean.as<A>(),
+              var.as<A>(), cols, A(eps));
+  });
+}
+
+void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTensor& weight,
+                         const KernelTensor& mean, const KernelTensor& var, const KernelTensor& dy,
+                         double eps, const KernelTensor& dx, const KernelTensor& dweight,
+                         const KernelTensor& dbias) {
+  RF_CHECK(x.ndim >= 1 && x.is_contiguous() && dy.is_contiguous() && dx.is_contiguous(),
+           "layer_norm_backward: expected contiguous x, dy and dx");
+  const int64_t cols = x.ndim > 0 ? x.size(-1) : 0;
+  const int64_t rows = cols > 0 ? x.numel() / cols : 0;
+  on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    if (rows > 0)
+      RF_LAUNCH((layer_norm_dx_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
+                x.as<const T>(), optional<T>(weight), mean.as<const A>(), var.as<const A>(),
+                dy.as<const T>(), dx.as<T>(), cols, A(eps));
+    if (!dweight.defined() && !dbias.defined()) return;
+    if (cols == 0) return;
+    const int64_t chunks = rows > 0 ? (rows + kRowChunk - 1) / kRowChunk : 1;
+    Scratch partial(stream, size_t(2 * chunks * cols) * sizeof(A));
+    if (rows > 0) {
+      const dim3 grid(unsigned((cols + kThreads - 1) / kThreads), unsigned(chunks));
+      RF_LAUNCH((layer_norm_param_partials<T>), grid, kThreads, 0, native(stream), x.as<const T>(),
+                mean.as<const A>(), var.as<const A>(), dy.as<const T>(), partial.as<A>(), rows,
+                cols, A(eps));
+    } else {
+      RF_CUDA_CHECK(
+          cudaMemsetAsync(partial.as<void>(), 0, size_t(2 * cols) * sizeof(A), native(stream)));
+    }
+    RF_LAUNCH((layer_norm_param_finish<T>), grid_for(cols), kThreads, 0, native(stream),
+              partial.as<const A>(), dweight.defined() ? dweight.as<T>() : nullptr,
+              dbias.defined() ? dbias.as<T>() : nullptr, chunks, cols);
+  });
+}
+
+}  // namespace roformer::kernels::cuda

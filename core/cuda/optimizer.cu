@@ -1,0 +1,125 @@
+#include <cuda_bf16.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/optimizer.h"
+
+namespace roformer::cuda {
+
+namespace {
+
+constexpr int kNormBlocks = 512;  // fixed, so the summation order depends only on n
+constexpr int kNormThreads = 256;
+
+template <class T>
+__device__ T block_sum(T value, T* shared) {
+  // A fixed tree: the same order on every run.
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int width = blockDim.x / 2; width > 0; width /= 2) {
+    if (int(threadIdx.x) < width) shared[threadIdx.x] += shared[threadIdx.x + width];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__global__ void grad_norm_partials(const float* __restrict__ g, int64_t n,
+                                   double* __restrict__ sums,
+                                   unsigned long long* __restrict__ bad) {
+  __shared__ double shared_sum[kNormThreads];
+  __shared__ unsigned long long shared_bad[kNormThreads];
+  double sum = 0.0;
+  unsigned long long count = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float x = g[i];
+    sum += double(x) * double(x);
+    count += isfinite(x) ? 0ull : 1ull;
+  }
+  const double block_total = block_sum(sum, shared_sum);
+  const unsigned long long block_bad = block_sum(count, shared_bad);
+  if (threadIdx.x == 0) {
+    sums[blockIdx.x] = block_total;
+    bad[blockIdx.x] = block_bad;
+  }
+}
+
+__global__ void grad_norm_finish(const double* __restrict__ sums,
+                                 const unsigned long long* __restrict__ bad,
+                                 GradStats* __restrict__ out) {
+  __shared__ double shared_sum[kNormBlocks];
+  __shared__ unsigned long long shared_bad[kNormBlocks];
+  const double total = block_sum(sums[threadIdx.x], shared_sum);
+  const unsigned long long total_bad = block_sum(bad[threadIdx.x], shared_bad);
+  if (threadIdx.x == 0) {
+    out->sum_squares = total;
+    out->non_finite = total_bad;
+  }
+}
+
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
+                             float* __restrict__ m, float* __restrict__ v,
+                             __nv_bfloat16* __restrict__ working, int64_t n,
+                             const int64_t* __restrict__ starts, const uint8_t* __restrict__ decays,
+                             int num_segments, AdamWArgs a) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const float one_minus_b1 = 1.0f - a.beta1, one_minus_b2 = 1.0f - a.beta2;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    // The segment holding i: the last start <= i (binary search).
+    int lo = 0, hi = num_segments - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (starts[mid] <= i)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const float decay = decays[lo] ? a.decay : 1.0f;
+    // Explicit rounding intrinsics: no contraction into FMAs, as on the CPU.
+    const float gi = __fmul_rn(g[i], a.grad_scale);
+    float pi = __fmul_rn(p[i], decay);
+    const float mi = __fadd_rn(__fmul_rn(a.beta1, m[i]), __fmul_rn(one_minus_b1, gi));
+    const float vi =
+        __fadd_rn(__fmul_rn(a.beta2, v[i]), __fmul_rn(__fmul_rn(one_minus_b2, gi), gi));
+    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), a.bc2_sqrt), a.eps);
+    pi = __fsub_rn(pi, __fdiv_rn(__fmul_rn(a.step_size, mi), denom));
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if (working) working[i] = __float2bfloat16_rn(pi);
+  }
+}
+
+int grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return int(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
+}  // namespace
+
+size_t grad_norm_scratch_bytes() {
+  return kNormBlocks * (sizeof(double) + sizeof(unsigned long long));
+}
+
+void grad_norm_stats(const float* g, int64_t n, GradStats* out, void* scratch,
+                     cudaStream_t stream) {
+  auto* sums = static_cast<double*>(scratch);
+  auto* bad = reinterpret_cast<unsigned long long*>(sums + kNormBlocks);
+  grad_norm_partials<<<kNormBlocks, kNormThreads, 0, stream>>>(g, n, sums, bad);
+  RF_CUDA_CHECK_LAUNCH(grad_norm_partials);
+  grad_norm_finish<<<1, kNormBlocks, 0, stream>>>(sums, bad, out);
+  RF_CUDA_CHECK_LAUNCH(grad_norm_finish);
+}
+
+void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
+                uint16_t* working_bf16, int64_t n, const int64_t* segment_starts,
+                const uint8_t* segment_decays, int num_segments, const AdamWArgs& args,
+                cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kThreads = 256;
+  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      params, grads, exp_avg, exp_avg_sq, reinterpret_cast<__nv_bfloat16*>(working_bf16), n,
+      segment_starts, segment_decays, num_segments, args);
+  RF_CUDA_CHECK_LAUNCH(adamw_kernel);
+}
+
+}  // namespace roformer::cuda

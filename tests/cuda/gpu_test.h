@@ -1,0 +1,35 @@
+// Shared by the CUDA tests: every case that needs a GPU starts with
+// RF_REQUIRE_GPU(), which skips it with a message on a machine without one.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/cuda/backend.h"
+#include "core/tensor.h"
+
+#define RF_REQUIRE_GPU()                                           \
+  do {                                                             \
+    if (::roformer::cuda::device_count() == 0)                     \
+      GTEST_SKIP() << "no GPU on this machine: CUDA test skipped"; \
+  } while (0)
+
+namespace roformer::testing {
+
+inline const Device kGpu = Device::cuda(0);
+
+// ||out - ref|| / ||ref||, NaN-safe (NaN anywhere gives infinity).
+inline double relative_error(const std::vector<double>& out, const std::vector<double>& ref) {
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = out[i] - ref[i];
+    if (!std::isfinite(d)) return INFINITY;
+    diff += d * d;
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(diff / (norm > 0 ? norm : 1.0));
+}
+
+}  // namespace roformer::testing

@@ -1,0 +1,176 @@
+// cuBLASLt GEMMs, the optimizer passes and Philox on the device, each against
+// a host reference on fresh random data.
+#include <cmath>
+
+#include "core/cuda/gemm.h"
+#include "core/cuda/optimizer.h"
+#include "core/philox.h"
+#include "tests/cuda/gpu_test.h"
+#include "tests/cuda/philox_probe.h"
+
+namespace roformer {
+namespace {
+
+using testing::kGpu;
+using testing::relative_error;
+
+struct GemmCase {
+  int64_t batch, m, n, k;
+  bool trans_a, trans_b, bias;
+  DType in, out;
+  bool tf32;
+  double tolerance;
+};
+
+// Readable test names: "2x64x48x32_TN_bias_bf16_to_f32".
+void PrintTo(const GemmCase& c, std::ostream* os) {
+  *os << c.batch << "x" << c.m << "x" << c.n << "x" << c.k << "_" << (c.trans_a ? "T" : "N")
+      << (c.trans_b ? "T" : "N") << (c.bias ? "_bias_" : "_") << dtype_name(c.in) << "_to_"
+      << dtype_name(c.out) << (c.tf32 ? "_tf32" : "");
+}
+
+class CudaGemm : public ::testing::TestWithParam<GemmCase> {};
+
+TEST_P(CudaGemm, MatchesAHostReferenceInDouble) {
+  RF_REQUIRE_GPU();
+  const GemmCase c = GetParam();
+  Generator gen{uint64_t(c.m * 131 + c.n * 17 + c.k), 0};
+  // Stored shapes: A is [batch, m, k] (or [batch, k, m]), B [batch, k, n] (or [batch, n, k]).
+  const Tensor a = Tensor::randn({c.batch, c.trans_a ? c.k : c.m, c.trans_a ? c.m : c.k}, gen);
+  const Tensor b = Tensor::randn({c.batch, c.trans_b ? c.n : c.k, c.trans_b ? c.k : c.n}, gen);
+  const Tensor bias = Tensor::randn({c.n}, gen);
+  const Tensor da = a.to(c.in).to(kGpu), db = b.to(c.in).to(kGpu);
+  const Tensor dbias = bias.to(c.out).to(kGpu);
+  // Poisoned output: an element the product does not write shows as NaN.
+  const Tensor dc = Tensor::full({c.batch, c.m, c.n}, NAN, c.out).to(kGpu);
+  cuda::GemmArgs g;
+  g.m = c.m, g.n = c.n, g.k = c.k, g.batch = c.batch;
+  g.a = da.data(), g.lda = a.size(2), g.stride_a = a.size(1) * a.size(2), g.trans_a = c.trans_a;
+  g.b = db.data(), g.ldb = b.size(2), g.stride_b = b.size(1) * b.size(2), g.trans_b = c.trans_b;
+  g.c = dc.data(), g.ldc = c.n, g.stride_c = c.m * c.n;
+  g.input_dtype = c.in, g.output_dtype = c.out, g.allow_tf32 = c.tf32;
+  if (c.bias) g.bias = dbias.data(), g.bias_dtype = c.out;
+  cuda::gemm(g, 0, nullptr);
+  const std::vector<double> out = dc.to_vector<double>();
+  // Reference on the rounded inputs, in double.
+  const std::vector<double> ha = a.to(c.in).to_vector<double>(),
+                            hb = b.to(c.in).to_vector<double>();
+  const std::vector<double> hbias = bias.to(c.out).to_vector<double>();
+  std::vector<double> ref(out.size());
+  for (int64_t p = 0; p < c.batch; ++p)
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double s = c.bias ? hbias[size_t(j)] : 0.0;
+        for (int64_t l = 0; l < c.k; ++l) {
+          const double x =
+              c.trans_a ? ha[size_t((p * c.k + l) * c.m + i)] : ha[size_t((p * c.m + i) * c.k + l)];
+          const double y =
+              c.trans_b ? hb[size_t((p * c.n + j) * c.k + l)] : hb[size_t((p * c.k + l) * c.n + j)];
+          s += x * y;
+        }
+        ref[size_t((p * c.m + i) * c.n + j)] = s;
+      }
+  EXPECT_LT(relative_error(out, ref), c.tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaGemm,
+    ::testing::Values(
+        GemmCase{1, 64, 48, 32, false, false, false, DType::f32, DType::f32, false, 1e-5},
+        GemmCase{1, 37, 53, 29, true, false, true, DType::f32, DType::f32, false, 1e-5},
+        GemmCase{3, 17, 40, 64, false, true, true, DType::f32, DType::f32, false, 1e-5},
+        GemmCase{2, 64, 64, 256, true, true, false, DType::f32, DType::f32, true, 3e-3},
+        GemmCase{4, 32, 64, 128, false, true, true, DType::bf16, DType::bf16, false, 1e-2},
+        GemmCase{2, 128, 96, 64, false, false, true, DType::bf16, DType::f32, false, 1e-4}));
+
+TEST(CudaOptimizer, GradNormAndNonFiniteCountAreExactAndRepeatable) {
+  RF_REQUIRE_GPU();
+  Generator gen{21, 0};
+  const int64_t n = 1000003;
+  const Tensor g = Tensor::randn({n}, gen);
+  const Tensor dg = g.to(kGpu);
+  const Tensor scratch =
+      Tensor::empty({int64_t(cuda::grad_norm_scratch_bytes())}, DType::i32, kGpu);
+  const Tensor out = Tensor::empty({int64_t(sizeof(cuda::GradStats))}, DType::i32, kGpu);
+  auto run = [&] {
+    cuda::grad_norm_stats(dg.data_as<float>(), n, static_cast<cuda::GradStats*>(out.data()),
+                          scratch.data(), nullptr);
+    cuda::GradStats stats{};
+    RF_CUDA_CHECK(cudaMemcpy(&stats, out.data(), sizeof(stats), cudaMemcpyDeviceToHost));
+    return stats;
+  };
+  const cuda::GradStats first = run(), second = run();
+  double ref = 0.0;
+  for (float x : g.to_vector<float>()) ref += double(x) * double(x);
+  EXPECT_NEAR(first.sum_squares, ref, 1e-9 * ref);
+  EXPECT_EQ(first.sum_squares, second.sum_squares);  // bit for bit
+  EXPECT_EQ(first.non_finite, 0u);
+  std::vector<float> bad = g.to_vector<float>();
+  bad[5] = NAN;
+  bad[size_t(n - 1)] = INFINITY;
+  const Tensor dbad = Tensor::from_vector(bad, {n}, kGpu);
+  cuda::grad_norm_stats(dbad.data_as<float>(), n, static_cast<cuda::GradStats*>(out.data()),
+                        scratch.data(), nullptr);
+  cuda::GradStats stats{};
+  RF_CUDA_CHECK(cudaMemcpy(&stats, out.data(), sizeof(stats), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(stats.non_finite, 2u);
+}
+
+TEST(CudaOptimizer, FusedAdamWMatchesTheHostLoopBitForBit) {
+  RF_REQUIRE_GPU();
+  Generator gen{5, 0};
+  const int64_t n = 70001;
+  std::vector<float> p = Tensor::randn({n}, gen).to_vector<float>();
+  const std::vector<float> g = Tensor::randn({n}, gen).to_vector<float>();
+  std::vector<float> m = Tensor::randn({n}, gen).to_vector<float>();
+  std::vector<float> v = Tensor::rand({n}, gen).to_vector<float>();
+  const std::vector<int64_t> starts = {0, 1000, 1100, 50000};
+  const std::vector<int32_t> decays_i = {1, 0, 1, 0};
+  std::vector<uint8_t> decays(decays_i.begin(), decays_i.end());
+  cuda::AdamWArgs a;
+  a.lr = 1e-3f;
+  a.step_size = float(1e-3 / (1.0 - std::pow(0.9, 3.0)));
+  a.bc2_sqrt = float(std::sqrt(1.0 - std::pow(0.999, 3.0)));
+  a.grad_scale = 0.37f;
+  a.decay = float(1.0 - 1e-3 * 0.01);
+  const Tensor dp = Tensor::from_vector(p, {n}, kGpu), dg = Tensor::from_vector(g, {n}, kGpu);
+  const Tensor dm = Tensor::from_vector(m, {n}, kGpu), dv = Tensor::from_vector(v, {n}, kGpu);
+  const Tensor dstarts = Tensor::from_vector(starts, {4}, kGpu);
+  const Tensor ddecays = Tensor::empty({4}, DType::i32, kGpu);  // 4 bytes hold 4 flags
+  RF_CUDA_CHECK(cudaMemcpy(ddecays.data(), decays.data(), 4, cudaMemcpyHostToDevice));
+  const Tensor working = Tensor::empty({n}, DType::bf16, kGpu);
+  cuda::adamw_step(dp.data_as<float>(), dg.data_as<float>(), dm.data_as<float>(),
+                   dv.data_as<float>(), static_cast<uint16_t*>(working.data()), n,
+                   dstarts.data_as<int64_t>(), static_cast<const uint8_t*>(ddecays.data()), 4, a,
+                   nullptr);
+  // The host loop of optim::AdamW::step.
+  for (int64_t j = 0; j < n; ++j) {
+    int seg = 0;
+    while (seg + 1 < 4 && starts[size_t(seg + 1)] <= j) ++seg;
+    const float decay = decays[size_t(seg)] ? a.decay : 1.0f;
+    const float gj = g[size_t(j)] * a.grad_scale;
+    p[size_t(j)] *= decay;
+    m[size_t(j)] = a.beta1 * m[size_t(j)] + (1.0f - a.beta1) * gj;
+    v[size_t(j)] = a.beta2 * v[size_t(j)] + (1.0f - a.beta2) * gj * gj;
+    p[size_t(j)] -= a.step_size * m[size_t(j)] / (std::sqrt(v[size_t(j)]) / a.bc2_sqrt + a.eps);
+  }
+  EXPECT_EQ(dp.to_vector<float>(), p);
+  EXPECT_EQ(dm.to_vector<float>(), m);
+  EXPECT_EQ(dv.to_vector<float>(), v);
+  const Tensor host_p = Tensor::from_vector(p, {n});
+  EXPECT_EQ(working.to_vector<float>(), host_p.to(DType::bf16).to_vector<float>());
+}
+
+TEST(CudaPhilox, DeviceWordsEqualHostWords) {
+  RF_REQUIRE_GPU();
+  const int64_t n = 4099;
+  const uint64_t seed = 0x0123456789abcdefull, first = (uint64_t(1) << 33) + 3;
+  const Tensor out = Tensor::empty({n}, DType::i32, kGpu);
+  testing::philox_words_on_device(seed, first, n, static_cast<uint32_t*>(out.data()));
+  const std::vector<int32_t> words = out.to_vector<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(uint32_t(words[size_t(i)]), philox_word(seed, first + uint64_t(i))) << i;
+}
+
+}  // namespace
+}  // namespace roformer

@@ -1,0 +1,207 @@
+// Every op on CUDA against the CPU, forward and backward, on fresh random data
+// with strided inputs; fresh CUDA memory is poisoned (NaN), so an element a
+// kernel never writes fails the comparison. Skips without a GPU.
+#include <functional>
+
+#include "core/ops.h"
+#include "tests/cuda/gpu_test.h"
+#include "tests/test_support.h"
+
+namespace roformer {
+namespace {
+
+using testing::kGpu;
+using testing::relative_error;
+
+// While alive, fresh CUDA allocations come back filled with NaN bytes.
+struct PoisonGpu {
+  PoisonGpu() { allocator_for(kGpu).set_poison(true); }
+  ~PoisonGpu() { allocator_for(kGpu).set_poison(false); }
+};
+
+struct OpCheck {
+  std::string name;
+  std::vector<Tensor> inputs;  // CPU leaves (floating ones get gradients)
+  std::function<Tensor(const std::vector<Tensor>&)> build;
+  double tol = 1e-5;
+};
+
+std::vector<double> host(const Tensor& t) {
+  return t.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
+}
+
+// Runs `c` on the CPU and on the GPU: the output, then the gradient of
+// sum(out * r) for a fixed random r with respect to each floating input.
+void check(const OpCheck& c) {
+  SCOPED_TRACE(c.name);
+  struct Run {
+    std::vector<double> out;
+    std::vector<std::vector<double>> grads;
+  };
+  auto run = [&](Device device) {
+    std::vector<Tensor> leaves;
+    for (const Tensor& t : c.inputs) {
+      Tensor leaf = t.to(device);
+      if (is_floating(t.dtype())) leaf = leaf.detach().set_requires_grad(true);
+      leaves.push_back(leaf);
+    }
+    const Tensor out = c.build(leaves);
+    Run r;
+    r.out = host(out);
+    if (is_floating(out.dtype()) && out.requires_grad()) {
+      Generator gen{77, 0};
+      const Tensor weights = Tensor::randn(out.shape(), gen, out.dtype()).to(device);
+      sum(mul(out, weights)).backward();
+      for (const Tensor& leaf : leaves)
+        if (leaf.requires_grad() && leaf.grad().defined()) r.grads.push_back(host(leaf.grad()));
+    }
+    return r;
+  };
+  const Run cpu = run(Device::cpu());
+  PoisonGpu poison;
+  const Run gpu = run(kGpu);
+  EXPECT_LT(relative_error(gpu.out, cpu.out), c.tol) << "forward";
+  ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
+  for (size_t i = 0; i < cpu.grads.size(); ++i)
+    EXPECT_LT(relative_error(gpu.grads[i], cpu.grads[i]), c.tol) << "gradient of input " << i;
+}
+
+Tensor randn(Shape shape, uint64_t seed, DType dtype = DType::f32) {
+  Generator gen{seed, 0};
+  return Tensor::randn(shape, gen, dtype);
+}
+
+Tensor rand01(Shape shape, uint64_t seed) {
+  Generator gen{seed, 0};
+  return Tensor::rand(shape, gen);
+}
+
+TEST(CudaOps, EveryOpMatchesTheCpu) {
+  RF_REQUIRE_GPU();
+  const Tensor ids = Tensor::from_vector<int64_t>({3, 0, 7, 3, 3, 9, 1, 0}, {2, 4});
+  const Tensor targets = Tensor::from_vector<int32_t>({4, -100, 0, 9, 2, 2}, {6});
+  const Tensor positions = Tensor::arange(0, 6, DType::i64);
+  const Tensor mask = Tensor::from_vector<int32_t>({1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 6});
+  std::vector<OpCheck> checks = {
+      {"add broadcast, transposed",
+       {randn({5, 3}, 1), randn({3}, 2)},
+       [](auto& x) { return add(x[0].transpose(0, 1).transpose(0, 1), x[1]); }},
+      {"mul strided",
+       {randn({4, 6}, 3), randn({4, 3}, 4)},
+       [](auto& x) { return mul(x[0].narrow(1, 1, 3), x[1]); }},
+      {"div, sub",
+       {randn({7}, 5), add(rand01({7}, 6), 0.5)},
+       [](auto& x) { return sub(div(x[0], x[1]), x[1]); }},
+      {"unary chain",
+       {randn({3, 4}, 7)},
+       [](auto& x) { return tanh(add(exp(mul(x[0], 0.5)), pow(neg(x[0]), 2.0))); }},
+      {"elu_plus_one, sqrt, log",
+       {randn({9}, 8)},
+       [](auto& x) { return log(sqrt(add(elu_plus_one(x[0]), 1.0))); }},
+      {"gelu", {randn({4, 33}, 9)}, [](auto& x) { return gelu(x[0]); }},
+      {"sum over dims",
+       {randn({3, 4, 5}, 10)},
+       [](auto& x) {
+         return sum(x[0].transpose(0, 2), {0, 2});
+       }},
+      {"max", {randn({3, 7}, 11)}, [](auto& x) { return max(x[0], 1).first; }},
+      {"softmax", {randn({4, 37}, 12)}, [](auto& x) { return softmax(x[0]); }},
+      {"log_softmax", {randn({4, 37}, 13)}, [](auto& x) { return log_softmax(x[0]); }},
+      {"layer_norm",
+       {randn({6, 40}, 14), randn({40}, 15), randn({40}, 16)},
+       [](auto& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }},
+      {"matmul batched, transposed",
+       {randn({2, 5, 3}, 17), randn({2, 4, 3}, 18)},
+       [](auto& x) { return matmul(x[0], x[1].transpose(1, 2)); }},
+      {"matmul broadcast batch",
+       {randn({3, 2, 5, 6}, 19), randn({6, 4}, 20)},
+       [](auto& x) { return matmul(x[0], x[1]); }},
+      {"linear",
+       {randn({2, 3, 8}, 21), randn({5, 8}, 22), randn({5}, 23)},
+       [](auto& x) { return linear(x[0], x[1], x[2]); }},
+      {"embedding",
+       {randn({10, 6}, 24)},
+       [ids](auto& x) { return embedding(x[0], ids.to(x[0].device())); }},
+      {"index_select",
+       {randn({10, 3}, 25)},
+       [ids](auto& x) { return index_select(x[0], ids.to(x[0].device()).flatten()); }},
+      {"cross_entropy",
+       {randn({6, 10}, 26)},
+       [targets](auto& x) { return cross_entropy(x[0], targets.to(x[0].device())); }},
+      {"rope interleaved",
+       {randn({2, 3, 6, 8}, 27)},
+       [positions](auto& x) { return rope(x[0], positions.to(x[0].device())); }},
+      {"rope half, strided",
+       {randn({2, 6, 3, 8}, 28)},
+       [positions](auto& x) {
+         return rope(x[0].transpose(1, 2), positions.to(x[0].device()), 10000.0, RopeLayout::half);
+       }},
+      {"attention with a key mask",
+       {randn({2, 6, 3, 8}, 29), randn({2, 6, 3, 8}, 30), randn({2, 6, 3, 8}, 31)},
+       [mask](auto& x) {
+         DropoutContext ctx{1, 0, 0, 0};
+         return attention(x[0].transpose(1, 2), x[1].transpose(1, 2), x[2].transpose(1, 2),
+                          mask.to(x[0].device()), 0.0, false, ctx, 0.35);
+       }},
+      {"attention with dropout",
+       {randn({2, 2, 5, 4}, 32), randn({2, 2, 6, 4}, 33), randn({2, 2, 6, 4}, 34)},
+       [mask](auto& x) {
+         DropoutContext ctx{5, 3, 17, 2};  // seed, step, first sequence, site
+         return attention(x[0], x[1], x[2], mask.to(x[0].device()), 0.3, true, ctx, 0.5);
+       }},
+      {"dropout",
+       {randn({4, 50}, 35)},
+       [](auto& x) {
+         DropoutContext ctx{9, 1, 4, 0};
+         return dropout(x[0].view({2, 4, 25}), 0.4, true, ctx);
+       }},
+      {"where, masked_fill, concat",
+       {randn({3, 4}, 36), randn({3, 4}, 37)},
+       [](auto& x) {
+         const Tensor picked = where(x[0], x[0], x[1]);
+         return concat({masked_fill(picked, x[1], 2.0), x[1]}, 0);
+       }},
+  };
+  for (const OpCheck& c : checks) check(c);
+}
+
+TEST(CudaOps, Bf16MatchesTheCpuAtItsPrecision) {
+  RF_REQUIRE_GPU();
+  check({"linear bf16",
+         {randn({4, 16}, 40, DType::bf16), randn({8, 16}, 41, DType::bf16),
+          randn({8}, 42, DType::bf16)},
+         [](auto& x) { return linear(x[0], x[1], x[2]); },
+         1e-2});
+  check({"layer_norm + gelu bf16",
+         {randn({4, 64}, 43, DType::bf16)},
+         [](auto& x) { return gelu(layer_norm(x[0], Tensor(), Tensor(), 1e-5)); },
+         1e-2});
+}
+
+TEST(CudaOps, EmbeddingGradientIsDeterministic) {
+  RF_REQUIRE_GPU();
+  Generator gen{3, 0};
+  const Tensor ids = Tensor::rand({4096}, gen, DType::f64);
+  std::vector<int64_t> v;
+  for (double x : ids.to_vector<double>()) v.push_back(int64_t(x * 50));  // many repeats
+  const Tensor dev_ids = Tensor::from_vector(v, {4096}, kGpu);
+  const Tensor grad = randn({4096, 32}, 4).to(kGpu);
+  auto once = [&] {
+    Tensor w = Tensor::zeros({50, 32}).to(kGpu).set_requires_grad(true);
+    sum(mul(embedding(w, dev_ids), grad)).backward();
+    return w.grad().to_vector<float>();
+  };
+  EXPECT_EQ(once(), once());  // bit for bit
+}
+
+TEST(CudaOps, BadIdsAreReportedAtTheSyncPointWithTheirPosition) {
+  RF_REQUIRE_GPU();
+  const Tensor w = randn({5, 3}, 1).to(kGpu);
+  const Tensor ids = Tensor::from_vector<int64_t>({1, 2, 7, 9}, {4}, kGpu);
+  const std::string message = testing::error_of([&] { embedding(w, ids).to_vector<float>(); });
+  EXPECT_NE(message.find("7"), std::string::npos) << message;
+  EXPECT_NE(message.find("2"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace roformer
