@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/file_checks.h"
 #include "train/config_schema.h"
 
 namespace roformer {
@@ -410,6 +411,11 @@ class MapReader {
     if (!v) expected(path, n, what);
     if (!opt.range.contains(static_cast<double>(*v)))
       ctx_.fail(path, fmt::format("expected {}, got {}", what, *v));
+    // Every count is bounded so sums and products of them (total steps,
+    // tokens per batch) cannot overflow 64 bits.
+    if (*v > kMaxInteger || *v < -kMaxInteger)
+      ctx_.fail(path,
+                fmt::format("expected {} of magnitude at most {}, got {}", what, kMaxInteger, *v));
     out = *v;
   }
   void read(const std::string& path, const YAML::Node& n, uint64_t& out, const Opt&) const {
@@ -816,7 +822,9 @@ void write_section(YAML::Emitter& out, std::string_view name, const S& section, 
 
 int64_t Config::total_steps() const {
   int64_t total = 0;
-  for (const auto& s : stages) total += s.steps;
+  for (const auto& s : stages)
+    if (__builtin_add_overflow(total, s.steps, &total))
+      throw InputError("stages: the total step count overflows 64 bits");
   return total;
 }
 
@@ -846,6 +854,7 @@ Config parse_config_string(std::string_view yaml, std::string source_name,
 }
 
 Config load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  reject_directory(path, "config file");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(
@@ -885,14 +894,34 @@ std::string to_yaml(const Config& c) {
 
 void save_config(const Config& config, const std::filesystem::path& path) {
   const std::string text = to_yaml(config);
+  std::error_code status_ec;
+  const auto type = std::filesystem::status(path, status_ec).type();
+  if (type == std::filesystem::file_type::directory)
+    throw InputError(fmt::format("cannot write '{}': it is a directory", path.string()));
+  if (type == std::filesystem::file_type::character || type == std::filesystem::file_type::fifo ||
+      type == std::filesystem::file_type::block) {
+    // A device or pipe (/dev/stdout, /dev/full): write in place, never
+    // rename a temporary file over it.
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out)
+      throw Error(fmt::format("cannot write '{}': {}", path.string(), std::strerror(errno)));
+    return;
+  }
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
     out << text;
-    out.flush();
-    if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
+    out.close();
+    if (!out) {
+      const int err = errno;
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(err)));
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -29,6 +29,7 @@ class MetricsLog {
 
  private:
   std::FILE* file_ = nullptr;
+  std::string path_;
   bool progress_ = false;
   bool progress_shown_ = false;
 };

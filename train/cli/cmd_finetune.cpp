@@ -3,6 +3,7 @@
 
 #include "train/cli/command.h"
 #include "train/finetune.h"
+#include "train/preflight.h"
 #include "train/signals.h"
 
 namespace {
@@ -15,6 +16,7 @@ class FinetuneCommand : public roformer::cli::Command {
   }
   void setup(CLI::App&) override {}
   int run(const roformer::cli::Invocation& inv) override {
+    roformer::preflight_finetune(*inv.config);
     const roformer::StopRequest stop;
     roformer::FinetuneOptions options;
     options.stop = &stop;

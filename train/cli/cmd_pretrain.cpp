@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "train/cli/command.h"
+#include "train/preflight.h"
 #include "train/pretrain.h"
 #include "train/signals.h"
 
@@ -20,6 +21,7 @@ class PretrainCommand : public roformer::cli::Command {
   }
   void setup(CLI::App&) override {}
   int run(const roformer::cli::Invocation& inv) override {
+    roformer::preflight_pretrain(*inv.config);
     roformer::StopRequest stop;
     roformer::PretrainOptions options;
     options.stop = &stop;
