@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config git ca-certificates xz-utils
   libdnnl-dev ocl-icd-opencl-dev libhdf5-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libutf8proc-dev
-  libopenmpi-dev clang-format)
+  libopenmpi-dev clang-format clang)
 if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
 if [[ "${1:-}" == "--python" ]]; then
   packages+=(python3 python3-numpy python3-h5py python3-torch libopenblas0-pthread)

@@ -340,7 +340,9 @@ class MapReader {
                 fmt::format("expected a mapping of keys, got {}", describe_node(node, true)));
     std::map<std::string, int> first_line;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key_node = it->first;
+      // A copy: yaml-cpp's iterator returns a temporary pair, so a reference
+      // to it->first dangles (found by fuzz/fuzz_config under ASan).
+      const YAML::Node key_node = it->first;
       const YAML::Mark key_mark = key_node.Mark();
       if (!key_node.IsScalar())
         ctx_.fail(path_, "expected a key name, got " + describe_node(key_node, false), &key_mark);
