@@ -447,7 +447,27 @@ class MapReader {
     }
     if (!n.IsScalar()) expected(path, n, opt.nullable ? "a string or null" : "a non-empty string");
     if (n.Scalar().empty() && !opt.nullable) expected(path, n, "a non-empty string");
-    out = n.Scalar();
+    out = checked_utf8(path, n);
+  }
+  // yaml-cpp passes invalid UTF-8 through, but writes it back as U+FFFD: the
+  // config saved with a run would name another file than the one used.
+  const std::string& checked_utf8(const std::string& path, const YAML::Node& n) const {
+    const std::string& s = n.Scalar();
+    for (size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      const size_t len = c < 0x80           ? 1
+                         : (c >> 5) == 0x6  ? 2
+                         : (c >> 4) == 0xe  ? 3
+                         : (c >> 3) == 0x1e ? 4
+                                            : 0;
+      bool ok = len > 0 && i + len <= s.size() && !(len == 2 && c < 0xc2);
+      for (size_t k = 1; ok && k < len; ++k)
+        ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+      if (!ok)
+        ctx_.fail(path, fmt::format("not valid UTF-8 (byte {} of the value)", i + 1), nullptr);
+      i += len;
+    }
+    return s;
   }
   template <class T>
   void read(const std::string& path, const YAML::Node& n, std::optional<T>& out,
@@ -465,7 +485,7 @@ class MapReader {
     out.clear();
     if (n.IsNull()) return;
     if (n.IsScalar()) {  // a single entry may be written without brackets
-      out.push_back(n.Scalar());
+      out.push_back(checked_utf8(path, n));
       return;
     }
     if (!n.IsSequence()) expected(path, n, "a list of strings");
@@ -473,7 +493,7 @@ class MapReader {
       const std::string item = fmt::format("{}[{}]", path, i);
       ctx_.record(item, n[i].Mark());
       if (!n[i].IsScalar() || n[i].Scalar().empty()) expected(item, n[i], "a non-empty string");
-      out.push_back(n[i].Scalar());
+      out.push_back(checked_utf8(item, n[i]));
     }
   }
   void read(const std::string& path, const YAML::Node& n, std::array<double, 2>& out,

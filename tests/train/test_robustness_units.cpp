@@ -161,5 +161,17 @@ TEST(ConfigBounds, HugeIntegersAreRefusedNotOverflowed) {
   EXPECT_EQ(parse_config_string(many, "c.yaml").total_steps(), 8'000'000'000'000);
 }
 
+// Found by fuzz/fuzz_config: yaml-cpp would write the value back as U+FFFD,
+// so the config saved with a run would name another file.
+TEST(ConfigStrings, InvalidUtf8IsRefused) {
+  const std::string raw = "data: {vocab: v\xf6.txt}\n";
+  const std::string msg = error_of<InputError>([&] { parse_config_string(raw, "c.yaml"); });
+  EXPECT_NE(msg.find("data.vocab: not valid UTF-8"), std::string::npos) << msg;
+  const std::string list = "data: {inputs: [ok, \"b\xc3\"]}\n";
+  EXPECT_NE(
+      error_of<InputError>([&] { parse_config_string(list, "c.yaml"); }).find("not valid UTF-8"),
+      std::string::npos);
+}
+
 }  // namespace
 }  // namespace roformer
