@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 
@@ -12,9 +14,15 @@ namespace roformer::hdf5 {
 namespace {
 
 // Turns HDF5's automatic error printing off once: errors become exceptions.
+// Also keeps HDF5 from closing leftover files at exit: every file is closed by
+// its RAII owner, and a file whose close failed (a full disk) would make
+// H5_term_library crash in exit(). Must run before the library initialises.
 void quiet() {
   static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  std::call_once(once, [] {
+    H5dont_atexit();
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  });
 }
 
 herr_t innermost(unsigned n, const H5E_error2_t* err, void* data) {
@@ -83,8 +91,12 @@ std::string last_error_message() {
 }
 
 void fail(const std::string& what) {
-  const std::string msg = last_error_message();
+  const int err = errno;
+  std::string msg = last_error_message();
   H5Eclear2(H5E_DEFAULT);
+  // HDF5's messages do not say why a write failed; the OS does.
+  if (err == ENOSPC || err == EDQUOT || err == EIO || err == EROFS || err == EFBIG)
+    msg += std::string(msg.empty() ? "" : "; ") + std::strerror(err);
   throw Error(msg.empty() ? what : what + " (HDF5: " + msg + ")");
 }
 
@@ -279,6 +291,8 @@ File File::open(const std::string& path, bool writable) {
   quiet();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw InputError("file '" + path + "' does not exist");
+  if (std::filesystem::is_directory(path, ec))
+    throw InputError("'" + path + "' is a directory, expected an HDF5 file");
   File f;
   const hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0) {
@@ -325,11 +339,14 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
 
 AtomicFile::~AtomicFile() {
   if (committed_) return;
+  // Truncate first: on a full disk this frees the space HDF5 needs to flush
+  // its metadata, so the close succeeds and no half-closed file is left.
+  std::error_code ec;
+  std::filesystem::resize_file(temp_, 0, ec);
   try {
     file_.close();
   } catch (...) {
   }
-  std::error_code ec;
   std::filesystem::remove(temp_, ec);
 }
 

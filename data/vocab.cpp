@@ -5,12 +5,14 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_checks.h"
 #include "data/hash.h"
 #include "data/utf8.h"
 
 namespace roformer::data {
 
 Vocab Vocab::load(const std::string& path) {
+  reject_directory(path, "vocab file");
   std::ifstream in(path, std::ios::binary);
   RF_INPUT_CHECK(in, "vocab file '", path, "' cannot be opened (does it exist?)");
   std::vector<std::string> tokens;

@@ -16,6 +16,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/file_checks.h"
 #include "train/config_schema.h"
 
 namespace roformer {
@@ -345,7 +346,9 @@ class MapReader {
                 fmt::format("expected a mapping of keys, got {}", describe_node(node, true)));
     std::map<std::string, int> first_line;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key_node = it->first;
+      // A copy: yaml-cpp's iterator returns a temporary pair, so a reference
+      // to it->first dangles (found by fuzz/fuzz_config under ASan).
+      const YAML::Node key_node = it->first;
       const YAML::Mark key_mark = key_node.Mark();
       if (!key_node.IsScalar())
         ctx_.fail(path_, "expected a key name, got " + describe_node(key_node, false), &key_mark);
@@ -416,6 +419,11 @@ class MapReader {
     if (!v) expected(path, n, what);
     if (!opt.range.contains(static_cast<double>(*v)))
       ctx_.fail(path, fmt::format("expected {}, got {}", what, *v));
+    // Every count is bounded so sums and products of them (total steps,
+    // tokens per batch) cannot overflow 64 bits.
+    if (*v > kMaxInteger || *v < -kMaxInteger)
+      ctx_.fail(path,
+                fmt::format("expected {} of magnitude at most {}, got {}", what, kMaxInteger, *v));
     out = *v;
   }
   void read(const std::string& path, const YAML::Node& n, uint64_t& out, const Opt&) const {
@@ -445,7 +453,27 @@ class MapReader {
     }
     if (!n.IsScalar()) expected(path, n, opt.nullable ? "a string or null" : "a non-empty string");
     if (n.Scalar().empty() && !opt.nullable) expected(path, n, "a non-empty string");
-    out = n.Scalar();
+    out = checked_utf8(path, n);
+  }
+  // yaml-cpp passes invalid UTF-8 through, but writes it back as U+FFFD: the
+  // config saved with a run would name another file than the one used.
+  const std::string& checked_utf8(const std::string& path, const YAML::Node& n) const {
+    const std::string& s = n.Scalar();
+    for (size_t i = 0; i < s.size();) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      const size_t len = c < 0x80           ? 1
+                         : (c >> 5) == 0x6  ? 2
+                         : (c >> 4) == 0xe  ? 3
+                         : (c >> 3) == 0x1e ? 4
+                                            : 0;
+      bool ok = len > 0 && i + len <= s.size() && !(len == 2 && c < 0xc2);
+      for (size_t k = 1; ok && k < len; ++k)
+        ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+      if (!ok)
+        ctx_.fail(path, fmt::format("not valid UTF-8 (byte {} of the value)", i + 1), nullptr);
+      i += len;
+    }
+    return s;
   }
   template <class T>
   void read(const std::string& path, const YAML::Node& n, std::optional<T>& out,
@@ -463,7 +491,7 @@ class MapReader {
     out.clear();
     if (n.IsNull()) return;
     if (n.IsScalar()) {  // a single entry may be written without brackets
-      out.push_back(n.Scalar());
+      out.push_back(checked_utf8(path, n));
       return;
     }
     if (!n.IsSequence()) expected(path, n, "a list of strings");
@@ -471,7 +499,7 @@ class MapReader {
       const std::string item = fmt::format("{}[{}]", path, i);
       ctx_.record(item, n[i].Mark());
       if (!n[i].IsScalar() || n[i].Scalar().empty()) expected(item, n[i], "a non-empty string");
-      out.push_back(n[i].Scalar());
+      out.push_back(checked_utf8(item, n[i]));
     }
   }
   void read(const std::string& path, const YAML::Node& n, std::array<double, 2>& out,
@@ -822,7 +850,9 @@ void write_section(YAML::Emitter& out, std::string_view name, const S& section, 
 
 int64_t Config::total_steps() const {
   int64_t total = 0;
-  for (const auto& s : stages) total += s.steps;
+  for (const auto& s : stages)
+    if (__builtin_add_overflow(total, s.steps, &total))
+      throw InputError("stages: the total step count overflows 64 bits");
   return total;
 }
 
@@ -852,6 +882,7 @@ Config parse_config_string(std::string_view yaml, std::string source_name,
 }
 
 Config load_config(const std::filesystem::path& path, const std::vector<std::string>& overrides) {
+  reject_directory(path, "config file");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError(
@@ -891,14 +922,34 @@ std::string to_yaml(const Config& c) {
 
 void save_config(const Config& config, const std::filesystem::path& path) {
   const std::string text = to_yaml(config);
+  std::error_code status_ec;
+  const auto type = std::filesystem::status(path, status_ec).type();
+  if (type == std::filesystem::file_type::directory)
+    throw InputError(fmt::format("cannot write '{}': it is a directory", path.string()));
+  if (type == std::filesystem::file_type::character || type == std::filesystem::file_type::fifo ||
+      type == std::filesystem::file_type::block) {
+    // A device or pipe (/dev/stdout, /dev/full): write in place, never
+    // rename a temporary file over it.
+    std::ofstream out(path, std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out)
+      throw Error(fmt::format("cannot write '{}': {}", path.string(), std::strerror(errno)));
+    return;
+  }
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
     out << text;
-    out.flush();
-    if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
+    out.close();
+    if (!out) {
+      const int err = errno;
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(err)));
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -4,6 +4,7 @@
 // Internal to train/config.cpp and its tests; not part of the public API.
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -30,6 +31,9 @@ inline constexpr Range kProbability{0.0, false, 1.0, true};  // [0, 1)
 inline constexpr Range kFraction{0.0, false, 1.0, false};    // [0, 1]
 inline constexpr Range kMaskProb{0.0, true, 1.0, false};     // (0, 1]
 inline constexpr Range kMinSeqLen{8.0, false};
+// The largest magnitude any integer key accepts (10^12): sums and products of
+// a few such values stay far from 2^63.
+inline constexpr int64_t kMaxInteger = 1'000'000'000'000;
 
 // "a positive integer", "a number in [0, 1)", "an integer >= 8".
 std::string describe(const Range& range, bool integer);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_checks.h"
 #include "layers/roformer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -34,6 +35,7 @@ bool ignorable(const std::string& name) {
 }
 
 std::string read_text(const fs::path& p) {
+  reject_directory(p, "file");
   std::ifstream in(p, std::ios::binary);
   if (!in) throw InputError("cannot read " + p.string());
   std::ostringstream s;

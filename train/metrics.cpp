@@ -12,10 +12,14 @@ namespace roformer {
 MetricsLog::MetricsLog(const std::filesystem::path& jsonl_path, bool write_files, bool progress)
     : progress_(progress && ::isatty(STDERR_FILENO)) {
   if (!write_files) return;
+  path_ = jsonl_path.string();
   file_ = std::fopen(jsonl_path.c_str(), "a");
   if (!file_)
     throw Error(detail::concat("cannot open metrics file ", jsonl_path.string(), ": ",
                                std::strerror(errno)));
+  // Unbuffered: each record is one write(), so a failed one leaves nothing
+  // in a buffer to be flushed later after the truncation below.
+  std::setvbuf(file_, nullptr, _IONBF, 0);
   tensorboard_ = std::make_unique<TensorBoardWriter>(jsonl_path.parent_path() / "tb");
 }
 
@@ -27,8 +31,24 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::write(const nlohmann::json& record) {
   if (!file_) return;
   const std::string line = record.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  const long before = std::ftell(file_);
+  errno = 0;
+  const bool ok =
+      std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
+  if (ok) {
+    write_tensorboard(record);
+    return;
+  }
+  // A full disk or an I/O error: drop the partial line so the file stays
+  // valid JSON lines, and stop the caller rather than lose records silently.
+  const int err = errno;
+  std::clearerr(file_);
+  if (before >= 0 && ::ftruncate(::fileno(file_), before) == 0) std::fseek(file_, 0, SEEK_END);
+  throw Error(detail::concat("cannot write metrics file ", path_, ": ",
+                             err ? std::strerror(err) : "write failed"));
+}
+
+void MetricsLog::write_tensorboard(const nlohmann::json& record) {
   if (!tensorboard_ || !record.contains("global_step") || !record.contains("type")) return;
   std::string prefix = record["type"].get<std::string>();
   if (prefix == "validation" && record.contains("max_seq_len"))

@@ -36,8 +36,10 @@ class MetricsLog {
   void clear_progress();
 
  private:
+  void write_tensorboard(const nlohmann::json& record);
   std::FILE* file_ = nullptr;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::string path_;
   bool progress_ = false;
   bool progress_shown_ = false;
 };

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -59,6 +60,9 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   try {
     struct stat st {};
     if (::fstat(fd_, &st) != 0) throw InputError(where + ": cannot stat: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+      throw InputError(where + (S_ISDIR(st.st_mode) ? ": is a directory, expected a file"
+                                                    : ": is not a regular file"));
     size_ = size_t(st.st_size);
     if (size_ < 8)
       throw InputError(detail::concat(where, ": not a safetensors file (", size_,
@@ -102,12 +106,21 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
       SafetensorsEntry e;
       e.name = name;
       e.dtype = v["dtype"].get<std::string>();
+      // The element count is checked against the file size below; its
+      // product must not wrap around first (a shape like [2^62, 8] would).
       uint64_t numel = 1;
+      bool overflow = false;
       for (const auto& d : v["shape"]) {
         if (!d.is_number_unsigned()) throw InputError(at + "shape holds a non-integer");
-        e.shape.push_back(int64_t(d.get<uint64_t>()));
-        numel *= d.get<uint64_t>();
+        const uint64_t dim = d.get<uint64_t>();
+        if (dim > uint64_t(std::numeric_limits<int64_t>::max()) ||
+            __builtin_mul_overflow(numel, dim, &numel))
+          overflow = true;
+        e.shape.push_back(overflow ? -1 : int64_t(dim));
       }
+      if (overflow)
+        throw InputError(detail::concat(at, "shape ", v["shape"].dump(),
+                                        " has more elements than 64 bits can count"));
       for (const auto& o : v["data_offsets"])
         if (!o.is_number_unsigned()) throw InputError(at + "data_offsets holds a non-integer");
       e.begin = v["data_offsets"][0].get<uint64_t>();
@@ -118,9 +131,13 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
         throw InputError(detail::concat(at, "data_offsets [", e.begin, ", ", e.end,
                                         "] lie outside the data section (", data_size,
                                         " bytes): the file is truncated or its header is wrong"));
-      if (e.end - e.begin != numel * eb)
-        throw InputError(detail::concat(at, "holds ", e.end - e.begin, " bytes but dtype ", e.dtype,
-                                        " and shape ", shape_str(e.shape), " need ", numel * eb));
+      uint64_t bytes = 0;
+      const bool too_big = __builtin_mul_overflow(numel, uint64_t(eb), &bytes);
+      if (too_big || e.end - e.begin != bytes)
+        throw InputError(
+            detail::concat(at, "holds ", e.end - e.begin, " bytes but dtype ", e.dtype,
+                           " and shape ", shape_str(e.shape), " need ",
+                           too_big ? std::string("more than 2^64") : std::to_string(bytes)));
       entries_.push_back(std::move(e));
     }
     std::sort(entries_.begin(), entries_.end(),

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/file_checks.h"
 
 namespace roformer {
 
@@ -43,6 +44,7 @@ std::string join(const std::vector<std::string>& v) {
 }  // namespace
 
 TaskFile read_task_file(const std::string& path, const FinetuneConfig& spec, LabelUse label) {
+  reject_directory(path, "task file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open task file");
   TaskFile out;

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "train/cli/command.h"
 #include "train/hf_convert.h"
+#include "train/preflight.h"
 
 namespace {
 
@@ -30,6 +31,7 @@ class ConvertCommand : public roformer::cli::Command {
   }
   int run(const roformer::cli::Invocation&) override {
     if (!from_hf_.empty()) {
+      roformer::preflight_convert_from_hf(from_hf_);
       roformer::convert_from_hf(from_hf_, out_);
       spdlog::info("wrote {} from {}", out_, from_hf_);
     } else if (!checkpoint_.empty()) {

@@ -4,6 +4,7 @@
 #include "train/cli/command.h"
 #include "train/cli/trainer_options.h"
 #include "train/finetune.h"
+#include "train/preflight.h"
 #include "train/signals.h"
 
 namespace {
@@ -20,6 +21,7 @@ class FinetuneCommand : public roformer::cli::Command {
                  "are kept, renamed *.unreadable)");
   }
   int run(const roformer::cli::Invocation& inv) override {
+    roformer::preflight_finetune(*inv.config);
     const roformer::StopRequest stop;
     const roformer::FinetuneOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);

@@ -20,12 +20,23 @@ class PredictCommand : public roformer::cli::Command {
   }
   void setup(CLI::App& app) override {
     app.add_option("--checkpoint", checkpoint_, "Checkpoint file or run directory")->required();
-    app.add_option("--text", texts_, "Text with one or more [MASK] tokens (repeatable)");
+    // Verbatim: no "[a,b]" list syntax (it would eat "[MASK]") and no comma splitting.
+    app.add_option("--text", texts_, "Text with one or more [MASK] tokens (repeatable)")
+        ->allow_extra_args(false)
+        ->delimiter('\0');
     // Fine-tuned checkpoints: label + probabilities per example of a task file.
     app.add_option("--input", input_,
                    "Task file (JSON lines/TSV, fields as fine-tuned) to classify with a "
                    "fine-tuned checkpoint; writes one JSON object per example");
-    app.add_option("--top-k", top_k_, "Candidates per mask")->check(CLI::PositiveNumber);
+    app.add_option("--top-k", top_k_, "Candidates per mask (at most the vocabulary size)")
+        ->check(CLI::Validator(
+            [](const std::string& v) -> std::string {
+              long long k = 0;
+              return CLI::detail::lexical_cast(v, k) && k >= 1
+                         ? std::string()
+                         : "expected a positive integer, got " + v;
+            },
+            "INT>=1"));
     app.add_option("--vocab", vocab_, "vocab.txt (default: the one the checkpoint's config names)");
     app.add_flag("--json", json_, "One JSON object per text");
   }

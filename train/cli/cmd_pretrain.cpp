@@ -7,6 +7,7 @@
 
 #include "train/cli/command.h"
 #include "train/cli/trainer_options.h"
+#include "train/preflight.h"
 #include "train/pretrain.h"
 #include "train/signals.h"
 
@@ -25,6 +26,7 @@ class PretrainCommand : public roformer::cli::Command {
                  "are kept, renamed *.unreadable)");
   }
   int run(const roformer::cli::Invocation& inv) override {
+    roformer::preflight_pretrain(*inv.config);
     roformer::StopRequest stop;
     const roformer::PretrainOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);

@@ -6,8 +6,12 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <new>
 
 #include "core/error.h"
 #include "train/cli/command.h"
@@ -55,6 +59,19 @@ void check_command_name(int argc, char** argv,
     }
     throw roformer::InputError(fmt::format(
         "unknown command '{}' (commands in this build: {}); run 'roformer --help'", arg, names));
+  }
+}
+
+// Output that did not reach stdout (a full disk, /dev/full, a closed pipe) is a
+// failure, not a success with exit code 0.
+void check_stdout() {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (!std::cout.good() || !flushed || std::ferror(stdout)) {
+    const int err = errno;
+    throw roformer::Error(fmt::format("cannot write to standard output{}",
+                                      err ? std::string(": ") + std::strerror(err) : ""));
   }
 }
 
@@ -128,29 +145,60 @@ int run_main(int argc, char** argv) {
         throw roformer::InputError(
             fmt::format("{}: --print-config needs --config FILE", command.name()));
       std::cout << roformer::to_yaml(*invocation.config) << std::flush;
+      check_stdout();
       return 0;
     }
-    return command.run(invocation);
+    const int code = command.run(invocation);
+    check_stdout();
+    return code;
   }
   return 2;  // unreachable: require_subcommand(1) guarantees a command
+}
+
+// Reports an error on stderr; stdout may be the broken stream, so its flush is
+// attempted but not required.
+void report(const char* kind, const std::string& message) {
+  try {
+    std::cout.flush();
+  } catch (...) {
+  }
+  std::cout.clear();
+  fmt::print(stderr, "roformer: {}{}\n", kind, message);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // No exception may reach std::terminate: every kind is reported here.
   try {
     return run_main(argc, argv);
   } catch (const roformer::InputError& e) {
-    std::cout << std::flush;
-    fmt::print(stderr, "roformer: error: {}\n", e.what());
+    report("error: ", e.what());
     return 2;
   } catch (const roformer::Error& e) {
-    std::cout << std::flush;
-    fmt::print(stderr, "roformer: error: {}\n", e.what());
+    report("error: ", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // e.g. an unwritable run directory: name the path and the reason, not
+    // "internal error: filesystem error".
+    // what() reads "filesystem error: <operation>: <reason> [path]".
+    std::string operation = e.what();
+    if (operation.rfind("filesystem error: ", 0) == 0) operation.erase(0, 18);
+    operation = operation.substr(0, operation.find(": "));
+    std::string paths = e.path1().string();
+    if (!e.path2().empty()) paths += "' to '" + e.path2().string();
+    report("error: ", fmt::format("{} '{}': {}", operation, paths, e.code().message()));
+    return 1;
+  } catch (const std::bad_alloc&) {
+    report("error: ",
+           "out of memory (the model, batch or input is larger than this machine can hold; "
+           "see docs/robustness.md)");
     return 1;
   } catch (const std::exception& e) {
-    std::cout << std::flush;
-    fmt::print(stderr, "roformer: internal error: {}\n", e.what());
+    report("internal error: ", e.what());
+    return 1;
+  } catch (...) {
+    report("internal error: ", "unknown exception");
     return 1;
   }
 }

@@ -1,0 +1,177 @@
+// Units behind the robustness fixes (docs/robustness.md): the memory
+// estimate against real models, refusing enormous configs fast and by key,
+// the vocabulary/model check, metrics write errors, config bounds.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "layers/roformer.h"
+#include "tests/test_support.h"
+#include "train/config.h"
+#include "train/memory_estimate.h"
+#include "train/metrics.h"
+#include "train/vocab_check.h"
+
+namespace roformer {
+namespace {
+
+using testing::error_of;
+
+int64_t actual_parameters(const ModelConfig& m) {
+  int64_t n = 0;
+  for (const NamedTensor& p : RoFormerForMaskedLM(m, 0).named_parameters()) n += p.tensor.numel();
+  return n;
+}
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 97;
+  m.hidden_size = 16;
+  m.num_hidden_layers = 3;
+  m.num_attention_heads = 2;
+  m.intermediate_size = 40;
+  m.max_position_embeddings = 32;
+  return m;
+}
+
+TEST(MemoryEstimate, ParameterCountMatchesTheModel) {
+  ModelConfig m = small_model();
+  EXPECT_EQ(estimate_parameter_count(m), double(actual_parameters(m)));
+  m.position = PositionEncoding::kAbsolute;
+  EXPECT_EQ(estimate_parameter_count(m), double(actual_parameters(m)));
+  m.embedding_size = 8;  // ALBERT-style factorised embedding
+  EXPECT_EQ(estimate_parameter_count(m), double(actual_parameters(m)));
+}
+
+Config tiny_config() {
+  Config c;
+  c.model = small_model();
+  StageConfig s;
+  s.max_seq_len = 32;
+  s.batch_size = 4;
+  s.micro_batch_size = 4;
+  s.steps = 1;
+  c.stages.push_back(s);
+  return c;
+}
+
+// Refused in well under a second, naming the key and both sizes.
+std::string refusal(const Config& c) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string msg = error_of<InputError>([&] { check_memory_for_pretraining(c); });
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  EXPECT_NE(msg.find("is available"), std::string::npos) << msg;
+  return msg;
+}
+
+TEST(MemoryEstimate, SmallConfigFits) {
+  EXPECT_EQ(error_of([&] { check_memory_for_pretraining(tiny_config()); }), "no error");
+}
+
+TEST(MemoryEstimate, EnormousModelsAndBatchesAreRefusedByKey) {
+  Config layers = tiny_config();
+  layers.model.hidden_size = 768;
+  layers.model.num_attention_heads = 12;
+  layers.model.intermediate_size = 3072;
+  layers.model.num_hidden_layers = 100000;
+  EXPECT_EQ(refusal(layers).rfind("model.num_hidden_layers=100000: ", 0), 0u) << refusal(layers);
+
+  Config hidden = tiny_config();
+  hidden.model.hidden_size = 100000;
+  hidden.model.num_attention_heads = 1;
+  EXPECT_EQ(refusal(hidden).rfind("model.hidden_size=100000: ", 0), 0u) << refusal(hidden);
+
+  Config batch = tiny_config();
+  batch.stages[0].batch_size = batch.stages[0].micro_batch_size = int64_t(1) << 31;
+  EXPECT_EQ(refusal(batch).rfind("stages.0.batch_size=2147483648: ", 0), 0u) << refusal(batch);
+}
+
+TEST(MemoryEstimate, EstimateGrowsWithEveryTerm) {
+  const ModelConfig m = small_model();
+  const MemoryEstimate base = estimate_memory(m, MemoryUse::kTraining, 4, 4, 32);
+  EXPECT_GT(estimate_memory(m, MemoryUse::kTraining, 8, 8, 32).activations, base.activations);
+  EXPECT_GT(estimate_memory(m, MemoryUse::kTraining, 4, 4, 64).activations, base.activations);
+  EXPECT_EQ(base.optimizer, 3 * base.parameters);
+  EXPECT_EQ(estimate_memory(m, MemoryUse::kInference).optimizer, 0.0);
+  EXPECT_GT(available_memory_bytes(), 0.0);
+}
+
+TEST(VocabCheck, PaddingAllowedExcessRefusedWhenStrict) {
+  // MosaicBERT: 30,522 tokens in a 30,528-row embedding.
+  EXPECT_EQ(
+      error_of([] { check_vocab_fits_model(30522, 30528, "v.txt", "k", VocabExcess::kRefuse); }),
+      "no error");
+  EXPECT_EQ(
+      error_of([] { check_vocab_fits_model(30522, 40000, "v.txt", "k", VocabExcess::kWarn); }),
+      "no error");
+  EXPECT_NE(error_of([] {
+              check_vocab_fits_model(5, 30522, "v.txt", "k", VocabExcess::kRefuse);
+            }).find("too short"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              check_vocab_fits_model(0, 30522, "v.txt", "k", VocabExcess::kWarn);
+            }).find("empty"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              check_vocab_fits_model(100, 50, "v.txt", "k", VocabExcess::kWarn);
+            }).find("no embedding row"),
+            std::string::npos);
+}
+
+TEST(Metrics, WriteErrorsAreReported) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  MetricsLog log("/dev/full", true, false);
+  EXPECT_NE(error_of([&] {
+              log.write({{"step", 1}});
+            }).find("cannot write metrics file /dev/full"),
+            std::string::npos);
+}
+
+TEST(Metrics, FailedWriteLeavesNoPartialLine) {
+  const auto path = std::filesystem::temp_directory_path() / "roformer_metrics_test.jsonl";
+  std::filesystem::remove(path);
+  {
+    MetricsLog log(path, true, false);
+    log.write({{"step", 1}});
+    log.write({{"step", 2}});
+  }
+  std::ifstream in(path);
+  std::string a, b, c;
+  EXPECT_TRUE(std::getline(in, a) && std::getline(in, b));
+  EXPECT_FALSE(std::getline(in, c));
+  EXPECT_EQ(a, R"({"step":1})");
+  std::filesystem::remove(path);
+}
+
+TEST(ConfigBounds, HugeIntegersAreRefusedNotOverflowed) {
+  const std::string base =
+      "model: {hidden_size: 16, num_attention_heads: 2, intermediate_size: 32}\n"
+      "stages: [{max_seq_len: 32, batch_size: 2, steps: 9223372036854775807}]\n";
+  const std::string msg = error_of<InputError>([&] { parse_config_string(base, "c.yaml"); });
+  EXPECT_NE(msg.find("stages[0].steps"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("at most 1000000000000"), std::string::npos) << msg;
+  // The largest accepted values still sum without overflow.
+  std::string many =
+      "model: {hidden_size: 16, num_attention_heads: 2, intermediate_size: 32}\nstages:\n";
+  for (int i = 0; i < 8; ++i)
+    many += "  - {max_seq_len: 32, batch_size: 2, steps: 1000000000000}\n";
+  EXPECT_EQ(parse_config_string(many, "c.yaml").total_steps(), 8'000'000'000'000);
+}
+
+// Found by fuzz/fuzz_config: yaml-cpp would write the value back as U+FFFD,
+// so the config saved with a run would name another file.
+TEST(ConfigStrings, InvalidUtf8IsRefused) {
+  const std::string raw = "data: {vocab: v\xf6.txt}\n";
+  const std::string msg = error_of<InputError>([&] { parse_config_string(raw, "c.yaml"); });
+  EXPECT_NE(msg.find("data.vocab: not valid UTF-8"), std::string::npos) << msg;
+  const std::string list = "data: {inputs: [ok, \"b\xc3\"]}\n";
+  EXPECT_NE(
+      error_of<InputError>([&] { parse_config_string(list, "c.yaml"); }).find("not valid UTF-8"),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace roformer
