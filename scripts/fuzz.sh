@@ -5,7 +5,8 @@
 # build-fuzz/artifacts/<target>/ and makes the script fail; turn it into a
 # regression input under fuzz/regressions/<target>/ once fixed (they are
 # replayed first, every run). See docs/robustness.md.
-# Usage: scripts/fuzz.sh SECONDS [TARGET...]   (PARALLEL=2 runs two at a time)
+# Usage: scripts/fuzz.sh SECONDS [TARGET...]   (PARALLEL=2 runs two at a time;
+# FUZZ_SEED=N fixes the random seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}
@@ -42,6 +43,8 @@ run_one() {
     hdf5=1
     extra=(-detect_leaks=0 -fork=1 -ignore_crashes=1)
   fi
+  # FUZZ_SEED fixes libFuzzer's random seed (CI does, so a run is reproducible).
+  [[ -n ${FUZZ_SEED:-} ]] && extra+=(-seed="$FUZZ_SEED")
   "$build/fuzz/$t" "${extra[@]}" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts" -print_final_stats=1 "$corpus" > "$build/$t.log" 2>&1 || status=$?
   local runs crashes=""
