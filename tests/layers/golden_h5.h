@@ -2,8 +2,11 @@
 // datasets as f64/i32 tensors, string attributes, and the names in a group.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <hdf5.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -89,6 +92,18 @@ inline ModelConfig golden_config() {
   c.type_vocab_size = 2;
   c.layer_norm_eps = 1e-12;
   return c;
+}
+
+// max |a - b| / max |b|: relative error at the scale of the reference.
+inline double max_rel_error(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  EXPECT_EQ(va.size(), vb.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    diff = std::max(diff, std::abs(va[i] - vb[i]));
+    scale = std::max(scale, std::abs(vb[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
 }
 
 }  // namespace roformer::testing

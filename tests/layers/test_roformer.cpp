@@ -18,18 +18,7 @@ using testing::golden_config;
 
 using testing::all_close;
 using testing::GoldenFile;
-
-// max |a - b| / max |b|: relative error at the scale of the reference.
-double max_rel_error(const Tensor& a, const Tensor& b) {
-  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  EXPECT_EQ(va.size(), vb.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    diff = std::max(diff, std::abs(va[i] - vb[i]));
-    scale = std::max(scale, std::abs(vb[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
+using testing::max_rel_error;
 
 StateDict golden_weights(const GoldenFile& f) {
   StateDict state;

@@ -28,23 +28,13 @@ namespace roformer {
 namespace {
 
 using testing::GoldenFile;
+using testing::max_rel_error;
 
 constexpr double kLogitsTol = 1e-5;       // max |ours - ref| / max |ref|
 constexpr double kLossTol = 1e-5;         // relative, every step's loss
 constexpr double kGradTol = 2e-5;         // per parameter, at the scale of the reference
 constexpr double kGradNormTol = 3e-5;     // relative
 constexpr double kFinalWeightTol = 2e-4;  // per parameter, at the scale of the reference
-
-double max_rel_error(const Tensor& a, const Tensor& b) {
-  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
-  EXPECT_EQ(va.size(), vb.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    diff = std::max(diff, std::abs(va[i] - vb[i]));
-    scale = std::max(scale, std::abs(vb[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 ModelConfig config_from(const nlohmann::json& j) {
   ModelConfig c;
