@@ -56,29 +56,14 @@ class RoFormerTokenizer(bert.BertTokenizer):
         super().__init__(vocab_file, do_lower_case=do_lower_case)
         self.jieba = jieba_tokenizer
 
-    def tokenize(self, text):
-        if self.do_lower_case:  # PreTrainedTokenizer.tokenize, as in the BERT port
-            import re
-            escaped = [re.escape(t) for t in self.SPECIALS]
-            pattern = r"(" + r"|".join(escaped) + r")|" + r"(.+?)"
-            text = re.sub(pattern, lambda m: m.groups()[0] or m.groups()[1].lower(), text)
+    def _tokenize(self, chunk):
+        """RoFormerTokenizer._tokenize: jieba words in the vocab stay whole."""
         out = []
-        for chunk in self.split_on_special_tokens(text):
-            if not chunk:
-                continue
-            if chunk in self.SPECIALS:
-                out.append(chunk)
-                continue
-            # RoFormerTokenizer._tokenize
-            for word in self.jieba.cut(chunk, HMM=False):
-                if word in self.vocab:
-                    out.append(word)
-                    continue
-                for token in self.basic.tokenize(word, never_split=self.SPECIALS):
-                    if token in self.basic.never_split:
-                        out.append(token)
-                    else:
-                        out.extend(self.wordpiece.tokenize(token))
+        for word in self.jieba.cut(chunk, HMM=False):
+            if word in self.vocab:
+                out.append(word)
+            else:
+                out.extend(super()._tokenize(word))
         return out
 
 

@@ -210,11 +210,17 @@ class BertTokenizer:
             if chunk in self.SPECIALS:
                 out.append(chunk)
                 continue
-            for token in self.basic.tokenize(chunk, never_split=self.SPECIALS):
-                if token in self.basic.never_split:
-                    out.append(token)
-                else:
-                    out.extend(self.wordpiece.tokenize(token))
+            out.extend(self._tokenize(chunk))
+        return out
+
+    def _tokenize(self, chunk):
+        """BertTokenizer._tokenize: basic tokenizer, then WordPiece."""
+        out = []
+        for token in self.basic.tokenize(chunk, never_split=self.SPECIALS):
+            if token in self.basic.never_split:
+                out.append(token)
+            else:
+                out.extend(self.wordpiece.tokenize(token))
         return out
 
     def convert_tokens_to_ids(self, tokens):
