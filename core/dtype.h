@@ -91,8 +91,9 @@ constexpr DType dtype_of() {
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// Calls fn(T{}) with T the C++ type of a floating dtype.
-template <class Fn>
+// Calls fn(T{}) with T the C++ type of a floating dtype. Bf16 is the type
+// bf16 maps to (the CUDA kernels pass __nv_bfloat16).
+template <class Bf16 = bf16, class Fn>
 decltype(auto) dispatch_floating(DType t, const char* op, Fn&& fn) {
   switch (t) {
     case DType::f32:
@@ -100,7 +101,7 @@ decltype(auto) dispatch_floating(DType t, const char* op, Fn&& fn) {
     case DType::f64:
       return fn(double{});
     case DType::bf16:
-      return fn(bf16{});
+      return fn(Bf16{});
     default:
       break;
   }
@@ -108,8 +109,8 @@ decltype(auto) dispatch_floating(DType t, const char* op, Fn&& fn) {
       detail::concat(op, ": expected a floating dtype (f32, bf16, f64), got ", dtype_name(t)));
 }
 
-// Calls fn(T{}) for any dtype.
-template <class Fn>
+// Calls fn(T{}) for any dtype (Bf16 as for dispatch_floating).
+template <class Bf16 = bf16, class Fn>
 decltype(auto) dispatch_all(DType t, Fn&& fn) {
   switch (t) {
     case DType::f32:
@@ -117,7 +118,7 @@ decltype(auto) dispatch_all(DType t, Fn&& fn) {
     case DType::f64:
       return fn(double{});
     case DType::bf16:
-      return fn(bf16{});
+      return fn(Bf16{});
     case DType::i32:
       return fn(int32_t{});
     case DType::i64:

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda/backend.h"
 #include "core/cuda/check.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/kernels/kernel_list.h"
 
@@ -23,9 +25,8 @@ inline cudaStream_t native(const Stream& s) {
 }
 
 // --- element types ---------------------------------------------------------------
-// Arithmetic type of T: double for f64, float for f32 and bf16 (as on the CPU).
-template <class T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+// Arithmetic type of T: roformer::acc_t (core/dtype.h), double for f64 and
+// float for f32 and bf16, as on the CPU.
 
 template <class To, class From>
 __device__ __forceinline__ To convert(From v) {
@@ -40,51 +41,18 @@ __device__ __forceinline__ To convert(From v) {
   }
 }
 
-// Calls fn(T{}) with T the device type of a dtype (bf16 as __nv_bfloat16).
+// The dtype dispatch of core/dtype.h with bf16 as __nv_bfloat16.
 template <class Fn>
 void on_any_dtype(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f64:
-      return fn(double{});
-    case DType::bf16:
-      return fn(bf16_t{});
-    case DType::i32:
-      return fn(int32_t{});
-    case DType::i64:
-      return fn(int64_t{});
-  }
-  throw Error("cuda kernel: unknown dtype");
+  dispatch_all<bf16_t>(t, std::forward<Fn>(fn));
 }
-
 template <class Fn>
 void on_floating_dtype(DType t, const char* what, Fn&& fn) {
-  switch (t) {
-    case DType::f32:
-      return fn(float{});
-    case DType::f64:
-      return fn(double{});
-    case DType::bf16:
-      return fn(bf16_t{});
-    default:
-      break;
-  }
-  throw Error(
-      detail::concat(what, ": expected a floating dtype (f32, bf16, f64), got ", dtype_name(t)));
+  dispatch_floating<bf16_t>(t, what, std::forward<Fn>(fn));
 }
-
 template <class Fn>
 void on_index_dtype(DType t, const char* what, Fn&& fn) {
-  switch (t) {
-    case DType::i32:
-      return fn(int32_t{});
-    case DType::i64:
-      return fn(int64_t{});
-    default:
-      break;
-  }
-  throw Error(detail::concat(what, ": expected an index dtype (i32, i64), got ", dtype_name(t)));
+  dispatch_index(t, what, std::forward<Fn>(fn));
 }
 
 // --- geometry ----------------------------------------------------------------------
