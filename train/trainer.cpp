@@ -3,9 +3,6 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include <chrono>
 #include <cmath>
@@ -50,19 +47,6 @@ struct Totals {
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
   double accuracy() const { return units ? double(correct) / double(units) : NAN; }
 };
-
-// The next phase may run at another length: give the allocator's cached
-// blocks back, then have glibc return the freed pages to the system. Without
-// the trim the blocks only move to malloc's free lists (large ones land on
-// its heap once freed mmapped chunks have raised the mmap threshold), and
-// the six-stage tiny schedule peaked 27% above its largest stage instead of
-// staying at it (docs/performance.md, "Memory across stages").
-void release_host_memory() {
-  allocator_for(Device::cpu()).release_cached();
-#ifdef __GLIBC__
-  ::malloc_trim(0);
-#endif
-}
 
 }  // namespace
 
@@ -389,7 +373,9 @@ TrainerResult Trainer::run() {
         return result;
       }
     }
-    if (state.stage + 1 < n_phases) release_host_memory();
+    // The next phase may run at another length: give the cached blocks back
+    // to the system (the allocator trims malloc's heap too).
+    if (state.stage + 1 < n_phases) allocator_for(Device::cpu()).release_cached();
     state.step_in_stage = 0;
   }
   result.finished = true;
