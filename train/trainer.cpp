@@ -149,8 +149,9 @@ TrainerResult Trainer::run() {
                  config_.run.dir, model.num_parameters(), task_.num_phases(), phase, total,
                  omp_get_max_threads(), comm.world_size());
   }
-  MetricsLog metrics(run_dir.dir() / "metrics.jsonl", writer,
-                     config_.log.progress != ProgressMode::kNever);
+  auto metrics_log = std::make_unique<MetricsLog>(run_dir.dir() / "metrics.jsonl", writer,
+                                                  config_.log.progress != ProgressMode::kNever);
+  MetricsLog& metrics = *metrics_log;
 
   auto save = [&](bool phase_end) {
     state.stage_end = phase_end;
@@ -380,6 +381,7 @@ TrainerResult Trainer::run() {
   }
   result.finished = true;
   metrics.clear_progress();
+  result.metrics = std::move(metrics_log);
   spdlog::info("finished {} steps ({} skipped) in {}", state.global_step, state.nonfinite_skipped,
                format_duration(seconds_since(run_start)));
   return result;
