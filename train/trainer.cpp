@@ -152,6 +152,7 @@ TrainerResult Trainer::run() {
   auto metrics_log = std::make_unique<MetricsLog>(run_dir.dir() / "metrics.jsonl", writer,
                                                   config_.log.progress != ProgressMode::kNever);
   MetricsLog& metrics = *metrics_log;
+  metrics.set_defer_write_errors(true);  // checked after each step, below
 
   auto save = [&](bool phase_end) {
     state.stage_end = phase_end;
@@ -355,6 +356,29 @@ TrainerResult Trainer::run() {
         saved = true;
       }
 
+      // --- a log write failed (a full disk): save if still possible, then stop -------
+      if (comm.any(!metrics.write_error().empty())) {
+        std::string checkpoint_note;
+        if (!saved && policy.within_phase && !in_streak()) {
+          try {
+            save(false);
+            saved = true;
+          } catch (const Error& e) {
+            checkpoint_note =
+                fmt::format("the checkpoint could not be written either ({}); ", e.what());
+          }
+        }
+        metrics.clear_progress();
+        const std::string last =
+            result.last_checkpoint.empty()
+                ? std::string("no checkpoint was written yet")
+                : (saved ? "saved " : "the last checkpoint is ") + result.last_checkpoint.string();
+        throw Error(fmt::format("stopping after global step {}: {}; {}{}; free some space, then {}",
+                                state.global_step,
+                                writer ? metrics.write_error() : "a log write failed on rank 0",
+                                checkpoint_note, last, resume_advice()));
+      }
+
       // --- stop -----------------------------------------------------------------------
       if (comm.any(options_.stop && options_.stop->requested())) {
         if (!saved && policy.within_phase && !in_streak()) save(false);
@@ -381,6 +405,7 @@ TrainerResult Trainer::run() {
   }
   result.finished = true;
   metrics.clear_progress();
+  metrics.set_defer_write_errors(false);
   result.metrics = std::move(metrics_log);
   spdlog::info("finished {} steps ({} skipped) in {}", state.global_step, state.nonfinite_skipped,
                format_duration(seconds_since(run_start)));
