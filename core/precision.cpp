@@ -88,9 +88,23 @@ std::string cache_key(const Tensor& w) {
 }  // namespace
 
 Tensor to_bf16(const Tensor& t) {
+  // The last cast is remembered: a layer's query, key and value projections
+  // read the same hidden states, which are then cast once, not three times.
+  struct LastCast {
+    std::weak_ptr<StorageImpl> storage;
+    int64_t offset = 0;
+    Shape shape, strides;
+    uint64_t version = 0;
+    Tensor cast;
+  };
+  thread_local LastCast last;
+  if (last.cast.defined() && last.storage.lock() == t.impl().storage && last.offset == t.offset() &&
+      last.shape == t.shape() && last.strides == t.strides() && last.version == t.version())
+    return last.cast;
   NoGradGuard no_grad;
   Tensor out = Tensor::empty(t.shape(), DType::bf16, t.device());
   out.copy_(t.detach());
+  last = LastCast{t.impl().storage, t.offset(), t.shape(), t.strides(), t.version(), out};
   return out;
 }
 

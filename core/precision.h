@@ -55,7 +55,8 @@ int64_t bf16_weight_casts();
 // Drops every cached copy.
 void clear_bf16_weights();
 
-// A bf16 copy of `t` (no history), contiguous.
+// A bf16 copy of `t` (no history), contiguous. The caller must not write to
+// it: a repeated call for the same unchanged tensor returns the same copy.
 Tensor to_bf16(const Tensor& t);
 
 }  // namespace roformer
