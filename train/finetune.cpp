@@ -684,6 +684,7 @@ TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>(
   impl_->net = std::make_unique<TaskNet>(impl_->config.model, spec.task,
                                          int64_t(spec.labels.size()), 0, spec.max_seq_len);
   impl_->net->model->load_state_dict(data.parameters);
+  impl_->net->set_stream(impl_->config);
   impl_->net->model->eval();
 }
 
