@@ -17,6 +17,7 @@
 #include "layers/roformer.h"
 #include "train/communicator.h"
 #include "train/metrics.h"
+#include "train/run_precision.h"
 
 namespace roformer {
 
@@ -379,8 +380,7 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     throw InputError(config.source +
                      ": run.device: this build trains on the CPU only; the CUDA kernels are "
                      "not written yet (set run.device: cpu)");
-  if (config.run.precision != Precision::kF32)
-    throw InputError(config.source + ": run.precision: only f32 is implemented for training");
+  const RunPrecision precision(config);
   SingleProcessCommunicator single;
   Communicator& comm = options.communicator ? *options.communicator : single;
   if (comm.world_size() != 1)

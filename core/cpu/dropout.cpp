@@ -3,10 +3,35 @@
 // site's key, never on the batch split, the padding or the thread count. The
 // mask is never stored: the backward applies the identical mask by calling
 // the kernel again on the gradient.
+#include <vector>
+
+#include "core/cpu/philox_simd.h"
 #include "core/cpu/strided_loop.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cpu {
+
+namespace {
+
+// One token (sequence, position): its features are whole counter blocks,
+// their words drawn 16 blocks (64 features) at a time.
+template <class T, class A>
+void drop_token(const T* __restrict xt, T* __restrict ot, int64_t features, uint32_t sequence,
+                uint32_t position, const DropoutKey& key, const PhiloxKey& pkey, uint32_t threshold,
+                A scale) {
+  const int64_t blocks = (features + 3) / 4;
+  thread_local std::vector<uint32_t> words;
+  if (int64_t(words.size()) < blocks * 4 + 64) words.resize(size_t(blocks * 4 + 64));
+  const PhiloxCounter block = dropout_block(0, position, sequence, key.site, 0);
+  for (int64_t b = 0; b < blocks; b += 16)
+    philox_16_blocks(uint32_t(b), block[1], block[2], block[3], pkey, &words[size_t(b * 4)]);
+  const uint32_t* w = words.data();
+#pragma omp simd
+  for (int64_t f = 0; f < features; ++f)
+    ot[f] = (w[f] >> 8) >= threshold ? T(A(xt[f]) * scale) : T(0.0f);
+}
+
+}  // namespace
 
 void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {
   const View x(x_kt), out(out_kt);
@@ -17,26 +42,16 @@ void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {
   const int64_t rows = x.shape()[0], positions = x.shape()[1], features = x.shape()[2];
   const PhiloxKey pkey = dropout_key(key.seed, key.step);
   const uint32_t threshold = dropout_threshold(p);
-  const int64_t blocks = (features + 3) / 4;
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const A scale = A(1.0 / (1.0 - p));
     const T* px = static_cast<const T*>(x.data());
     T* po = static_cast<T*>(out.data());
-    // One token (row, position) per task: its features are whole counter blocks.
     parallel_rows(rows * positions, features, [&](int64_t token) {
       const int64_t r = token / positions, s = token % positions;
-      const uint32_t sequence = uint32_t(key.first_sequence + r);
-      const T* xt = px + token * features;
-      T* ot = po + token * features;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const PhiloxCounter bits =
-            philox4x32(dropout_block(uint32_t(b), uint32_t(s), sequence, key.site, 0), pkey);
-        const int64_t f0 = b * 4, n = std::min<int64_t>(4, features - f0);
-        for (int64_t j = 0; j < n; ++j)
-          ot[f0 + j] = (bits[size_t(j)] >> 8) >= threshold ? T(A(xt[f0 + j]) * scale) : T(0.0f);
-      }
+      drop_token(px + token * features, po + token * features, features,
+                 uint32_t(key.first_sequence + r), uint32_t(s), key, pkey, threshold, scale);
     });
   });
 }
@@ -53,7 +68,6 @@ void dropout_tokens(Stream, KT x_kt, KT out_kt, KT tokens_kt, double p, const Dr
   const int64_t T = x.shape()[0], features = x.shape()[1];
   const PhiloxKey pkey = dropout_key(key.seed, key.step);
   const uint32_t threshold = dropout_threshold(p);
-  const int64_t blocks = (features + 3) / 4;
   const int64_t* ids = static_cast<const int64_t*>(tokens.data());
   const int64_t s0 = tokens.strides()[0], s1 = tokens.strides()[1];
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
@@ -62,19 +76,11 @@ void dropout_tokens(Stream, KT x_kt, KT out_kt, KT tokens_kt, double p, const Dr
     const A scale = A(1.0 / (1.0 - p));
     const T_* px = static_cast<const T_*>(x.data());
     T_* po = static_cast<T_*>(out.data());
-    // The same draws as dropout() gives element (row, position, feature).
+    // The draws dropout() gives element (row, position, feature).
     parallel_rows(T, features, [&](int64_t t) {
-      const uint32_t sequence = uint32_t(key.first_sequence + ids[t * s0]);
-      const uint32_t position = uint32_t(ids[t * s0 + s1]);
-      const T_* xt = px + t * features;
-      T_* ot = po + t * features;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const PhiloxCounter bits =
-            philox4x32(dropout_block(uint32_t(b), position, sequence, key.site, 0), pkey);
-        const int64_t f0 = b * 4, n = std::min<int64_t>(4, features - f0);
-        for (int64_t j = 0; j < n; ++j)
-          ot[f0 + j] = (bits[size_t(j)] >> 8) >= threshold ? T_(A(xt[f0 + j]) * scale) : T_(0.0f);
-      }
+      drop_token(px + t * features, po + t * features, features,
+                 uint32_t(key.first_sequence + ids[t * s0]), uint32_t(ids[t * s0 + s1]), key, pkey,
+                 threshold, scale);
     });
   });
 }
