@@ -5,13 +5,16 @@
 // ROFORMER_TEST_KILL_AT_STEP=N (SIGKILL before global step N) and
 // ROFORMER_TEST_KILL_DURING_CHECKPOINT=N (SIGKILL inside the step-N
 // checkpoint write, before its rename) into the options' callbacks, for
-// tests/train/resume_test.sh.
+// tests/train/resume_test.sh; and, for tests/distributed/, the failures of
+// one rank: ROFORMER_TEST_FAIL_AT_STEP=N (throws before global step N) and
+// ROFORMER_TEST_HANG_AT_STEP=N (SIGSTOP: a rank that neither dies nor answers).
 #pragma once
 
 #include <csignal>
 #include <cstdlib>
 #include <string>
 
+#include "core/error.h"
 #include "train/cli/command.h"
 #include "train/trainer.h"
 
@@ -35,10 +38,19 @@ inline TrainerOptions trainer_options(const Invocation& inv, const std::string& 
   o.restart = restart;
   o.resume_command = "roformer " + command + " --config " + shell_quote(inv.config_path.string());
   for (const std::string& kv : inv.overrides) o.resume_command += " " + shell_quote(kv);
-  if (const char* at = std::getenv("ROFORMER_TEST_KILL_AT_STEP")) {
-    const long long step = std::atoll(at);
-    o.before_step = [step](int64_t global_step) {
-      if (global_step == step) std::raise(SIGKILL);
+  const char* kill_at = std::getenv("ROFORMER_TEST_KILL_AT_STEP");
+  const char* fail_at = std::getenv("ROFORMER_TEST_FAIL_AT_STEP");
+  const char* hang_at = std::getenv("ROFORMER_TEST_HANG_AT_STEP");
+  if (kill_at || fail_at || hang_at) {
+    const long long kill = kill_at ? std::atoll(kill_at) : -1;
+    const long long fail = fail_at ? std::atoll(fail_at) : -1;
+    const long long hang = hang_at ? std::atoll(hang_at) : -1;
+    o.before_step = [kill, fail, hang](int64_t global_step) {
+      if (global_step == kill) std::raise(SIGKILL);
+      if (global_step == hang) std::raise(SIGSTOP);
+      if (global_step == fail)
+        throw Error(detail::concat("injected failure before global step ", global_step,
+                                   " (ROFORMER_TEST_FAIL_AT_STEP)"));
     };
   }
   if (const char* at = std::getenv("ROFORMER_TEST_KILL_DURING_CHECKPOINT")) {
