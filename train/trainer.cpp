@@ -257,6 +257,9 @@ TrainerResult Trainer::run() {
         step.correct += s.correct;
         step.tokens += s.tokens;
       }
+      // Before any other collective: a rank without a backward this step starts
+      // its buckets here, a rank with one may have started them already.
+      if (reducer) reducer->finish();
       step.units = global_units;
       {
         double d[1] = {step.loss_sum};
@@ -267,7 +270,6 @@ TrainerResult Trainer::run() {
         step.correct = n[0];
         step.tokens = n[1];
       }
-      if (reducer) reducer->finish();
       const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
       const double gnorm = optim::global_grad_norm(params);
       const double lr = schedule.at(state.global_step);

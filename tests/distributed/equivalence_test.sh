@@ -32,4 +32,28 @@ compare "$work/a" "$work/b" 1e-6 "first step"
   model.attention_probs_dropout_prob=0 stages.0.steps=1 stages.1.steps=1 >/dev/null 2>&1
 [[ $(losses "$work/nodrop/metrics.jsonl" | head -1) != $(head -1 "$work/one.txt") ]] ||
   { echo "dropout had no effect"; exit 1; }
+
+# Fine-tuning too: a 2-label task of 20 examples, batch 8 (the last batch of
+# each epoch holds 4 and reaches rank 0 only), 2 epochs.
+for i in $(seq 1 20); do
+  if ((i % 2)); then echo "{\"text\": \"the whale swam in the sea number $i\", \"label\": \"sea\"}"
+  else echo "{\"text\": \"the nation and the congress met in year $i\", \"label\": \"state\"}"; fi
+done > "$work/task.jsonl"
+cat > "$work/ft.yaml" <<YAML
+run: {name: ft, dir: $work/ft, seed: 5, threads: 1}
+model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,
+        intermediate_size: 64, max_position_embeddings: 128}
+data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt}
+log: {every_steps: 1, progress: never}
+finetune: {task: classification, train_file: $work/task.jsonl, validation_file: $work/task.jsonl,
+           max_seq_len: 32, batch_size: 8, epochs: 2, lr: 1.0e-3}
+YAML
+"$ROFORMER" finetune --config "$work/ft.yaml" "run.dir=$work/ft1" >"$work/ft1.log" 2>&1 ||
+  { cat "$work/ft1.log"; exit 1; }
+launch 2 "$ROFORMER" finetune --config "$work/ft.yaml" "run.dir=$work/ft2" >"$work/ft2.log" 2>&1 ||
+  { cat "$work/ft2.log"; exit 1; }
+losses "$work/ft1/metrics.jsonl" > "$work/ft1.txt"
+losses "$work/ft2/metrics.jsonl" > "$work/ft2.txt"
+[[ $(wc -l < "$work/ft1.txt") -eq 6 ]] || { echo "fine-tuning: expected 6 logged steps"; cat "$work/ft1.txt"; exit 1; }
+compare "$work/ft1.txt" "$work/ft2.txt" 1e-5 "fine-tuning: 1 rank vs 2 ranks"
 echo "equivalence: 1 rank, 2 ranks and 2 ranks x 2 micro-batches agree with dropout on"
