@@ -3,7 +3,8 @@
 # error, or stopped (SIGSTOP: neither dead nor answering). Each time the other
 # rank exits within 60 s, the launcher exits non-zero, and the output names
 # the failed rank; the run then resumes. A global batch that does not split
-# over the ranks is an error naming the stage and the numbers.
+# over the ranks is an error naming the stage and the numbers. SIGTERM to
+# mpirun saves one checkpoint and stops every rank.
 # Usage: faults_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 ROFORMER=$1
@@ -41,4 +42,22 @@ launch 2 "$ROFORMER" pretrain --config "$work/dp.yaml" "run.dir=$work/odd" stage
 grep -q "stages\[1\]: batch_size 9 does not split over 2 ranks" "$work/odd.log" ||
   { echo "no error naming the stage and numbers"; cat "$work/odd.log"; exit 1; }
 [[ ! -e $work/odd/checkpoints/ckpt-00000002.h5 ]] || { echo "trained before failing"; exit 1; }
+# SIGTERM to the launcher: every rank finishes its step, rank 0 writes one
+# checkpoint, every rank stops (mpirun forwards SIGTERM and kills 1 s later).
+# (mpirun itself in the background, so $! is its PID.)
+mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1 "$ROFORMER" pretrain --config "$work/dp.yaml" \
+  "run.dir=$work/term" stages.0.steps=1000 \
+  checkpoint.every_steps=0 >"$work/term.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 300); do grep -q "global      3/" "$work/term.log" && break; sleep 0.1; done
+kill -TERM $pid
+wait $pid || true
+for rank in 0 1; do
+  grep -q "\[rank $rank/2\] \[warning\] stopped by signal 15 after global step" "$work/term.log" ||
+    { echo "SIGTERM: rank $rank did not stop cleanly"; grep -v "step .*[|]" "$work/term.log"; exit 1; }
+done
+[[ $(ls "$work/term/checkpoints" | wc -l) -eq 1 ]] ||
+  { echo "SIGTERM: expected one checkpoint"; ls "$work/term/checkpoints"; exit 1; }
+echo "SIGTERM: one checkpoint ($(ls "$work/term/checkpoints")), every rank stopped"
+
 echo "faults: every failure ends the run in time, names rank 1, and resumes"
