@@ -234,6 +234,7 @@ TrainerResult Trainer::run() {
     task_.begin_phase(state, metrics);
     Totals window, whole;
     auto window_start = Clock::now();
+    double window_comm_start = reducer ? reducer->blocked_seconds() : 0.0;
     PhaseTraining training;
 
     while (state.step_in_stage < plan.steps) {
@@ -347,22 +348,30 @@ TrainerResult Trainer::run() {
             format_duration(elapsed), format_duration(eta));
         char loss_exact[64];
         std::snprintf(loss_exact, sizeof loss_exact, "%.9g", loss);
-        metrics.write({{"type", "train"},
-                       {phase, state.stage + 1},
-                       {"step_in_" + phase, state.step_in_stage},
-                       {"global_step", state.global_step},
-                       {"loss", training.window_loss},
-                       {"last_step_loss", loss_exact},
-                       {task_.accuracy_key(), training.window_accuracy},
-                       {"lr", lr},
-                       {"grad_norm", mean_gnorm},
-                       {"tokens_per_s", tok_s},
-                       {"elapsed_s", elapsed},
-                       {"eta_s", eta},
-                       {"skipped_steps", state.nonfinite_skipped},
-                       {"allocated_mb", mem.allocated_mb},
-                       {"cached_mb", mem.cached_mb},
-                       {"peak_rss_mb", mem.peak_rss_mb}});
+        nlohmann::json record = {{"type", "train"},
+                                 {phase, state.stage + 1},
+                                 {"step_in_" + phase, state.step_in_stage},
+                                 {"global_step", state.global_step},
+                                 {"loss", training.window_loss},
+                                 {"last_step_loss", loss_exact},
+                                 {task_.accuracy_key(), training.window_accuracy},
+                                 {"lr", lr},
+                                 {"grad_norm", mean_gnorm},
+                                 {"tokens_per_s", tok_s},
+                                 {"elapsed_s", elapsed},
+                                 {"eta_s", eta},
+                                 {"skipped_steps", state.nonfinite_skipped},
+                                 {"allocated_mb", mem.allocated_mb},
+                                 {"cached_mb", mem.cached_mb},
+                                 {"peak_rss_mb", mem.peak_rss_mb}};
+        if (reducer) {
+          // Communication not hidden behind backward: its share of the window.
+          const double blocked = reducer->blocked_seconds() - window_comm_start;
+          record["comm_blocked_s"] = blocked;
+          record["comm_share"] = blocked / std::max(secs, 1e-9);
+          window_comm_start = reducer->blocked_seconds();
+        }
+        metrics.write(record);
         window = {};
         window_start = Clock::now();
       } else {
