@@ -17,6 +17,7 @@
 #include "train/communicator.h"
 #include "train/distributed/batch_split.h"
 #include "train/metrics.h"
+#include "train/run_precision.h"
 
 namespace roformer {
 
@@ -371,8 +372,7 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     throw InputError(config.source +
                      ": run.device: this build trains on the CPU only; the CUDA kernels are "
                      "not written yet (set run.device: cpu)");
-  if (config.run.precision != Precision::kF32)
-    throw InputError(config.source + ": run.precision: only f32 is implemented for training");
+  const RunPrecision precision(config);
   SingleProcessCommunicator single;
   Communicator& comm = options.communicator ? *options.communicator : single;
   if (config.run.threads > 0) omp_set_num_threads(int(config.run.threads));

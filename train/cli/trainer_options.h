@@ -5,9 +5,12 @@
 // ROFORMER_TEST_KILL_AT_STEP=N (SIGKILL before global step N) and
 // ROFORMER_TEST_KILL_DURING_CHECKPOINT=N (SIGKILL inside the step-N
 // checkpoint write, before its rename) into the options' callbacks, for
-// tests/train/resume_test.sh; and, for tests/distributed/, the failures of
-// one rank: ROFORMER_TEST_FAIL_AT_STEP=N (throws before global step N) and
-// ROFORMER_TEST_HANG_AT_STEP=N (SIGSTOP: a rank that neither dies nor answers).
+// tests/train/resume_test.sh; ROFORMER_TEST_CPU_BF16=0|1 into the CPU
+// bf16 probe's override (a CPU without or with bf16 dot products, for
+// tests/train/precision_test.sh); and, for tests/distributed/, the failures
+// of one rank: ROFORMER_TEST_FAIL_AT_STEP=N (throws before global step N)
+// and ROFORMER_TEST_HANG_AT_STEP=N (SIGSTOP: a rank that neither dies nor
+// answers).
 #pragma once
 
 #include <csignal>
@@ -15,6 +18,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/precision.h"
 #include "train/cli/command.h"
 #include "train/trainer.h"
 
@@ -38,6 +42,8 @@ inline TrainerOptions trainer_options(const Invocation& inv, const std::string& 
   o.restart = restart;
   o.resume_command = "roformer " + command + " --config " + shell_quote(inv.config_path.string());
   for (const std::string& kv : inv.overrides) o.resume_command += " " + shell_quote(kv);
+  if (const char* bf16 = std::getenv("ROFORMER_TEST_CPU_BF16"))
+    set_cpu_bf16_probe_override(std::string(bf16) != "0");
   const char* kill_at = std::getenv("ROFORMER_TEST_KILL_AT_STEP");
   const char* fail_at = std::getenv("ROFORMER_TEST_FAIL_AT_STEP");
   const char* hang_at = std::getenv("ROFORMER_TEST_HANG_AT_STEP");
