@@ -2,7 +2,8 @@
 # Faults of one rank in a 2-rank run: killed with SIGKILL, failing with an
 # error, or stopped (SIGSTOP: neither dead nor answering). Each time the other
 # rank exits within 60 s, the launcher exits non-zero, and the output names
-# the failed rank; the run then resumes. A global batch that does not split
+# the failed rank (a hang: the waiting rank's timeout says a peer hangs); the
+# run then resumes. A global batch that does not split
 # over the ranks is an error naming the stage and the numbers. SIGTERM to
 # mpirun saves one checkpoint and stops every rank.
 # Usage: faults_test.sh ROFORMER_BINARY SOURCE_DIR
