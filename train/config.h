@@ -142,6 +142,14 @@ struct LogConfig {
   bool operator==(const LogConfig&) const = default;
 };
 
+// Data parallelism (docs/distributed.md); used only when a launcher starts
+// more than one rank.
+struct DistributedConfig {
+  double bucket_mb = 25;   // gradient all-reduce bucket size, MiB
+  double timeout_s = 120;  // a collective waiting longer throws (a peer died or hangs)
+  bool operator==(const DistributedConfig&) const = default;
+};
+
 struct FinetuneConfig {
   FinetuneTask task = FinetuneTask::kClassification;
   std::string train_file;
@@ -172,6 +180,7 @@ struct Config {
   std::vector<StageConfig> stages;  // required unless the config has a finetune section
   CheckpointConfig checkpoint;
   LogConfig log;
+  DistributedConfig distributed;
   std::optional<FinetuneConfig> finetune;
 
   // Where the config came from ("configs/tiny.yaml"), for messages. Not part

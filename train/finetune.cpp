@@ -21,6 +21,8 @@
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
+#include "train/communicator.h"
+#include "train/distributed/batch_split.h"
 #include "train/hf_convert.h"
 #include "train/metrics.h"
 #include "train/run_precision.h"
@@ -278,15 +280,21 @@ fs::path resolve_task_checkpoint(const fs::path& path) {
 class FinetuneTraining final : public TrainingTask {
  public:
   FinetuneTraining(const Config& config, const EncodedTask& train, const EncodedTask* val,
-                   TaskNet& net, fs::path best_path)
+                   TaskNet& net, fs::path best_path, int rank, int world_size)
       : config_(config),
         spec_(*config.finetune),
         train_(train),
         val_(val),
         net_(net),
         best_path_(std::move(best_path)) {
+    rank_ = rank;
+    world_size_ = world_size;
     const int64_t n = int64_t(train_.examples.size());
     steps_per_epoch_ = (n + spec_.batch_size - 1) / spec_.batch_size;
+    // Data parallelism: each rank takes its contiguous share of every batch.
+    per_rank_ = distributed::split_batch(spec_.batch_size, spec_.batch_size, world_size_,
+                                         config.source + ": finetune")
+                    .per_rank;
     warmup_ = std::llround(spec_.warmup_ratio * double(steps_per_epoch_ * spec_.epochs));
   }
 
@@ -320,7 +328,7 @@ class FinetuneTraining final : public TrainingTask {
   std::string phase_name() const override { return "epoch"; }
   int64_t num_phases() const override { return spec_.epochs; }
   PhasePlan plan(int64_t) const override {
-    return {steps_per_epoch_, 1, spec_.batch_size, spec_.batch_size * spec_.max_seq_len};
+    return {steps_per_epoch_, 1, per_rank_, spec_.batch_size * spec_.max_seq_len};
   }
   CheckpointPolicy checkpoint_policy() const override {
     return {false, false, std::max<int64_t>(config_.checkpoint.keep_last, 1), false};
@@ -346,13 +354,15 @@ class FinetuneTraining final : public TrainingTask {
   std::vector<int64_t> fetch() override {
     const int64_t n = int64_t(train_.examples.size());
     batch_.clear();
-    for (int64_t i = step_ * spec_.batch_size; i < std::min(n, (step_ + 1) * spec_.batch_size); ++i)
+    const int64_t first = step_ * spec_.batch_size + rank_ * per_rank_;
+    for (int64_t i = first; i < std::min(n, first + per_rank_); ++i)
       batch_.push_back(&train_.examples[order_[size_t(i)]]);
     ++step_;
     return {int64_t(batch_.size())};
   }
 
   StepStats forward_backward(size_t, double inv_global_units, DropoutContext dropout) override {
+    if (batch_.empty()) return {};  // the epoch's last batch may not reach this rank
     StepStats s;
     const Tensor logits = net_.logits(batch_, true, dropout, &s.slots);
     const Tensor labels = labels_of(batch_);
@@ -416,7 +426,7 @@ class FinetuneTraining final : public TrainingTask {
       at_end.stage = epoch + 1;
       at_end.step_in_stage = 0;
       at_end.stage_results = save_extra();
-      save_model(best_path_, net_, config_, at_end, nullptr);
+      if (rank_ == 0) save_model(best_path_, net_, config_, at_end, nullptr);
     }
   }
   bool stop_early() const override { return stopped_early_; }
@@ -443,6 +453,8 @@ class FinetuneTraining final : public TrainingTask {
   const EncodedTask* val_;
   TaskNet& net_;
   fs::path best_path_;
+  int rank_ = 0, world_size_ = 1;
+  int64_t per_rank_ = 0;
   int64_t steps_per_epoch_ = 0, warmup_ = 0;
   // The epoch in progress.
   uint64_t data_seed_ = 0;
@@ -621,7 +633,9 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     spdlog::info("no finetune.init_checkpoint: training from random weights (no pretraining)");
   }
   const fs::path best_path = fs::path(config.run.dir) / "best.h5";
-  FinetuneTraining task(config, train, val ? &*val : nullptr, net, best_path);
+  const int rank = options.communicator ? options.communicator->rank() : 0;
+  FinetuneTraining task(config, train, val ? &*val : nullptr, net, best_path, rank,
+                        options.communicator ? options.communicator->world_size() : 1);
   const int64_t total_steps = task.plan(0).steps * spec.epochs;
   spdlog::info("fine-tuning {} parameters for {} epochs ({} steps, {} warm-up) in {}",
                net.model->num_parameters(), spec.epochs, total_steps, task.warmup_steps(),
@@ -631,6 +645,12 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   FinetuneResult result;
   if (run.interrupted) {
     result.interrupted = true;
+    result.epochs_done = run.state.stage;
+    return result;
+  }
+  // Rank 0 evaluates the best model and reports; the other ranks are done.
+  if (rank != 0) {
+    result.finished = true;
     result.epochs_done = run.state.stage;
     return result;
   }

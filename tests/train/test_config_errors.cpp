@@ -174,7 +174,7 @@ const std::vector<BadConfig>& bad_configs() {
        "- a\n- b\n",
        {},
        "bad.yaml:1:1: expected a mapping of sections (run, model, data, optim, stages, "
-       "checkpoint, log, finetune), got a list"},
+       "checkpoint, log, distributed, finetune), got a list"},
       {"absolute_position_seq_len_beyond_table",
        "model:\n  position: absolute\n  max_position_embeddings: 512\n"
        "stages:\n  - {max_seq_len: 1024, batch_size: 8, steps: 10}\n",
