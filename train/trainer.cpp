@@ -32,7 +32,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 // Sums of a log window or a whole phase.
 struct Totals {
-  double loss = 0, gnorm = 0, tokens = 0;
+  double loss = 0, gnorm = 0, tokens = 0, slots = 0;
   int64_t finite_steps = 0, units = 0, correct = 0;
   void add(double step_loss, double step_gnorm, const StepStats& s) {
     if (std::isfinite(step_loss)) {
@@ -43,7 +43,9 @@ struct Totals {
     units += s.units;
     correct += s.correct;
     tokens += double(s.tokens);
+    slots += double(s.slots);
   }
+  double packing_efficiency() const { return slots > 0 ? tokens / slots : 1.0; }
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
   double accuracy() const { return units ? double(correct) / double(units) : NAN; }
 };
@@ -220,16 +222,18 @@ TrainerResult Trainer::run() {
         step.loss_sum += s.loss_sum;
         step.correct += s.correct;
         step.tokens += s.tokens;
+        step.slots += s.slots > 0 ? s.slots : s.tokens;
       }
       step.units = global_units;
       {
         double d[1] = {step.loss_sum};
-        int64_t n[2] = {step.correct, step.tokens};
+        int64_t n[3] = {step.correct, step.tokens, step.slots};
         comm.all_reduce_sum(d);
         comm.all_reduce_sum(n);
         step.loss_sum = d[0];
         step.correct = n[0];
         step.tokens = n[1];
+        step.slots = n[2];
       }
       // (Data parallelism: the gradient all-reduce goes here, before the norm.)
       const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
@@ -301,11 +305,12 @@ TrainerResult Trainer::run() {
         metrics.clear_progress();
         spdlog::info(
             "{} {}/{} step {:>5}/{} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
-            "gnorm {:.3f} | {:.0f} tok/s | {:.0f} MB | {} elapsed, ETA {}",
+            "gnorm {:.3f} | {:.0f} tok/s, fill {:.0f}% | {:.0f} MB | {} elapsed, ETA {}",
             phase, state.stage + 1, n_phases, state.step_in_stage, plan.steps, state.global_step,
             total_steps, training.window_loss,
             task_.accuracy_key() == "mlm_accuracy" ? "mlm acc" : "acc",
-            100 * training.window_accuracy, lr, mean_gnorm, tok_s, mem.allocated_mb + mem.cached_mb,
+            100 * training.window_accuracy, lr, mean_gnorm, tok_s,
+            100 * window.packing_efficiency(), mem.allocated_mb + mem.cached_mb,
             format_duration(elapsed), format_duration(eta));
         char loss_exact[64];
         std::snprintf(loss_exact, sizeof loss_exact, "%.9g", loss);
@@ -319,6 +324,7 @@ TrainerResult Trainer::run() {
                        {"lr", lr},
                        {"grad_norm", mean_gnorm},
                        {"tokens_per_s", tok_s},
+                       {"packing_efficiency", window.packing_efficiency()},
                        {"elapsed_s", elapsed},
                        {"eta_s", eta},
                        {"skipped_steps", state.nonfinite_skipped},
