@@ -23,6 +23,7 @@
 #include "train/hf_convert.h"
 #include "train/metrics.h"
 #include "train/run_device.h"
+#include "train/run_precision.h"
 #include "train/signals.h"
 #include "train/task_data.h"
 #include "train/trainer.h"
@@ -511,6 +512,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   require_for(input_config, ConfigUse::kFinetune);
   const Device device = run_device(input_config);  // fails here, before any data is read
   if (input_config.run.threads > 0) omp_set_num_threads(int(input_config.run.threads));
+  const RunPrecision precision(input_config);
   Config config = input_config;
   FinetuneConfig& spec = *config.finetune;
 
@@ -602,7 +604,6 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     result.epochs_done = run.state.stage;
     return result;
   }
-  MetricsLog metrics(fs::path(config.run.dir) / "metrics.jsonl", true, false);
   const TrainingState& state = run.state;
   const double best = task.best();
 
@@ -625,7 +626,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     spdlog::info("best model on test:\n{}", format_eval_report(*result.test));
     nlohmann::json rec = eval_report_json(*result.test);
     rec["type"] = "test";
-    metrics.write(rec);
+    run.metrics->write(rec);  // the run's log: its TensorBoard file too
   }
   return result;
 }

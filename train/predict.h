@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "train/config.h"
 
 namespace roformer {
 
@@ -34,6 +35,8 @@ class FillMask {
 
   // Throws InputError when the text has no [MASK].
   std::vector<MaskPrediction> predict(const std::string& text, int64_t top_k) const;
+  // The checkpoint's config (its run.precision is the one predict runs in).
+  const Config& config() const;
 
  private:
   struct Impl;

@@ -18,6 +18,7 @@
 #include "train/communicator.h"
 #include "train/metrics.h"
 #include "train/run_device.h"
+#include "train/run_precision.h"
 
 namespace roformer {
 
@@ -360,8 +361,7 @@ std::string format_stage_table(const std::vector<StageSummary>& stages) {
 PretrainResult run_pretrain(const Config& config, const PretrainOptions& options) {
   require_for(config, ConfigUse::kPretrain);
   const Device device = run_device(config);  // fails here, before any data is read
-  if (config.run.precision != Precision::kF32)
-    throw InputError(config.source + ": run.precision: only f32 is implemented for training");
+  const RunPrecision precision(config);
   SingleProcessCommunicator single;
   Communicator& comm = options.communicator ? *options.communicator : single;
   if (comm.world_size() != 1)

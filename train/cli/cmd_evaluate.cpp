@@ -6,6 +6,7 @@
 #include "train/cli/command.h"
 #include "train/finetune.h"
 #include "train/run_device.h"
+#include "train/run_precision.h"
 
 namespace {
 
@@ -45,6 +46,8 @@ class EvaluateCommand : public roformer::cli::Command {
         throw roformer::InputError(config.source + ": finetune." + split_ +
                                    "_file is not set (or pass --file)");
     }
+    // run.precision of the config in use (--config, else the checkpoint's run).
+    const roformer::RunPrecision precision(config);
     const roformer::EvalReport report = model.evaluate(path, spec);
     if (json_)
       std::cout << roformer::eval_report_json(report).dump() << "\n";
