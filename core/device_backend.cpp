@@ -43,4 +43,16 @@ DeviceBackend& backend_for(Device device) {
   return *backend;
 }
 
+void require_device(Device device) {
+  if (device.is_cpu()) {
+    RF_CHECK(device.index == 0, "device ", device.str(), " does not exist (the CPU is cpu)");
+    return;
+  }
+  backend_for(device);  // no backend in this build, or not a visible device
+#if !defined(ROFORMER_CUDA_KERNELS)
+  throw Error("device " + device.str() +
+              " has no kernels in this build (configure with ROFORMER_CUDA_KERNELS=ON)");
+#endif
+}
+
 }  // namespace roformer

@@ -59,4 +59,9 @@ bool device_available(Device device);
 // Number of visible devices of `type` (1 for the CPU, 0 without a backend).
 int device_count(DeviceType type);
 
+// Throws an Error saying why ops cannot run on `device` here: the build has
+// no backend for it, or no kernels for it (ROFORMER_CUDA_KERNELS off), or the
+// machine shows no such device. Returns when they can.
+void require_device(Device device);
+
 }  // namespace roformer

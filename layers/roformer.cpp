@@ -71,7 +71,8 @@ Tensor RoFormerEmbeddings::forward(const Tensor& ids, const Tensor& token_types,
       throw Error(detail::concat("RoFormerEmbeddings: sequence length ", S,
                                  " exceeds max_position_embeddings ",
                                  config_.max_position_embeddings));
-    const Tensor pos = position_embeddings_->forward(Tensor::arange(0, S));  // [S, E]
+    const Tensor pos =
+        position_embeddings_->forward(Tensor::arange(0, S, DType::i64, ids.device()));  // [S, E]
     RF_PROFILE("add");
     x = add(x, pos);
   }
@@ -183,7 +184,7 @@ Tensor RoFormerModel::forward(const Tensor& ids, const Tensor& token_types,
                                " does not match input_ids ", ids.desc()));
   Tensor x = embeddings_.forward(ids, token_types, training, ctx);
   if (embeddings_project_) x = embeddings_project_->forward(x);
-  const Tensor positions = Tensor::arange(0, S);
+  const Tensor positions = Tensor::arange(0, S, DType::i64, ids.device());
   for (const auto& layer : layers_) x = layer->forward(x, attention_mask, positions, training, ctx);
   return x;
 }
@@ -278,13 +279,15 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labe
     out.loss = mul(sum(hidden), 0.0);
     return out;
   }
+  // The labels may come from the host (the trainer keeps them there); the
+  // rows and targets go where the model runs.
   Tensor selected;
   {
     RF_PROFILE("index_select");
-    selected = index_select(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}));
+    selected = index_select(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}, hidden.device()));
   }
   const Tensor logits = head_.forward(selected);  // [M, V]
-  const Tensor target = Tensor::from_vector(targets, {int64_t(targets.size())});
+  const Tensor target = Tensor::from_vector(targets, {int64_t(targets.size())}, hidden.device());
   {
     RF_PROFILE("cross_entropy");
     out.loss = cross_entropy(logits, target);

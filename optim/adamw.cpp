@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/autograd.h"
+#include "optim/device_passes.h"
 
 namespace roformer::optim {
 
@@ -48,8 +49,6 @@ AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
 
 void AdamW::step(double lr, double grad_scale) {
   const FlatParameters& flat = *flat_;
-  if (!flat.device().is_cpu())
-    throw Error("AdamW: no update kernel for " + flat.device().str() + " in this build");
   ++step_;
   const double bc1 = 1.0 - std::pow(options_.beta1, double(step_));
   const double bc2 = 1.0 - std::pow(options_.beta2, double(step_));
@@ -74,6 +73,15 @@ void AdamW::step(double lr, double grad_scale) {
     } else {
       spans.push_back({begin, end, decay});
     }
+  }
+
+  if (!flat.device().is_cpu()) {
+    // The same pass as one fused kernel on the device (optim/device_passes.h).
+    std::vector<device_passes::Run> runs;
+    for (const Span& sp : spans) runs.push_back({sp.begin, sp.end, sp.decay});
+    device_passes::adamw(flat.data(), flat.grad(), m_, v_, runs,
+                         {b1, b2, eps, step_size, bc2_sqrt, scale, decay_factor});
+    return;
   }
 
   float* p = flat.data().data_as<float>();

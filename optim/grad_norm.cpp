@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
+#include "optim/device_passes.h"
 
 namespace roformer::optim {
 
@@ -31,6 +33,12 @@ double sum_of_squares(const Tensor& x) {
 }
 
 double grad_norm(const FlatParameters& flat) {
+  if (!flat.device().is_cpu()) {
+    // One pass and one 16-byte read back; a non-finite element makes the
+    // norm NaN, as the CPU sum does.
+    const device_passes::GradSummary s = device_passes::grad_summary(flat.grad());
+    return s.non_finite ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(s.sum_squares);
+  }
   return std::sqrt(sum_of_squares(flat.grad()));
 }
 

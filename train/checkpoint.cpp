@@ -37,7 +37,8 @@ void check_finite(const Tensor& t, const std::string& name) {
 }
 
 void write_tensor(hdf5::Group& group, const std::string& name, const Tensor& tensor) {
-  const Tensor t = tensor.to(DType::f32).contiguous();
+  // f32 on the host whatever the tensor's device: one format everywhere.
+  const Tensor t = tensor.to(Device::cpu()).to(DType::f32).contiguous();
   check_finite(t, name);
   hdf5::Dataset ds = group.write_dataset<float>(
       name, std::span<const float>(t.data_as<float>(), size_t(t.numel())), tensor_options());

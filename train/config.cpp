@@ -25,12 +25,6 @@ namespace roformer {
 // Enum names as they appear in YAML.
 
 template <>
-std::span<const EnumEntry<DeviceType>> enum_entries<DeviceType>() {
-  static constexpr EnumEntry<DeviceType> kEntries[] = {{"cpu", DeviceType::cpu},
-                                                       {"cuda", DeviceType::cuda}};
-  return kEntries;
-}
-template <>
 std::span<const EnumEntry<Precision>> enum_entries<Precision>() {
   static constexpr EnumEntry<Precision> kEntries[] = {{"f32", Precision::kF32},
                                                       {"bf16", Precision::kBf16}};
@@ -516,6 +510,27 @@ class MapReader {
       read(item, n[i], out[i], opt);
     }
   }
+  // "cpu", "cuda" (= cuda:0) or "cuda:N": parse_device's grammar (core/tensor.cpp),
+  // read here so the config library does not link the tensor core.
+  void read(const std::string& path, const YAML::Node& n, Device& out, const Opt&) const {
+    const std::string what = "one of [cpu, cuda, cuda:N]";
+    if (!n.IsScalar()) expected(path, n, what);
+    const std::string& text = n.Scalar();
+    if (text == "cpu" || text == "cuda") {
+      out = text == "cpu" ? Device::cpu() : Device::cuda(0);
+      return;
+    }
+    const std::string index = text.rfind("cuda:", 0) == 0 ? text.substr(5) : std::string();
+    if (!index.empty() && index.size() <= 4 &&
+        std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      out = Device::cuda(std::stoi(index));
+      return;
+    }
+    std::string hint;
+    const std::vector<std::string_view> names = {"cpu", "cuda"};
+    if (auto best = nearest(text, names)) hint = fmt::format(" (did you mean '{}'?)", *best);
+    ctx_.fail(path, fmt::format("expected {}, got \"{}\"{}", what, text, hint));
+  }
   template <class E>
   requires std::is_enum_v<E>
   void read(const std::string& path, const YAML::Node& n, E& out, const Opt&) const {
@@ -841,6 +856,10 @@ class Writer {
   template <class E>
   requires std::is_enum_v<E>
   void field(std::string_view key, E v, Opt = {}) { emit_key(key) << std::string(enum_name(v)); }
+  // cuda:0 is written "cuda", as configs usually say.
+  void field(std::string_view key, Device v, Opt = {}) {
+    emit_key(key) << (v == Device::cuda(0) ? std::string("cuda") : v.str());
+  }
 
  private:
   YAML::Emitter& emit_key(std::string_view key) {

@@ -23,17 +23,14 @@
 
 namespace roformer {
 
-// Enums shared with the code that consumes them: DeviceType (core/device.h),
-// data::InputFormat and data::InvalidUtf8 (data/text_reader.h),
-// optim::DecayKind (optim/lr_schedule.h). The config-only ones:
+// Enums shared with the code that consumes them: data::InputFormat and data::InvalidUtf8
+// (data/text_reader.h), optim::DecayKind (optim/lr_schedule.h). The config-only ones:
 enum class Precision { kF32, kBf16 };
 enum class ProgressMode { kAuto, kAlways, kNever };
 enum class FinetuneTask { kClassification, kPair, kTriplet };
 enum class TaskFormat { kJsonl, kTsv };
 enum class Truncation { kError, kTruncate };
 
-template <>
-std::span<const EnumEntry<DeviceType>> enum_entries<DeviceType>();
 template <>
 std::span<const EnumEntry<Precision>> enum_entries<Precision>();
 template <>
@@ -55,7 +52,7 @@ struct RunConfig {
   std::string name = "roformer";
   std::string dir = "runs/roformer";  // when absent from the file: "runs/<name>"
   uint64_t seed = 1234;
-  DeviceType device = DeviceType::cpu;
+  Device device = Device::cpu();  // cpu, cuda (= cuda:0), cuda:N
   Precision precision = Precision::kF32;
   int64_t threads = 0;  // 0: all cores
   bool operator==(const RunConfig&) const = default;
@@ -88,8 +85,8 @@ struct DataConfig {
 
 // Whether micro-batches run as token streams: data.unpadded, where the
 // token-stream path exists (softmax attention, CPU kernels).
-inline bool uses_token_stream(const DataConfig& d, const ModelConfig& m, DeviceType device) {
-  return d.unpadded && m.attention == AttentionKind::kSoftmax && device == DeviceType::cpu;
+inline bool uses_token_stream(const DataConfig& d, const ModelConfig& m, const Device& device) {
+  return d.unpadded && m.attention == AttentionKind::kSoftmax && device.is_cpu();
 }
 
 // The tokenizer the data section describes (casing, pre-tokenizer).

@@ -25,6 +25,7 @@
 #include "train/distributed/batch_split.h"
 #include "train/hf_convert.h"
 #include "train/metrics.h"
+#include "train/run_device.h"
 #include "train/run_precision.h"
 #include "train/signals.h"
 #include "train/task_data.h"
@@ -51,17 +52,23 @@ struct TaskNet {
   int64_t num_labels;
   int32_t pad_id;
   int64_t max_seq_len;  // rows are padded to a bucketed length up to this
+  Device device;        // where the model runs
   std::unique_ptr<RoFormerForSequenceClassification> model;
   // Token-stream batches (data.unpadded, data.packing): set by the caller.
   bool unpadded = false, packing = false, restart_positions = true;
 
-  TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed, int64_t max_len)
+  // The weights are initialised on the host (the same on every device), then moved.
+  TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed, int64_t max_len,
+          Device on)
       : task(t),
         num_labels(labels),
         pad_id(int32_t(config.pad_token_id)),
         max_seq_len(max_len),
+        device(on),
         model(std::make_unique<RoFormerForSequenceClassification>(
-            config, t == FinetuneTask::kTriplet ? 1 : labels, seed)) {}
+            config, t == FinetuneTask::kTriplet ? 1 : labels, seed)) {
+    model->to(device);
+  }
 
   void set_stream(const Config& config) {
     unpadded = uses_token_stream(config.data, config.model, config.run.device);
@@ -117,17 +124,20 @@ struct TaskNet {
         mask[size_t(i * S) + j] = 1;
       }
     if (slots) *slots = R * S;
-    return model
-        ->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
-                  Tensor::from_vector(mask, {R, S}), Tensor(), training, ctx)
-        .logits;
+    const ClassificationOutput out = model->forward(
+        Tensor::from_vector(ids, {R, S}, device), Tensor::from_vector(types, {R, S}, device),
+        Tensor::from_vector(mask, {R, S}, device), Tensor(), training, ctx);
+    return out.logits;
   }
 };
 
-Tensor labels_of(const std::vector<const EncodedExample*>& batch) {
+std::vector<int64_t> host_labels(const std::vector<const EncodedExample*>& batch) {
   std::vector<int64_t> l;
   for (const auto* ex : batch) l.push_back(ex->label);
-  return Tensor::from_vector(l, {int64_t(l.size())});
+  return l;
+}
+Tensor labels_of(const std::vector<const EncodedExample*>& batch, Device device) {
+  return Tensor::from_vector(host_labels(batch), {int64_t(batch.size())}, device);
 }
 
 // Loss and predictions of a whole encoded file, without dropout or history.
@@ -159,7 +169,7 @@ Scored score(const TaskNet& net, const EncodedTask& task, int64_t batch_size) {
       all_labelled &= batch[b]->label >= 0;
     }
     if (all_labelled) {
-      loss_sum += cross_entropy(logits, labels_of(batch)).item() * double(batch.size());
+      loss_sum += cross_entropy(logits, labels_of(batch, net.device)).item() * double(batch.size());
       labelled += int64_t(batch.size());
     }
   }
@@ -365,7 +375,7 @@ class FinetuneTraining final : public TrainingTask {
     if (batch_.empty()) return {};  // the epoch's last batch may not reach this rank
     StepStats s;
     const Tensor logits = net_.logits(batch_, true, dropout, &s.slots);
-    const Tensor labels = labels_of(batch_);
+    const Tensor labels = labels_of(batch_, net_.device);
     const Tensor loss = cross_entropy(logits, labels);
     const double n = double(batch_.size());
     mul(loss, n * inv_global_units).backward();
@@ -373,7 +383,7 @@ class FinetuneTraining final : public TrainingTask {
     const double l = loss.item();
     s.loss_sum = l * n;
     const auto pred = argmax(logits.detach(), 1).to_vector<int64_t>();
-    const auto truth = labels.to_vector<int64_t>();
+    const std::vector<int64_t> truth = host_labels(batch_);
     for (size_t i = 0; i < pred.size(); ++i) s.correct += pred[i] == truth[i];
     for (const EncodedExample* ex : batch_)
       for (const auto& part : ex->parts) s.tokens += int64_t(part.input_ids.size());
@@ -550,8 +560,7 @@ nlohmann::json eval_report_json(const EvalReport& r) {
 
 FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& options) {
   require_for(input_config, ConfigUse::kFinetune);
-  if (input_config.run.device != DeviceType::cpu)
-    throw InputError(input_config.source + ": run.device: fine-tuning runs on the CPU only");
+  const Device device = run_device(input_config);  // fails here, before any data is read
   if (input_config.run.threads > 0) omp_set_num_threads(int(input_config.run.threads));
   const RunPrecision precision(input_config);
   Config config = input_config;
@@ -611,7 +620,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
 
   // --- model, optimizer, schedule ---------------------------------------------------
   TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed,
-              spec.max_seq_len);
+              spec.max_seq_len, device);
   net.set_stream(config);
   if (init) {
     std::vector<std::string> missing;
@@ -689,7 +698,7 @@ struct TaskModel::Impl {
   std::unique_ptr<TaskNet> net;
 };
 
-TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>()) {
+TaskModel::TaskModel(const fs::path& checkpoint, Device device) : impl_(std::make_unique<Impl>()) {
   const fs::path path = resolve_task_checkpoint(checkpoint);
   CheckpointData data = load_checkpoint(path, false);
   impl_->config = parse_config_string(data.config_yaml, path.string());
@@ -703,7 +712,7 @@ TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>(
   const FinetuneConfig& spec = *impl_->config.finetune;
   impl_->tokenizer = std::make_unique<data::Tokenizer>(make_tokenizer(impl_->config));
   impl_->net = std::make_unique<TaskNet>(impl_->config.model, spec.task,
-                                         int64_t(spec.labels.size()), 0, spec.max_seq_len);
+                                         int64_t(spec.labels.size()), 0, spec.max_seq_len, device);
   impl_->net->model->load_state_dict(data.parameters);
   impl_->net->set_stream(impl_->config);
   impl_->net->model->eval();

@@ -72,8 +72,9 @@ FinetuneResult run_finetune(const Config& config, const FinetuneOptions& options
 class TaskModel {
  public:
   // `checkpoint`: a fine-tuned checkpoint file or run directory (best.h5 of a
-  // run directory is preferred). Throws InputError for a pretraining checkpoint.
-  explicit TaskModel(const std::filesystem::path& checkpoint);
+  // run directory is preferred), its model on `device` (checked by the
+  // caller: train/run_device.h). Throws InputError for a pretraining checkpoint.
+  explicit TaskModel(const std::filesystem::path& checkpoint, Device device = Device::cpu());
   ~TaskModel();
   TaskModel(const TaskModel&) = delete;
   TaskModel& operator=(const TaskModel&) = delete;

@@ -19,9 +19,10 @@ struct FillMask::Impl {
   Config config;
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::unique_ptr<RoFormerForMaskedLM> model;
+  Device device;
 };
 
-FillMask::FillMask(const std::filesystem::path& checkpoint, const std::string& vocab)
+FillMask::FillMask(const std::filesystem::path& checkpoint, const std::string& vocab, Device device)
     : impl_(new Impl) {
   try {
     const std::filesystem::path path = resolve_checkpoint(checkpoint);
@@ -34,8 +35,10 @@ FillMask::FillMask(const std::filesystem::path& checkpoint, const std::string& v
     check_vocab_fits_model(impl_->tokenizer->vocab().size(), impl_->config.model.vocab_size,
                            vocab_path, "model.vocab_size", VocabExcess::kWarn);
     impl_->model = std::make_unique<RoFormerForMaskedLM>(impl_->config.model, 0);
+    impl_->model->to(device);
     impl_->model->load_state_dict(data.parameters);
     impl_->model->eval();
+    impl_->device = device;
   } catch (...) {
     delete impl_;
     throw;
@@ -89,11 +92,13 @@ std::vector<MaskPrediction> FillMask::predict(const std::string& text, int64_t t
     for (; last < masks.size() && masks[last] < stop; ++last)
       rows.push_back(masks[last] - start + 1);
     const int64_t S = int64_t(input.size());
-    const Tensor input_ids = Tensor::from_vector<int32_t>(input, {1, S});
-    const Tensor types = Tensor::zeros({1, S}, DType::i32);
-    const Tensor attention = Tensor::ones({1, S}, DType::i32);
+    const Device device = impl_->device;
+    const Tensor input_ids = Tensor::from_vector<int32_t>(input, {1, S}, device);
+    const Tensor types = Tensor::zeros({1, S}, DType::i32, device);
+    const Tensor attention = Tensor::ones({1, S}, DType::i32, device);
     const Tensor probs = softmax(impl_->model->mlm_logits(
-        input_ids, types, attention, Tensor::from_vector<int64_t>(rows, {int64_t(rows.size())})));
+        input_ids, types, attention,
+        Tensor::from_vector<int64_t>(rows, {int64_t(rows.size())}, device)));
     const std::vector<float> p = probs.to_vector<float>();
     const int64_t V = probs.shape()[1];
     for (size_t r = 0; r < rows.size(); ++r) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "train/config.h"
 
 namespace roformer {
@@ -23,9 +24,11 @@ struct MaskPrediction {
 
 class FillMask {
  public:
-  // Loads the model and, through the checkpoint's config, its vocabulary
-  // (`vocab` overrides the path recorded there).
-  explicit FillMask(const std::filesystem::path& checkpoint, const std::string& vocab = "");
+  // Loads the model onto `device` (checked by the caller: train/run_device.h)
+  // and, through the checkpoint's config, its vocabulary (`vocab` overrides
+  // the path recorded there).
+  explicit FillMask(const std::filesystem::path& checkpoint, const std::string& vocab = "",
+                    Device device = Device::cpu());
   ~FillMask();
   FillMask(const FillMask&) = delete;
   FillMask& operator=(const FillMask&) = delete;

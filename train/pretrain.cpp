@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/batch_upload.h"
 #include "core/ops.h"
 #include "data/loader.h"
 #include "data/prepare.h"
@@ -18,6 +19,7 @@
 #include "train/communicator.h"
 #include "train/distributed/batch_split.h"
 #include "train/metrics.h"
+#include "train/run_device.h"
 #include "train/run_precision.h"
 
 namespace roformer {
@@ -28,11 +30,14 @@ struct BatchTensors {
   Tensor ids, types, mask, labels;
 };
 
-BatchTensors to_tensors(const data::Batch& b) {
+// The model's inputs on its device (through `uploader`: pinned memory and a
+// side stream on a GPU); the labels stay on the host, where forward_mlm picks
+// the masked rows.
+BatchTensors to_tensors(const data::Batch& b, BatchUploader& uploader) {
   const Shape shape{b.batch_size, b.seq_len};
-  return {Tensor::from_vector<int32_t>(b.input_ids, shape),
-          Tensor::from_vector<int32_t>(b.token_type_ids, shape),
-          Tensor::from_vector<int32_t>(b.attention_mask, shape),
+  return {uploader.upload(Tensor::from_vector<int32_t>(b.input_ids, shape)),
+          uploader.upload(Tensor::from_vector<int32_t>(b.token_type_ids, shape)),
+          uploader.upload(Tensor::from_vector<int32_t>(b.attention_mask, shape)),
           Tensor::from_vector<int32_t>(b.labels, shape)};
 }
 
@@ -83,8 +88,12 @@ double number_or_nan(const nlohmann::json& row, const char* key) {
 // Masked-LM pretraining through the config's stages.
 class PretrainTask final : public TrainingTask {
  public:
-  PretrainTask(const Config& config, Communicator& comm)
-      : config_(config), comm_(comm), rank_(comm.rank()), world_size_(comm.world_size()) {
+  PretrainTask(const Config& config, Device device, Communicator& comm)
+      : config_(config),
+        comm_(comm),
+        rank_(comm.rank()),
+        world_size_(comm.world_size()),
+        uploader_(device) {
     vocab_ = std::make_shared<const data::Vocab>(data::Vocab::load(config.data.vocab));
     if (vocab_->size() > config.model.vocab_size)
       throw InputError(detail::concat(config.source, ": model.vocab_size is ",
@@ -101,6 +110,8 @@ class PretrainTask final : public TrainingTask {
         data::list_shards(config.data.shard_dir, "validation");
     if (!val_paths.empty()) val_shards_ = data::open_shards(val_paths, &identity);
     model_ = std::make_unique<RoFormerForMaskedLM>(config.model, config.run.seed);
+    // Initialised on the host (the same weights on every device), then moved.
+    model_->to(device);
   }
 
   Module& model() override { return *model_; }
@@ -192,11 +203,17 @@ class PretrainTask final : public TrainingTask {
   std::vector<int64_t> fetch() override {
     const PhasePlan p = plan(current_stage_);
     batches_.clear();
+    inputs_.clear();
     std::vector<int64_t> units;
     for (int64_t i = 0; i < p.micro_batches; ++i) {
       batches_.push_back(loader_->next());
       units.push_back(batches_.back().num_masked);
+      // Queued on the side stream: the copies overlap the previous step's tail.
+      // (Token streams are built from batches_ in forward_backward.)
+      if (!uses_token_stream(config_.data, config_.model, config_.run.device))
+        inputs_.push_back(to_tensors(batches_.back(), uploader_));
     }
+    uploader_.publish();
     return units;
   }
 
@@ -218,7 +235,7 @@ class PretrainTask final : public TrainingTask {
                                 Tensor::from_vector(tb.token_type_ids, shape), layout,
                                 Tensor::from_vector(tb.labels, shape), true, dropout);
     } else {
-      const BatchTensors t = to_tensors(b);
+      const BatchTensors& t = inputs_[i];
       out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
     }
     mul(out.loss, double(out.num_masked) * inv_global_units).backward();
@@ -322,7 +339,8 @@ class PretrainTask final : public TrainingTask {
       if (i % world_size_ != rank_) continue;
       const data::Batch b = val.batch_at(here);
       if (b.num_masked == 0) continue;
-      const BatchTensors t = to_tensors(b);
+      const BatchTensors t = to_tensors(b, uploader_);
+      uploader_.publish();
       DropoutContext unused;
       const MlmOutput out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, false, unused);
       loss_sum += out.loss.item() * double(out.num_masked);
@@ -374,6 +392,9 @@ class PretrainTask final : public TrainingTask {
   std::unique_ptr<data::Loader> loader_;
   int64_t current_stage_ = 0;
   std::vector<data::Batch> batches_;
+  std::vector<BatchTensors> inputs_;  // batches_ on the model's device
+  // Mutable: evaluate() is const but uploads its batches too.
+  mutable BatchUploader uploader_;
   std::vector<StageSummary> summaries_;
 };
 
@@ -399,16 +420,13 @@ std::string format_stage_table(const std::vector<StageSummary>& stages) {
 
 PretrainResult run_pretrain(const Config& config, const PretrainOptions& options) {
   require_for(config, ConfigUse::kPretrain);
-  if (config.run.device != DeviceType::cpu)
-    throw InputError(config.source +
-                     ": run.device: this build trains on the CPU only; the CUDA kernels are "
-                     "not written yet (set run.device: cpu)");
+  const Device device = run_device(config);  // fails here, before any data is read
   const RunPrecision precision(config);
   SingleProcessCommunicator single;
   Communicator& comm = options.communicator ? *options.communicator : single;
   if (config.run.threads > 0) omp_set_num_threads(int(config.run.threads));
 
-  PretrainTask task(config, comm);
+  PretrainTask task(config, device, comm);
   for (size_t i = 0; i < config.stages.size(); ++i) task.split_batch(int64_t(i));  // fail early
   Trainer trainer(config, task, options);
   const TrainerResult r = trainer.run();

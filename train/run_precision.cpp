@@ -7,7 +7,7 @@ namespace roformer {
 RunPrecision::RunPrecision(const Config& config) {
   if (config.run.precision != Precision::kBf16) return;
   const std::string key = config.source + ": run.precision";
-  if (config.run.device != DeviceType::cpu)
+  if (!config.run.device.is_cpu())
     throw InputError(key + ": bf16 is implemented for run.device: cpu only");
   require_native_bf16(key);
   scope_.emplace(DType::bf16);

@@ -17,6 +17,7 @@
 #include "train/communicator.h"
 #include "train/distributed/gradient_reducer.h"
 #include "train/metrics.h"
+#include "train/run_device.h"
 #include "train/run_directory.h"
 #include "train/signals.h"
 
@@ -52,6 +53,25 @@ struct Totals {
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
   double accuracy() const { return units ? double(correct) / double(units) : NAN; }
 };
+
+// Where the model's parameters live (all on one device).
+Device model_device(const Module& model) {
+  const std::vector<NamedTensor> params = model.named_parameters();
+  return params.empty() ? Device::cpu() : params.front().tensor.device();
+}
+
+// The device allocator's memory in the metrics (a row per log line), so a
+// run can show reserved memory flat after a stage's first steps.
+void log_device_memory(MetricsLog& metrics, Device device, int64_t global_step) {
+  const DeviceMemory m = device_memory(device);
+  metrics.write({{"type", "device_memory"},
+                 {"device", device.str()},
+                 {"global_step", global_step},
+                 {"allocated_mb", m.allocated_mb},
+                 {"reserved_mb", m.reserved_mb},
+                 {"peak_allocated_mb", m.peak_allocated_mb},
+                 {"peak_reserved_mb", m.peak_reserved_mb}});
+}
 
 }  // namespace
 
@@ -117,6 +137,9 @@ TrainerResult Trainer::run() {
 
   // --- model, optimizer, schedule -------------------------------------------------
   Module& model = task_.model();
+  // The task put its model on run.device; the flat buffers, the optimizer
+  // state and its passes follow it there.
+  const Device device = model_device(model);
   std::vector<optim::NamedParameter> params;
   for (const NamedTensor& p : model.named_parameters())
     params.push_back(
@@ -219,6 +242,7 @@ TrainerResult Trainer::run() {
     const PhasePlan plan = task_.plan(state.stage);
     if (!policy.within_phase) state.step_in_stage = 0;
     allocator_for(Device::cpu()).reset_peak();
+    if (!device.is_cpu()) reset_device_peak(device);
     task_.begin_phase(state, metrics);
     Totals window, whole;
     auto window_start = Clock::now();
@@ -364,6 +388,7 @@ TrainerResult Trainer::run() {
           window_comm_start = reducer->blocked_seconds();
         }
         metrics.write(record);
+        if (!device.is_cpu()) log_device_memory(metrics, device, state.global_step);
         window = {};
         window_start = Clock::now();
       } else {
@@ -438,8 +463,11 @@ TrainerResult Trainer::run() {
       }
     }
     // The next phase may run at another length: give the cached blocks back
-    // to the system (the allocator trims malloc's heap too).
-    if (state.stage + 1 < n_phases) allocator_for(Device::cpu()).release_cached();
+    // to the system (the allocator trims malloc's heap too), on the device too.
+    if (state.stage + 1 < n_phases) {
+      allocator_for(Device::cpu()).release_cached();
+      if (!device.is_cpu()) release_device_cache(device);
+    }
     state.step_in_stage = 0;
   }
   result.finished = true;

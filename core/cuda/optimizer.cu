@@ -73,7 +73,8 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
       else
         hi = mid - 1;
     }
-    const float decay = decays[lo] ? a.decay : 1.0f;
+    if (decays[lo] == kSegmentSkip) continue;
+    const float decay = decays[lo] == kSegmentDecay ? a.decay : 1.0f;
     // Explicit rounding intrinsics: no contraction into FMAs, as on the CPU.
     const float gi = __fmul_rn(g[i], a.grad_scale);
     float pi = __fmul_rn(p[i], decay);

@@ -33,10 +33,17 @@ struct AdamWArgs {
   float decay = 1.0f;       // 1 - lr * weight_decay, for segments that decay
 };
 
+// What a segment's elements get.
+enum SegmentMode : uint8_t {
+  kSegmentNoDecay = 0,  // the update without weight decay (biases, LayerNorm)
+  kSegmentDecay = 1,    // the update with weight decay
+  kSegmentSkip = 2,     // untouched (parameters that received no gradient)
+};
+
 // Parameters [0, n) are split in segments [starts[i], starts[i + 1]) (device
-// array of num_segments + 1 entries) with decays[i] != 0 where weight decay
-// applies (e.g. not for biases and LayerNorm). `working_bf16` (may be null)
-// receives the updated parameters rounded to bf16 in the same pass.
+// array of num_segments + 1 entries) with segment_decays[i] a SegmentMode.
+// `working_bf16` (may be null) receives the updated parameters rounded to
+// bf16 in the same pass.
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                 uint16_t* working_bf16, int64_t n, const int64_t* segment_starts,
                 const uint8_t* segment_decays, int num_segments, const AdamWArgs& args,

@@ -24,6 +24,11 @@ cls.predictions.bias.
 
 Run with the system interpreter (torch, numpy, h5py from Debian):
   /usr/bin/python3 tests/golden/make_golden_roformer.py
+
+On a machine with transformers (the GPU machine: scripts/gpu_check.sh run),
+`--require-transformers --out-dir DIR` refuses the fallback, and also runs
+the re-implementation on the same weights and inputs and prints how far it
+is from transformers (kept in the attribute `reimplementation_max_rel_diff`).
 """
 
 import argparse
@@ -365,6 +370,28 @@ def write(path, kind, weights, inputs, loss, logits, grads, reference):
             g.create_dataset(name, data=grads[name].numpy().astype(np.float32))
 
 
+def max_rel_diff(a, b):
+    """max |a - b| / max |b| over tensors of one shape."""
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def reimplementation_diff(ours, weights, inputs, loss, logits, grads):
+    """How far the in-repo re-implementation is from transformers on the same data."""
+    ours.load_state_dict({k: torch.from_numpy(v).double() for k, v in weights.items()})
+    ours.zero_grad()
+    l2, z2 = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"], inputs["labels"])
+    l2.backward()
+    own = dict(ours.named_parameters())
+    worst = max(max_rel_diff(own[name].grad, grads[name]) for name in weights)
+    return dict(
+        loss=abs(l2.item() - loss.item()) / abs(loss.item()),
+        logits=max_rel_diff(z2, logits),
+        grads=worst,
+    )
+
+
 def build(kind, out_dir, gen):
     c = CONFIG
     ours = RoFormerForMaskedLM(c) if kind == "mlm" else RoFormerForSequenceClassification(c, NUM_LABELS)
@@ -375,6 +402,8 @@ def build(kind, out_dir, gen):
         model = transformers_model(kind)
         loss, logits, grads = run_transformers(model, kind, weights, inputs)
         reference = f"transformers {transformers.__version__} {type(model).__name__} (float64)"
+        diff = reimplementation_diff(ours, weights, inputs, loss, logits, grads)
+        print(f"{kind}: in-repo re-implementation vs {reference}: " + ", ".join(f"{k} {v:.2e}" for k, v in diff.items()))
     else:
         ours.load_state_dict({k: torch.from_numpy(v).double() for k, v in weights.items()})
         loss, logits = ours(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"], inputs["labels"])
@@ -387,6 +416,9 @@ def build(kind, out_dir, gen):
         )
     path = os.path.join(out_dir, f"golden_roformer_{kind}.h5")
     write(path, kind, weights, inputs, loss, logits, grads, reference)
+    if HAVE_TRANSFORMERS:
+        with h5py.File(path, "a") as f:
+            f.attrs["reimplementation_max_rel_diff"] = json.dumps(diff)
     print(f"{path}: {os.path.getsize(path)} bytes, loss {loss.item():.10f}, reference: {reference}")
 
 
@@ -394,7 +426,15 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out-dir", default=os.path.join(here, "..", "fixtures"))
+    parser.add_argument(
+        "--require-transformers",
+        action="store_true",
+        help="fail instead of falling back to the in-repo re-implementation",
+    )
     args = parser.parse_args()
+    if args.require_transformers and not HAVE_TRANSFORMERS:
+        raise SystemExit("make_golden_roformer: --require-transformers, but `import transformers` failed")
+    os.makedirs(args.out_dir, exist_ok=True)
     torch.set_default_dtype(torch.float64)
     gen = torch.Generator().manual_seed(SEED)
     for kind in ("mlm", "cls"):

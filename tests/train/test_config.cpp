@@ -126,7 +126,7 @@ TEST(Config, RunDirFollowsNameUnlessSet) {
 
 TEST(Config, ParsesEveryKey) {
   const Config c = parse(kEverything);
-  EXPECT_EQ(c.run.device, DeviceType::cuda);
+  EXPECT_EQ(c.run.device, Device::cuda(0));
   EXPECT_EQ(c.run.seed, 99u);
   EXPECT_EQ(c.model.embedding_size, 32);
   EXPECT_EQ(c.model.attention, AttentionKind::kLinear);
@@ -148,6 +148,32 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.finetune->truncation, Truncation::kError);
 }
 
+TEST(Config, RunDeviceTakesAGpuIndexAndWritesItBack) {
+  const Config c = parse(kMinimal, {"run.device=cuda:1"});
+  EXPECT_EQ(c.run.device, Device::cuda(1));
+  EXPECT_NE(to_yaml(c).find("device: cuda:1\n"), std::string::npos) << to_yaml(c);
+  EXPECT_EQ(parse_config_string(to_yaml(c), "back.yaml").run.device, Device::cuda(1));
+  // cuda:0 is written as configs usually say it.
+  EXPECT_NE(to_yaml(parse(kMinimal, {"run.device=cuda:0"})).find("device: cuda\n"),
+            std::string::npos);
+  EXPECT_EQ(parse(kMinimal).run.device, Device::cpu());
+}
+
+TEST(Config, RunDeviceRefusesOtherText) {
+  for (const char* bad : {"cuda:-1", "cuda:x", "gpu", "cuda:123456789012"}) {
+    try {
+      parse(kMinimal, {std::string("run.device=") + bad});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("run.device: expected one of [cpu, cuda, cuda:N], got \"" +
+                                     std::string(bad) + "\""),
+          std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Config, IntegersAreAcceptedForNumbersAndScalarsForLists) {
   const Config c = parse(std::string("optim: {lr: 1}\ndata: {inputs: corpus/*.txt}\n") + kMinimal);
   EXPECT_DOUBLE_EQ(c.optim.lr, 1.0);
@@ -167,7 +193,7 @@ TEST(Config, OverridesApplyLikeFileValues) {
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.98);
   EXPECT_EQ(c.data.inputs, (std::vector<std::string>{"a.txt", "b/*.txt"}));
   EXPECT_EQ(c.model.embedding_size, 16);
-  EXPECT_EQ(c.run.device, DeviceType::cuda);
+  EXPECT_EQ(c.run.device, Device::cuda(0));
   EXPECT_EQ(c.log.progress, ProgressMode::kNever);
   EXPECT_EQ(c.stages[0].lr, 5e-4);
 }

@@ -121,7 +121,7 @@ const std::vector<BadConfig>& bad_configs() {
       {"bad_enum_value_with_suggestion",
        std::string("run:\n  device: cdua\n") + kStages,
        {},
-       "bad.yaml:2:11: run.device: expected one of [cpu, cuda], got \"cdua\" (did you mean "
+       "bad.yaml:2:11: run.device: expected one of [cpu, cuda, cuda:N], got \"cdua\" (did you mean "
        "'cuda'?)"},
       {"unsupported_activation",
        std::string("model:\n  hidden_act: relu\n") + kStages,

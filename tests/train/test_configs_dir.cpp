@@ -60,7 +60,7 @@ TEST(ShippedConfigs, PaperScheduleIsExact) {
 
 TEST(ShippedConfigs, TinyIsTheCpuDefaultWithThePaperShape) {
   const Config c = load_config(kConfigs / "tiny.yaml");
-  EXPECT_EQ(c.run.device, DeviceType::cpu);
+  EXPECT_EQ(c.run.device, Device::cpu());
   EXPECT_EQ(c.run.dir, "runs/tiny");
   EXPECT_EQ(c.data.shard_dir, ".data/shards/tiny");
   EXPECT_EQ(c.model.vocab_size, 30522);

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -90,7 +91,9 @@ StepInfo optimizer_step(optim::AdamW& adamw, const std::vector<optim::NamedParam
 // -----------------------------------------------------------------------------------
 
 TEST(GoldenTrain10, TenStepsOfClippedAdamWWithScheduleMatchPyTorch) {
-  const GoldenFile f(std::string(ROFORMER_FIXTURES_DIR) + "/golden_train10.h5");
+  // ROFORMER_GOLDEN_DIR: a freshly generated file (scripts/gpu_check.sh).
+  const char* dir = std::getenv("ROFORMER_GOLDEN_DIR");
+  const GoldenFile f(std::string(dir && *dir ? dir : ROFORMER_FIXTURES_DIR) + "/golden_train10.h5");
   EXPECT_NE(f.attribute("reference").find("torch.optim.AdamW"), std::string::npos);
   const auto cfg = nlohmann::json::parse(f.attribute("config"));
   const auto opt = nlohmann::json::parse(f.attribute("optim"));

@@ -1,9 +1,11 @@
 // roformer evaluate --checkpoint C [--config FILE] [--split test|validation] [--json]
+//                   [--device cpu|cuda|cuda:N]
 #include <iostream>
 
 #include "core/error.h"
 #include "train/cli/command.h"
 #include "train/finetune.h"
+#include "train/run_device.h"
 #include "train/run_precision.h"
 
 namespace {
@@ -25,9 +27,10 @@ class EvaluateCommand : public roformer::cli::Command {
         ->check(CLI::IsMember({"test", "validation", "train"}));
     app.add_option("--file", file_, "Evaluate this task file instead of a split");
     app.add_flag("--json", json_, "Print the report as JSON");
+    app.add_option("--device", device_, "Where the model runs: cpu, cuda or cuda:N");
   }
   int run(const roformer::cli::Invocation& inv) override {
-    const roformer::TaskModel model(checkpoint_);
+    const roformer::TaskModel model(checkpoint_, roformer::device_option(device_, "--device"));
     // Files and fields from --config when given, else from the checkpoint's run.
     const roformer::Config& config =
         inv.config && inv.config->finetune ? *inv.config : model.config();
@@ -54,7 +57,7 @@ class EvaluateCommand : public roformer::cli::Command {
   }
 
  private:
-  std::string checkpoint_, split_ = "test", file_;
+  std::string checkpoint_, split_ = "test", file_, device_ = "cpu";
   bool json_ = false;
 };
 

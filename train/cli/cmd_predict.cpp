@@ -1,4 +1,5 @@
 // roformer predict --checkpoint C --text "the [MASK] of the union" [--top-k 5] [--json]
+//                  [--device cpu|cuda|cuda:N]
 #include <cstdio>
 #include <iostream>
 
@@ -6,6 +7,7 @@
 #include "train/cli/command.h"
 #include "train/finetune.h"
 #include "train/predict.h"
+#include "train/run_device.h"
 #include "train/run_precision.h"
 
 namespace {
@@ -40,8 +42,10 @@ class PredictCommand : public roformer::cli::Command {
             "INT>=1"));
     app.add_option("--vocab", vocab_, "vocab.txt (default: the one the checkpoint's config names)");
     app.add_flag("--json", json_, "One JSON object per text");
+    app.add_option("--device", device_, "Where the model runs: cpu, cuda or cuda:N");
   }
   int run(const roformer::cli::Invocation&) override {
+    const roformer::Device device = roformer::device_option(device_, "--device");
     if (!input_.empty()) {
       if (!texts_.empty()) throw roformer::InputError("predict: give --text or --input, not both");
       if (!roformer::is_finetuned_checkpoint(checkpoint_))
@@ -51,14 +55,14 @@ class PredictCommand : public roformer::cli::Command {
             checkpoint_ +
             " is a pretraining checkpoint: "
             "use --text \"... [MASK] ...\" for fill-mask");
-      const roformer::TaskModel model(checkpoint_);
+      const roformer::TaskModel model(checkpoint_, device);
       const roformer::RunPrecision precision(model.config());  // the checkpoint's run.precision
       model.predict(input_, std::cout);
       return 0;
     }
     if (texts_.empty())
       throw roformer::InputError("predict: --text (fill-mask) or --input (fine-tuned) is required");
-    const roformer::FillMask fill(checkpoint_, vocab_);
+    const roformer::FillMask fill(checkpoint_, vocab_, device);
     const roformer::RunPrecision precision(fill.config());  // the checkpoint's run.precision
     for (const std::string& text : texts_) {
       const auto masks = fill.predict(text, top_k_);
@@ -83,6 +87,7 @@ class PredictCommand : public roformer::cli::Command {
  private:
   std::string checkpoint_, vocab_;
   std::string input_;
+  std::string device_ = "cpu";
   std::vector<std::string> texts_;
   int64_t top_k_ = 5;
   bool json_ = false;

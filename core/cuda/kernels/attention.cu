@@ -62,6 +62,36 @@ __device__ __forceinline__ A dot_shared(const A* x, const T* y, int64_t n) {
   return acc;
 }
 
+// The row a block owns: blockIdx.x is the row (query or key) index, blockIdx.y
+// the (batch, head) pair.
+struct BlockRow {
+  int64_t index, bh, b, h;
+};
+__device__ __forceinline__ BlockRow block_row(int64_t H) {
+  const int64_t bh = blockIdx.y;
+  return {int64_t(blockIdx.x), bh, bh / H, bh % H};
+}
+
+// The dropout factor of key j in a query row's keep bits (null: no dropout).
+template <class A>
+__device__ __forceinline__ A keep_factor(const uint32_t* row_bits, int64_t j, A inv_keep) {
+  if (!row_bits) return A(1);
+  return ((row_bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : A(0);
+}
+
+// acc[c] = acc[c] * carry + sum over t < tile of w[t] * row(t)[c], for c < n
+// (threads stride over c; rows with a zero weight are not read).
+template <class T, class A, class Row>
+__device__ __forceinline__ void accumulate_tile(A* acc, int64_t n, A carry, const A* w,
+                                                int64_t tile, Row row) {
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+    A sum = acc[c] * carry;
+    for (int64_t t = 0; t < tile; ++t)
+      if (w[t] != A(0)) sum += w[t] * convert<A>(row(t)[c]);
+    acc[c] = sum;
+  }
+}
+
 template <class T>
 __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelTensor v,
                                          KernelTensor mask, KernelTensor out, KernelTensor lse,
@@ -71,7 +101,8 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
   extern __shared__ unsigned char smem_raw[];
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const int64_t i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const BlockRow r = block_row(H);
+  const int64_t i = r.index, bh = r.bh, b = r.b, h = r.h;
   const int64_t row = bh * Sq + i, W = (Sk + 31) / 32;
   A* q_sh = smem;         // D
   A* acc = q_sh + D;      // Dv
@@ -109,12 +140,8 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
     p_sh[threadIdx.x] = pd;
     __syncthreads();
     const int64_t tile = Sk - j0 < kTile ? Sk - j0 : kTile;
-    for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) {
-      A sum = acc[c] * corr;
-      for (int64_t t = 0; t < tile; ++t)
-        if (p_sh[t] != A(0)) sum += p_sh[t] * convert<A>(row4<T>(v, b, h, j0 + t)[c]);
-      acc[c] = sum;
-    }
+    accumulate_tile<T>(acc, Dv, corr, p_sh, tile,
+                       [&](int64_t t) { return row4<T>(v, b, h, j0 + t); });
     __syncthreads();
     m = m_new;
   }
@@ -136,7 +163,8 @@ __global__ void attention_dq_kernel(KernelTensor q, KernelTensor k, KernelTensor
   extern __shared__ unsigned char smem_raw[];
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const int64_t i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const BlockRow r = block_row(H);
+  const int64_t i = r.index, bh = r.bh, b = r.b, h = r.h;
   const int64_t row = bh * Sq + i, W = (Sk + 31) / 32;
   A* q_sh = smem;       // D
   A* go_sh = q_sh + D;  // Dv
@@ -167,19 +195,15 @@ __global__ void attention_dq_kernel(KernelTensor q, KernelTensor k, KernelTensor
       A ds = 0;
       if (j < Sk && key_kept(mask, b, j)) {
         const A p = exp(scale * dot_shared<T, A>(q_sh, row4<T>(k, b, h, j), D) - row_lse);
-        const A z = bits ? (((bits[j >> 5] >> (j & 31)) & 1u) ? A(drop.inv_keep) : A(0)) : A(1);
+        const A z = keep_factor(bits, j, A(drop.inv_keep));
         const A dp = dot_shared<T, A>(go_sh, row4<T>(v, b, h, j), Dv);
         ds = p * (dp * z - Di) * scale;
       }
       ds_sh[threadIdx.x] = ds;
       __syncthreads();
       const int64_t tile = Sk - j0 < kTile ? Sk - j0 : kTile;
-      for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
-        A sum = dq[c];
-        for (int64_t t = 0; t < tile; ++t)
-          if (ds_sh[t] != A(0)) sum += ds_sh[t] * convert<A>(row4<T>(k, b, h, j0 + t)[c]);
-        dq[c] = sum;
-      }
+      accumulate_tile<T>(dq, D, A(1), ds_sh, tile,
+                         [&](int64_t t) { return row4<T>(k, b, h, j0 + t); });
       __syncthreads();
     }
   }
@@ -198,7 +222,8 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
   extern __shared__ unsigned char smem_raw[];
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const int64_t j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+  const BlockRow r = block_row(H);
+  const int64_t j = r.index, bh = r.bh, b = r.b, h = r.h;
   const int64_t W = (Sk + 31) / 32;
   A* k_sh = smem;            // D
   A* v_sh = k_sh + D;        // Dv
@@ -229,9 +254,7 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
         const A row_lse = lse.as<const A>()[row];
         if (row_lse != -INFINITY) {
           const A p = exp(scale * dot_shared<T, A>(k_sh, row4<T>(q, b, h, i), D) - row_lse);
-          const A z =
-              bits ? (((bits[row * W + (j >> 5)] >> (j & 31)) & 1u) ? A(drop.inv_keep) : A(0))
-                   : A(1);
+          const A z = keep_factor(bits ? bits + row * W : nullptr, j, A(drop.inv_keep));
           const A dp = dot_shared<T, A>(v_sh, row4<T>(grad_out, b, h, i), Dv);
           ds = p * (dp * z - delta[row]) * scale;
           pz = p * z;
@@ -241,18 +264,10 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
       pz_sh[threadIdx.x] = pz;
       __syncthreads();
       const int64_t tile = Sq - i0 < kTile ? Sq - i0 : kTile;
-      for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
-        A sum = dk[c];
-        for (int64_t t = 0; t < tile; ++t)
-          if (ds_sh[t] != A(0)) sum += ds_sh[t] * convert<A>(row4<T>(q, b, h, i0 + t)[c]);
-        dk[c] = sum;
-      }
-      for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) {
-        A sum = dv[c];
-        for (int64_t t = 0; t < tile; ++t)
-          if (pz_sh[t] != A(0)) sum += pz_sh[t] * convert<A>(row4<T>(grad_out, b, h, i0 + t)[c]);
-        dv[c] = sum;
-      }
+      accumulate_tile<T>(dk, D, A(1), ds_sh, tile,
+                         [&](int64_t t) { return row4<T>(q, b, h, i0 + t); });
+      accumulate_tile<T>(dv, Dv, A(1), pz_sh, tile,
+                         [&](int64_t t) { return row4<T>(grad_out, b, h, i0 + t); });
       __syncthreads();
     }
   }

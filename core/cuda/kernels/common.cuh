@@ -164,6 +164,26 @@ __device__ A block_max(A v, A* shared) {
   return total;
 }
 
+// The max of a row and the sum of exp(x - max) over it, in A = acc_t<T>: the
+// common first pass of softmax and cross-entropy (one block per row; every
+// thread gets both). `shared` holds 32 values of A.
+template <class A>
+struct RowMaxSumExp {
+  A max, sum;
+};
+template <class T, class A>
+__device__ RowMaxSumExp<A> row_max_sum_exp(const T* row, int64_t cols, A* shared) {
+  A m = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const A v = convert<A>(row[c]);
+    m = v > m ? v : m;
+  }
+  m = block_max(m, shared);
+  A s = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += exp(convert<A>(row[c]) - m);
+  return {m, block_sum(s, shared)};
+}
+
 // Device memory for one kernel call's temporaries, ordered on its stream:
 // freed at the end of the call, the block is reused only by later work there.
 class Scratch {

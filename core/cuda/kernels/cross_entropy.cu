@@ -25,15 +25,7 @@ __global__ void row_loss_kernel(const T* logits, const I* targets, int64_t cols,
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
   const T* x = logits + r * cols;
-  A m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const A v = convert<A>(x[c]);
-    m = v > m ? v : m;
-  }
-  m = block_max(m, shared);
-  A s = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += exp(convert<A>(x[c]) - m);
-  s = block_sum(s, shared);
+  const auto [m, s] = row_max_sum_exp<T, A>(x, cols, shared);
   if (threadIdx.x == 0) {
     const double l = double(m + log(s));
     int64_t t;

@@ -14,15 +14,7 @@ __global__ void softmax_forward_kernel(const T* x, T* y, int64_t cols, bool log_
   __shared__ A shared[32];
   const T* xr = x + int64_t(blockIdx.x) * cols;
   T* yr = y + int64_t(blockIdx.x) * cols;
-  A m = -INFINITY;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const A v = convert<A>(xr[c]);
-    m = v > m ? v : m;
-  }
-  m = block_max(m, shared);
-  A s = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += exp(convert<A>(xr[c]) - m);
-  s = block_sum(s, shared);
+  const auto [m, s] = row_max_sum_exp<T, A>(xr, cols, shared);
   if (log_out) {
     const A shift = m + log(s);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
