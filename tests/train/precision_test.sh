@@ -10,36 +10,22 @@
 # Usage: precision_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+source "$SRC/tests/train/mini_run.sh"
 [[ -n "${KEEP:-}" ]] && trap - EXIT && echo "work: $work"
 
-cat > "$work/mini.yaml" <<YAML
-run: {name: mini, dir: $work/run, seed: 7, threads: 2}
-model:
-  vocab_size: 30522
-  hidden_size: 64
-  num_hidden_layers: 2
-  num_attention_heads: 2
-  intermediate_size: 128
-  max_position_embeddings: 128
-data:
-  vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt
-  inputs: ["$src/tests/fixtures/corpus/*/*.txt"]
-  shard_dir: $work/shards
-  validation_fraction: 0.2
-optim: {lr: 1.0e-3, warmup_steps: 3}
-stages:
-  - {max_seq_len: 64, batch_size: 8, micro_batch_size: 4, steps: 8}
-checkpoint: {every_steps: 4, keep_last: 2}
-log: {every_steps: 1, eval_every_steps: 8, eval_batches: 2, progress: never}
-YAML
+mini_config "$work/mini.yaml" "run: {name: mini, dir: $work/run, seed: 7, threads: 2}" \
+  "model: {vocab_size: 30522, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 128, max_position_embeddings: 128}" \
+  "optim: {lr: 1.0e-3, warmup_steps: 3}" \
+  "stages: [{max_seq_len: 64, batch_size: 8, micro_batch_size: 4, steps: 8}]" \
+  "checkpoint: {every_steps: 4, keep_last: 2}" \
+  "log: {every_steps: 1, eval_every_steps: 8, eval_batches: 2, progress: never}"
 
 "$roformer" prepare --config "$work/mini.yaml" >/dev/null
 export ROFORMER_TEST_CPU_BF16=1  # the resume checks run whatever this CPU has
 
-losses() { sed -n 's/.*"global_step":\([0-9]*\),.*"last_step_loss":"\([^"]*\)".*/\1 \2/p' "$1"; }
 
 # Runs straight in precision $1 into $work/straight-$1.
 straight() {
