@@ -29,7 +29,8 @@ per_mode = {}
 for r in range(1, rounds + 1):
     for mode in ("unpadded", "padded"):
         rows = [json.loads(l) for l in open(f"{out}/{mode}.{r}/metrics.jsonl")]
-        train = [x for x in rows if x.get("type") == "train"][1:]
+        train = [x for x in rows if x.get("type") == "train"]
+        train = train[1:] or train
         tps = statistics.median(x["tokens_per_s"] for x in train)
         fill = statistics.mean(x.get("packing_efficiency", float("nan")) for x in train)
         per_mode.setdefault(mode, []).append(tps)

@@ -147,9 +147,10 @@ const std::vector<BadConfig>& bad_configs() {
        "bad.yaml:3:12: data.packing: data.packing: needs data.unpadded: true (packed rows are "
        "token streams)"},
       {"packing_with_linear_attention",
-       std::string("model:\n  attention: linear\ndata:\n  packing: true\n") + kStages,
+       std::string("model:\n  attention: linear\ndata:\n  unpadded: true\n  packing: true\n") +
+           kStages,
        {},
-       "bad.yaml:4:12: data.packing: data.packing: needs model.attention: softmax"},
+       "bad.yaml:5:12: data.packing: data.packing: needs model.attention: softmax"},
       {"packing_not_a_bool",
        std::string("data:\n  packing: sometimes\n") + kStages,
        {},
