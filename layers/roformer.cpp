@@ -284,7 +284,8 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labe
   Tensor selected;
   {
     RF_PROFILE("index_select");
-    selected = index_select(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}, hidden.device()));
+    selected =
+        index_select(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}, hidden.device()));
   }
   const Tensor logits = head_.forward(selected);  // [M, V]
   const Tensor target = Tensor::from_vector(targets, {int64_t(targets.size())}, hidden.device());

@@ -698,8 +698,8 @@ void validate(const Context& ctx, const Config& c) {
     const char* why = !c.data.unpadded ? "needs data.unpadded: true (packed rows are token streams)"
                       : c.model.attention != AttentionKind::kSoftmax
                           ? "needs model.attention: softmax"
-                      : c.run.device != DeviceType::cpu ? "runs on the CPU only so far (run.device)"
-                                                        : nullptr;
+                      : !c.run.device.is_cpu() ? "runs on the CPU only so far (run.device)"
+                                               : nullptr;
     if (why) fail_issue(ctx, "data", {{"packing"}, fmt::format("data.packing: {}", why)});
   }
 
