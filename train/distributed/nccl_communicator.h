@@ -1,0 +1,49 @@
+// Communicator for GPU ranks: gradients are summed by NCCL on the device,
+// everything small (loss sums, flags, broadcasts of names and bytes) goes
+// through the MPI communicator it is built on, which also carries NCCL's
+// unique id from rank 0 to the others. One GPU per rank: cuda:<local rank>.
+//
+// NCCL reductions are waited for with a deadline: a peer that died or hangs
+// makes the wait call ncclCommAbort (so no kernel spins forever) and throw
+// after `timeout_s` seconds. The communicator is then unusable; the run stops.
+//
+// Compiled in every CUDA + MPI build; it has not yet run on a GPU (see
+// docs/distributed.md).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+
+#include "train/communicator.h"
+#include "train/distributed/mpi_communicator.h"
+
+namespace roformer::distributed {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Takes over `mpi` (it must outlive NCCL: NCCL's communicator is destroyed first).
+  NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi, int cuda_device, double timeout_s);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override;
+  int world_size() const override;
+  void all_reduce_sum(std::span<double> values) override;
+  void all_reduce_sum(std::span<int64_t> values) override;
+  // Host floats: staged through a device buffer, then summed by NCCL.
+  void all_reduce_sum(std::span<float> values) override;
+  void broadcast(std::span<std::byte> bytes, int root) override;
+  void barrier() override;
+  void all_gather(std::span<const float> mine, std::span<float> all) override;
+
+  // In place on device memory of this rank's GPU; returns when the sum is done.
+  void all_reduce_sum_device(float* values, size_t count);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace roformer::distributed
