@@ -48,7 +48,8 @@ class Allocator {
   // Resets both peaks (allocated and reserved) to the current values.
   virtual void reset_peak() = 0;
   // Returns every cached block to the system (the trainer calls this at stage
-  // boundaries, where the shapes of the next stage differ).
+  // boundaries, where the shapes of the next stage differ). The CPU allocator
+  // also trims malloc's heap, so the freed pages leave the process.
   virtual void release_cached() = 0;
   // Tests: while on, every allocation comes back filled with 0xFF bytes (NaN
   // in every float type), so an output element a kernel never writes shows.

@@ -9,20 +9,8 @@ cd "$(dirname "$0")/.."
 config=${1:-configs/tiny.yaml}
 shift || true
 
-phase() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
-
-phase "set-up: Debian packages"
-scripts/setup.sh
-
-phase "build (Release)"
-# CUDA kernels are only built where a GPU can run them; the test command
-# always compiles them.
-cuda=OFF
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=ON; fi
-cmake -S . -B build-run -DCMAKE_BUILD_TYPE=Release -DROFORMER_WITH_CUDA=$cuda \
-  -DROFORMER_BUILD_TESTS=OFF -DROFORMER_BUILD_BENCH=OFF >/dev/null
-cmake --build build-run -j"$(nproc)" --target roformer
-roformer=build-run/roformer
+source scripts/run_common.sh
+setup_and_build
 
 phase "fetch text and vocabulary"
 scripts/fetch_data.sh
@@ -34,7 +22,7 @@ phase "pretrain"
 $roformer pretrain --config "$config" "$@"
 
 phase "fill-mask with the pretrained model"
-run_dir=$($roformer config --config "$config" "$@" | awk '/^run:/{r=1; next} r && /^  dir:/{print $2; exit}')
+run_dir=$(config_value run dir "$config" "$@")
 $roformer predict --checkpoint "$run_dir" --top-k 5 \
   --text "the [MASK] of the union is strong." \
   --text "call me [MASK]." \

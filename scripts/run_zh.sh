@@ -10,29 +10,21 @@ cd "$(dirname "$0")/.."
 config=${1:-configs/tiny_zh.yaml}
 shift || true
 
-phase() { printf '\n== %s (%s)\n' "$1" "$(date +%H:%M:%S)"; }
-
-phase "set-up: Debian packages"
-scripts/setup.sh --zh
-
-phase "build (Release)"
-cmake -S . -B build-run -DCMAKE_BUILD_TYPE=Release -DROFORMER_WITH_CUDA=OFF \
-  -DROFORMER_BUILD_TESTS=OFF -DROFORMER_BUILD_BENCH=OFF >/dev/null
-cmake --build build-run -j"$(nproc)" --target roformer
-roformer=build-run/roformer
+source scripts/run_common.sh
+setup_and_build --zh
 
 phase "fetch Chinese text"
 scripts/fetch_data_zh.sh
 
 phase "learn the vocab (jieba words + characters) and prepare shards"
-vocab_size=$($roformer config --config "$config" "$@" | awk '/^model:/{m=1; next} m && /^  vocab_size:/{print $2; exit}')
+vocab_size=$(config_value model vocab_size "$config" "$@")
 $roformer prepare --config "$config" --build-vocab "$vocab_size" "$@"
 
 phase "pretrain"
 $roformer pretrain --config "$config" "$@"
 
 phase "fill-mask with the pretrained model"
-run_dir=$($roformer config --config "$config" "$@" | awk '/^run:/{r=1; next} r && /^  dir:/{print $2; exit}')
+run_dir=$(config_value run dir "$config" "$@")
 $roformer predict --checkpoint "$run_dir" --top-k 5 \
   --text "床前明月[MASK]，疑是地上霜。" \
   --text "举头望明月，低头思[MASK]。" \

@@ -593,7 +593,6 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     result.epochs_done = run.state.stage;
     return result;
   }
-  MetricsLog metrics(fs::path(config.run.dir) / "metrics.jsonl", true, false);
   const TrainingState& state = run.state;
   const double best = task.best();
 
@@ -616,7 +615,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     spdlog::info("best model on test:\n{}", format_eval_report(*result.test));
     nlohmann::json rec = eval_report_json(*result.test);
     rec["type"] = "test";
-    metrics.write(rec);
+    run.metrics->write(rec);  // the run's log: its TensorBoard file too
   }
   return result;
 }

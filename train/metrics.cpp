@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <utility>
 
 #include "core/error.h"
 
@@ -31,23 +32,29 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  if (!file_) return;
+  if (!file_ || !write_error_.empty()) return;
   const std::string line = record.dump() + "\n";
   const long before = std::ftell(file_);
   errno = 0;
   const bool ok =
       std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
   if (ok) {
-    write_tensorboard(record);
-    return;
+    try {
+      write_tensorboard(record);
+      return;
+    } catch (const Error& e) {
+      write_error_ = e.what();
+    }
+  } else {
+    // A full disk or an I/O error: drop the partial line so the file stays
+    // valid JSON lines, and stop the caller rather than lose records silently.
+    const int err = errno;
+    std::clearerr(file_);
+    if (before >= 0 && ::ftruncate(::fileno(file_), before) == 0) std::fseek(file_, 0, SEEK_END);
+    write_error_ = detail::concat("cannot write metrics file ", path_, ": ",
+                                  err ? std::strerror(err) : "write failed");
   }
-  // A full disk or an I/O error: drop the partial line so the file stays
-  // valid JSON lines, and stop the caller rather than lose records silently.
-  const int err = errno;
-  std::clearerr(file_);
-  if (before >= 0 && ::ftruncate(::fileno(file_), before) == 0) std::fseek(file_, 0, SEEK_END);
-  throw Error(detail::concat("cannot write metrics file ", path_, ": ",
-                             err ? std::strerror(err) : "write failed"));
+  if (!defer_errors_) throw Error(std::exchange(write_error_, {}));
 }
 
 void MetricsLog::write_tensorboard(const nlohmann::json& record) {

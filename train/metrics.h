@@ -28,8 +28,15 @@ class MetricsLog {
   // One JSON object per line, flushed so a killed run keeps what it logged.
   // A record with a global_step also becomes TensorBoard scalars: each
   // numeric field as "<type>/<field>" ("validation/seq<L>/<field>" for a
-  // validation at length L).
+  // validation at length L). A failed write (a full disk) leaves no partial
+  // line and throws Error, or, with deferred errors, is kept in
+  // write_error() and every later write is skipped.
   void write(const nlohmann::json& record);
+  // The trainer defers write errors and checks write_error() after each
+  // step: it then saves a checkpoint before it stops, and every rank stops
+  // at the same step.
+  void set_defer_write_errors(bool on) { defer_errors_ = on; }
+  const std::string& write_error() const { return write_error_; }
   // Redraws the progress line (no-op without a terminal).
   void progress(const std::string& line);
   // Ends the progress line before a normal log line is printed.
@@ -42,6 +49,8 @@ class MetricsLog {
   std::string path_;
   bool progress_ = false;
   bool progress_shown_ = false;
+  bool defer_errors_ = false;
+  std::string write_error_;
 };
 
 // "1h02m", "3m05s", "12s": for elapsed and ETA columns.

@@ -3,9 +3,6 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include <chrono>
 #include <cmath>
@@ -57,19 +54,6 @@ struct Totals {
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
   double accuracy() const { return units ? double(correct) / double(units) : NAN; }
 };
-
-// The next phase may run at another length: give the allocator's cached
-// blocks back, then have glibc return the freed pages to the system. Without
-// the trim the blocks only move to malloc's free lists (large ones land on
-// its heap once freed mmapped chunks have raised the mmap threshold), and
-// the six-stage tiny schedule peaked 27% above its largest stage instead of
-// staying at it (docs/performance.md, "Memory across stages").
-void release_host_memory() {
-  allocator_for(Device::cpu()).release_cached();
-#ifdef __GLIBC__
-  ::malloc_trim(0);
-#endif
-}
 
 }  // namespace
 
@@ -172,8 +156,10 @@ TrainerResult Trainer::run() {
                  config_.run.dir, model.num_parameters(), task_.num_phases(), phase, total,
                  omp_get_max_threads(), comm.world_size());
   }
-  MetricsLog metrics(run_dir.dir() / "metrics.jsonl", writer,
-                     config_.log.progress != ProgressMode::kNever);
+  auto metrics_log = std::make_unique<MetricsLog>(run_dir.dir() / "metrics.jsonl", writer,
+                                                  config_.log.progress != ProgressMode::kNever);
+  MetricsLog& metrics = *metrics_log;
+  metrics.set_defer_write_errors(true);  // checked after each step, below
 
   auto save = [&](bool phase_end) {
     state.stage_end = phase_end;
@@ -431,6 +417,29 @@ TrainerResult Trainer::run() {
         saved = true;
       }
 
+      // --- a log write failed (a full disk): save if still possible, then stop -------
+      if (comm.any(!metrics.write_error().empty())) {
+        std::string checkpoint_note;
+        if (!saved && policy.within_phase && !in_streak()) {
+          try {
+            save(false);
+            saved = true;
+          } catch (const Error& e) {
+            checkpoint_note =
+                fmt::format("the checkpoint could not be written either ({}); ", e.what());
+          }
+        }
+        metrics.clear_progress();
+        const std::string last =
+            result.last_checkpoint.empty()
+                ? std::string("no checkpoint was written yet")
+                : (saved ? "saved " : "the last checkpoint is ") + result.last_checkpoint.string();
+        throw Error(fmt::format("stopping after global step {}: {}; {}{}; free some space, then {}",
+                                state.global_step,
+                                writer ? metrics.write_error() : "a log write failed on rank 0",
+                                checkpoint_note, last, resume_advice()));
+      }
+
       // --- stop -----------------------------------------------------------------------
       if (comm.any(options_.stop && options_.stop->requested())) {
         if (!saved && policy.within_phase && !in_streak()) save(false);
@@ -450,11 +459,15 @@ TrainerResult Trainer::run() {
         return result;
       }
     }
-    if (state.stage + 1 < n_phases) release_host_memory();
+    // The next phase may run at another length: give the cached blocks back
+    // to the system (the allocator trims malloc's heap too).
+    if (state.stage + 1 < n_phases) allocator_for(Device::cpu()).release_cached();
     state.step_in_stage = 0;
   }
   result.finished = true;
   metrics.clear_progress();
+  metrics.set_defer_write_errors(false);
+  result.metrics = std::move(metrics_log);
   spdlog::info("finished {} steps ({} skipped) in {}", state.global_step, state.nonfinite_skipped,
                format_duration(seconds_since(run_start)));
   return result;

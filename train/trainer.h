@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,11 +27,11 @@
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/metrics.h"
 
 namespace roformer {
 
 class Communicator;
-class MetricsLog;
 class StopRequest;
 
 // One phase of a run: a pretraining stage or a fine-tuning epoch.
@@ -141,6 +142,9 @@ struct TrainerResult {
   bool finished = false;     // every phase done (or stopped early by the task)
   bool interrupted = false;  // stopped by a signal
   std::filesystem::path last_checkpoint;
+  // The run's metrics.jsonl and TensorBoard log, still open once finished,
+  // for records written after training (fine-tuning's test scores).
+  std::unique_ptr<MetricsLog> metrics;
 };
 
 // "model.hidden_size: 32 in the checkpoint, 64 in the config", one per model

@@ -227,6 +227,17 @@ TEST(Finetune, LearnsASyntheticTaskAndResumes) {
   ASSERT_TRUE(r.test.has_value());
   EXPECT_GE(r.test->accuracy, 0.9);
   EXPECT_EQ(r.test->examples, 64);
+  // The test record goes through the run's one log: one TensorBoard file.
+  int events_files = 0;
+  for (const auto& e : fs::directory_iterator(t.path / "run" / "tb"))
+    events_files += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_EQ(events_files, 1);
+  {
+    std::ifstream log(t.path / "run" / "metrics.jsonl");
+    std::string line, last;
+    while (std::getline(log, line)) last = line;
+    EXPECT_EQ(nlohmann::json::parse(last)["type"], "test") << last;
+  }
 
   // The saved best model reproduces the validation score, and predicts.
   const TaskModel model(t.path / "run");

@@ -130,6 +130,19 @@ TEST(Metrics, WriteErrorsAreReported) {
             std::string::npos);
 }
 
+// The trainer's mode: the error is kept for it to check after the step (it
+// then saves a checkpoint and stops), and later records are skipped.
+TEST(Metrics, DeferredWriteErrorIsKeptAndLaterWritesSkipped) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  MetricsLog log("/dev/full", true, false);
+  log.set_defer_write_errors(true);
+  EXPECT_NO_THROW(log.write({{"step", 1}}));
+  EXPECT_NE(log.write_error().find("cannot write metrics file /dev/full: No space left on device"),
+            std::string::npos)
+      << log.write_error();
+  EXPECT_NO_THROW(log.write({{"step", 2}}));
+}
+
 TEST(Metrics, FailedWriteLeavesNoPartialLine) {
   const auto path = std::filesystem::temp_directory_path() / "roformer_metrics_test.jsonl";
   std::filesystem::remove(path);
