@@ -179,6 +179,10 @@ class PretrainTask final : public TrainingTask {
       if (!stage.warm_up.empty()) {
         record["batch_warmup_start"] = stage.warm_up.front().batch;
         record["batch_warmup_steps"] = stage.warm_up.back().end_step;
+        // (end step, batch) levels, so `roformer plot` counts tokens exactly.
+        nlohmann::json levels = nlohmann::json::array();
+        for (const BatchLevel& l : stage.warm_up) levels.push_back({l.end_step, l.batch});
+        record["batch_warmup"] = levels;
       }
       metrics.write(record);
     }

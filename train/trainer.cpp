@@ -209,6 +209,15 @@ TrainerResult Trainer::run() {
     task_.begin_phase(state, metrics);
     Totals window, whole;
     auto window_start = Clock::now();
+    // Where the phase stands: in tokens when it was given in tokens.
+    auto position = [&](bool aligned) {
+      if (plan.token_budget > 0)
+        return fmt::format("tokens {}/{}",
+                           format_count(task_.phase_tokens(state.stage, state.step_in_stage)),
+                           format_count(plan.token_budget));
+      return aligned ? fmt::format("step {:>5}/{}", state.step_in_stage, plan.steps)
+                     : fmt::format("step {}/{}", state.step_in_stage, plan.steps);
+    };
     PhaseTraining training;
 
     while (state.step_in_stage < plan.steps) {
@@ -339,13 +348,7 @@ TrainerResult Trainer::run() {
         for (int64_t p = 0; p < n_phases; ++p) total_steps += task_.plan(p).steps;
         const MemoryUsage mem = memory_usage();
         // A phase given in tokens counts its progress in tokens.
-        std::string progress;
-        if (plan.token_budget > 0)
-          progress = fmt::format("tokens {}/{}",
-                                 format_count(task_.phase_tokens(state.stage, state.step_in_stage)),
-                                 format_count(plan.token_budget));
-        else
-          progress = fmt::format("step {:>5}/{}", state.step_in_stage, plan.steps);
+        const std::string progress = position(true);
         metrics.clear_progress();
         spdlog::info(
             "{} {}/{} {} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
@@ -389,8 +392,8 @@ TrainerResult Trainer::run() {
         window = {};
         window_start = Clock::now();
       } else {
-        metrics.progress(fmt::format("{} {}/{} step {}/{} loss {:.4f}", phase, state.stage + 1,
-                                     n_phases, state.step_in_stage, plan.steps, loss));
+        metrics.progress(fmt::format("{} {}/{} {} loss {:.4f}", phase, state.stage + 1, n_phases,
+                                     position(false), loss));
       }
 
       // --- evaluate, checkpoint -------------------------------------------------------
