@@ -155,6 +155,9 @@ struct LogConfig {
   int64_t every_steps = 10;
   int64_t eval_every_steps = 500;  // 0: no periodic evaluation
   int64_t eval_batches = 20;
+  // At each stage end, validate at every stage's length (with that stage's
+  // masking, RoPE base and data), not only at the stage's own.
+  bool eval_every_length = false;
   ProgressMode progress = ProgressMode::kAuto;
   // The device's peak in TFLOP/s for the MFU column; 0: a default for
   // run.device and run.precision (docs/pretraining.md, "Telemetry").

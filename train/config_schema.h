@@ -159,6 +159,7 @@ void visit_log(V& v, L& c) {
   v.field("every_steps", c.every_steps, Opt{.range = kPositive});
   v.field("eval_every_steps", c.eval_every_steps, Opt{.range = kNonNegative});
   v.field("eval_batches", c.eval_batches, Opt{.range = kNonNegative});
+  v.field("eval_every_length", c.eval_every_length);
   v.field("progress", c.progress);
   v.field("peak_tflops", c.peak_tflops, Opt{.range = kNonNegative});
 }

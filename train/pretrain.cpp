@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -230,6 +231,17 @@ class PretrainTask final : public TrainingTask {
                  MetricsLog& metrics) override {
     const StageConfig& stage = config_.stages[size_t(state.stage)];
     const Eval ev = evaluate_and_log(state, metrics);
+    if (config_.log.eval_every_length) {
+      // Every other length once, at the first stage that runs it.
+      std::vector<int64_t> done = {stage.max_seq_len};
+      for (const ResolvedStage& other : stages_) {
+        if (std::find(done.begin(), done.end(), other.max_seq_len) != done.end()) continue;
+        done.push_back(other.max_seq_len);
+        model_->set_rope_base(other.rope_base);
+        evaluate_and_log(state, metrics, &other);
+      }
+      model_->set_rope_base(stages_[size_t(state.stage)].rope_base);
+    }
     const MemoryUsage mem = memory_usage();
     summaries_.push_back({state.stage, stage.max_seq_len, stage.batch_size, stage.steps,
                           training.window_loss, training.window_accuracy, ev.loss, ev.accuracy,
@@ -319,8 +331,10 @@ class PretrainTask final : public TrainingTask {
     return r;
   }
 
-  Eval evaluate_and_log(const TrainingState& state, MetricsLog& metrics) const {
-    const ResolvedStage& stage = stages_[size_t(state.stage)];
+  // Validation at the current stage's settings, or at `other` stage's.
+  Eval evaluate_and_log(const TrainingState& state, MetricsLog& metrics,
+                        const ResolvedStage* other = nullptr) const {
+    const ResolvedStage& stage = other ? *other : stages_[size_t(state.stage)];
     const Eval ev = evaluate(stage);
     if (ev.masked > 0) {
       metrics.clear_progress();

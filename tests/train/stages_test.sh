@@ -37,7 +37,7 @@ stages:
      weight_decay: 0.05, lr: 5.0e-4, schedule: wsd, warmup_steps: 1, decay_shape: 1-sqrt,
      decay_fraction: 0.5}
 checkpoint: {every_steps: 2, keep_last: 2}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 2, progress: never}
+log: {every_steps: 1, eval_every_steps: 0, eval_batches: 2, eval_every_length: true, progress: never}
 YAML
 
 "$roformer" prepare --config "$work/mini.yaml" >/dev/null 2>&1
@@ -59,6 +59,11 @@ batches=$(grep '"type":"train"' "$work/straight/metrics.jsonl" | sed -n 's/.*"ba
 [[ "$batches" == "2 2 2 4 4 6 8 8 8 4 4 4 4 " ]] || { echo "unexpected batch sizes: $batches"; exit 1; }
 grep -q 'stage 2/2: .*rope_base 160000' "$work/straight.out" || { echo "no stage-2 banner"; cat "$work/straight.out"; exit 1; }
 grep -q 'tokens 1.02k/1.02k' "$work/straight.out" || { echo "stage 2 progress not in tokens"; cat "$work/straight.out"; exit 1; }
+# With log.eval_every_length, stage 2's end also validates at stage 1's length.
+for len in 32 64; do
+  grep '"type":"validation"' "$work/straight/metrics.jsonl" | grep '"global_step":13,' | grep -q "\"max_seq_len\":$len,.*\"perplexity\":[0-9]" \
+    || { echo "no validation at length $len after stage 2"; grep validation "$work/straight/metrics.jsonl"; exit 1; }
+done
 # Telemetry fields on every train record.
 for key in tokens_per_s mfu data_wait_s grad_norm grad_norm_clipped update_ratio padded_share lr allocated_mb; do
   n=$(grep '"type":"train"' "$work/straight/metrics.jsonl" | grep -c "\"$key\":[0-9]")

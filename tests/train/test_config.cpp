@@ -93,7 +93,8 @@ stages:
     rope_base: 160000
     shard_dir: shards/long
 checkpoint: {every_steps: 0, keep_last: 0, keep_stage_ends: false}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 0, progress: never, peak_tflops: 12.5}
+log: {every_steps: 1, eval_every_steps: 0, eval_batches: 0, eval_every_length: true,
+      progress: never, peak_tflops: 12.5}
 finetune:
   task: triplet
   train_file: train.jsonl
