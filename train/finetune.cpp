@@ -22,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/hf_convert.h"
 #include "train/metrics.h"
+#include "train/run_precision.h"
 #include "train/signals.h"
 #include "train/task_data.h"
 #include "train/trainer.h"
@@ -502,6 +503,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   if (input_config.run.device != DeviceType::cpu)
     throw InputError(input_config.source + ": run.device: fine-tuning runs on the CPU only");
   if (input_config.run.threads > 0) omp_set_num_threads(int(input_config.run.threads));
+  const RunPrecision precision(input_config);
   Config config = input_config;
   FinetuneConfig& spec = *config.finetune;
 

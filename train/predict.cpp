@@ -46,6 +46,10 @@ FillMask::~FillMask() {
   delete impl_;
 }
 
+const Config& FillMask::config() const {
+  return impl_->config;
+}
+
 std::vector<MaskPrediction> FillMask::predict(const std::string& text, int64_t top_k) const {
   const data::Tokenizer& tok = *impl_->tokenizer;
   const data::Vocab& vocab = tok.vocab();

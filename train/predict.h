@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "train/config.h"
+
 namespace roformer {
 
 struct MaskPrediction {
@@ -30,6 +32,8 @@ class FillMask {
 
   // Throws InputError when the text has no [MASK].
   std::vector<MaskPrediction> predict(const std::string& text, int64_t top_k) const;
+  // The checkpoint's config (its run.precision is the one predict runs in).
+  const Config& config() const;
 
  private:
   struct Impl;

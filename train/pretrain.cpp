@@ -19,6 +19,7 @@
 #include "train/communicator.h"
 #include "train/config_stages.h"
 #include "train/metrics.h"
+#include "train/run_precision.h"
 #include "train/telemetry.h"
 
 namespace roformer {
@@ -411,8 +412,7 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
     throw InputError(config.source +
                      ": run.device: this build trains on the CPU only; the CUDA kernels are "
                      "not written yet (set run.device: cpu)");
-  if (config.run.precision != Precision::kF32)
-    throw InputError(config.source + ": run.precision: only f32 is implemented for training");
+  const RunPrecision precision(config);
   SingleProcessCommunicator single;
   Communicator& comm = options.communicator ? *options.communicator : single;
   if (comm.world_size() != 1)

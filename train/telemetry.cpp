@@ -19,6 +19,8 @@ double peak_tflops(const Config& c, int threads) {
 #if defined(__x86_64__) || defined(__i386__)
   if (__builtin_cpu_supports("avx512f")) per_cycle = 64;
 #endif
+  // bf16 dot products (AVX512-BF16) do twice the f32 multiply-adds a cycle.
+  if (c.run.precision == Precision::kBf16) per_cycle *= 2;
   return double(threads) * per_cycle * 2.5e9 / 1e12;
 }
 

@@ -23,8 +23,8 @@ double mlm_training_flops(const ModelConfig& model, int64_t seq_len, int64_t tok
 
 // The device's peak in TFLOP/s: log.peak_tflops when set, else a default for
 // run.device and run.precision (CPU: cores x FLOPs/cycle x 2.5 GHz with
-// FLOPs/cycle 64 with AVX-512, 32 with AVX2 FMA; CUDA: an H100 SXM's dense
-// 989 TFLOP/s in bf16, 67 in f32).
+// FLOPs/cycle 64 with AVX-512, 32 with AVX2 FMA, twice that in bf16; CUDA:
+// an H100 SXM's dense 989 TFLOP/s in bf16, 67 in f32).
 double peak_tflops(const Config& config, int threads);
 
 }  // namespace roformer

@@ -1,11 +1,13 @@
 // Model step on the CPU: forward + backward (no optimizer) of RoFormer MLM at
 // two sizes, side by side with the same model in PyTorch
 // (bench/layers/model_bench_torch.py, run with /usr/bin/python3), same
-// threads and batch. PyTorch runs twice: logits at every position (as Hugging
-// Face does) and only at the masked rows (the optimised peer).
+// threads and batch, in f32 and in bf16 mixed precision (ours: a bf16
+// MatmulPrecisionScope; PyTorch: torch.autocast bf16). PyTorch's head runs
+// only at the masked rows (the optimised peer, as ours); --torch-full adds the
+// f32 peer with logits at every position (as Hugging Face does).
 //
-//   model_bench [--size small|large|both] [--steps N] [--warmup N]
-//               [--no-torch] [--profile] [--threads N]
+//   model_bench [--size small|large|both] [--precision f32|bf16|both] [--steps N]
+//               [--warmup N] [--no-torch] [--torch-full] [--profile] [--threads N]
 // ROFORMER_PROFILE=1 (or --profile) prints our per-op time breakdown.
 #include <omp.h>
 
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/precision.h"
 #include "core/profile.h"
 #include "layers/roformer.h"
 
@@ -34,9 +37,9 @@ constexpr int64_t kVocab = 30522;
 constexpr double kMaskProb = 0.15;
 
 struct Options {
-  std::string size = "both";
+  std::string size = "both", precision = "both";
   int steps = 3, warmup = 1, threads = 0;
-  bool torch = true, profile = false;
+  bool torch = true, torch_full = false, profile = false;
 };
 
 double median(std::vector<double> v) {
@@ -45,7 +48,8 @@ double median(std::vector<double> v) {
 }
 
 // Our step: returns the median step time in seconds.
-double run_ours(const Size& s, const Options& opt, std::string& profile) {
+double run_ours(const Size& s, const Options& opt, roformer::DType matmul, std::string& profile) {
+  const roformer::MatmulPrecisionScope precision(matmul);
   roformer::ModelConfig c;
   c.vocab_size = kVocab;
   c.hidden_size = s.hidden;
@@ -82,6 +86,8 @@ double run_ours(const Size& s, const Options& opt, std::string& profile) {
   for (int step = 0; step < opt.warmup + opt.steps; ++step) {
     const bool timed = step >= opt.warmup;
     if (timed && opt.profile) roformer::set_profiling(true);
+    // Training casts the weights once per optimizer step: so does each step here.
+    roformer::clear_bf16_weights();
     const auto start = std::chrono::steady_clock::now();
     {
       roformer::DropoutContext dropout{7, uint64_t(step), 0};
@@ -103,15 +109,15 @@ double run_ours(const Size& s, const Options& opt, std::string& profile) {
 }
 
 // Runs the PyTorch peer; returns its median step time (0 on failure).
-double run_torch(const Size& s, const Options& opt, const char* mode) {
-  const std::string cmd = std::string("/usr/bin/python3 ") + ROFORMER_SOURCE_DIR +
-                          "/bench/layers/model_bench_torch.py --layers " +
-                          std::to_string(s.layers) + " --hidden " + std::to_string(s.hidden) +
-                          " --heads " + std::to_string(s.heads) + " --seq " +
-                          std::to_string(s.seq) + " --batch " + std::to_string(s.batch) +
-                          " --vocab " + std::to_string(kVocab) + " --steps " +
-                          std::to_string(opt.steps) + " --warmup " + std::to_string(opt.warmup) +
-                          " --threads " + std::to_string(opt.threads) + " --mode " + mode + " 2>&1";
+double run_torch(const Size& s, const Options& opt, const char* mode, const char* precision) {
+  const std::string cmd =
+      std::string("/usr/bin/python3 ") + ROFORMER_SOURCE_DIR +
+      "/bench/layers/model_bench_torch.py --layers " + std::to_string(s.layers) + " --hidden " +
+      std::to_string(s.hidden) + " --heads " + std::to_string(s.heads) + " --seq " +
+      std::to_string(s.seq) + " --batch " + std::to_string(s.batch) + " --vocab " +
+      std::to_string(kVocab) + " --steps " + std::to_string(opt.steps) + " --warmup " +
+      std::to_string(opt.warmup) + " --threads " + std::to_string(opt.threads) + " --mode " + mode +
+      " --precision " + precision + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return 0.0;
   std::string output;
@@ -120,7 +126,7 @@ double run_torch(const Size& s, const Options& opt, const char* mode) {
   const int status = pclose(pipe);
   const size_t at = output.rfind("\"step_s\": ");
   if (status != 0 || at == std::string::npos) {
-    std::fprintf(stderr, "PyTorch peer (%s) failed:\n%s\n", mode, output.c_str());
+    std::fprintf(stderr, "PyTorch peer (%s, %s) failed:\n%s\n", mode, precision, output.c_str());
     return 0.0;
   }
   return std::atof(output.c_str() + at + 10);
@@ -148,14 +154,19 @@ int main(int argc, char** argv) {
       opt.warmup = std::atoi(value().c_str());
     } else if (a == "--threads") {
       opt.threads = std::atoi(value().c_str());
+    } else if (a == "--precision") {
+      opt.precision = value();
+    } else if (a == "--torch-full") {
+      opt.torch_full = true;
     } else if (a == "--no-torch") {
       opt.torch = false;
     } else if (a == "--profile") {
       opt.profile = true;
     } else {
       std::fprintf(stderr,
-                   "usage: model_bench [--size small|large|both] [--steps N] [--warmup N] "
-                   "[--threads N] [--no-torch] [--profile]\n");
+                   "usage: model_bench [--size small|large|both] [--precision f32|bf16|both] "
+                   "[--steps N] [--warmup N] [--threads N] [--no-torch] [--torch-full] "
+                   "[--profile]\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -165,25 +176,35 @@ int main(int argc, char** argv) {
       "RoFormer MLM step (forward + backward, no optimizer), vocab %lld, %.0f%% rows "
       "masked, dropout 0.1, %d threads, median of %d steps\n",
       (long long)kVocab, kMaskProb * 100, opt.threads, opt.steps);
-  std::printf("%-6s %-22s %12s %12s %12s %12s %12s\n", "size", "shape", "ours tok/s", "torch full",
-              "torch masked", "vs full", "vs masked");
+  const bool f32 = opt.precision != "bf16", bf16 = opt.precision != "f32";
+  if (bf16 && !roformer::cpu_has_native_bf16())
+    std::printf("note: this CPU has no AVX512-BF16/AMX-BF16; oneDNN emulates bf16 (slow)\n");
+  std::printf("%-6s %-18s %9s %9s %9s %9s %9s %9s %9s\n", "size", "shape", "ours f32", "ours bf16",
+              "torch f32", "torch bf16", "torch full", "f32 ratio", "bf16 ratio");
   for (const Size& s : kSizes) {
     if (opt.size != "both" && opt.size != s.name) continue;
-    std::string profile;
-    const double ours = run_ours(s, opt, profile);
-    const double full = opt.torch ? run_torch(s, opt, "full") : 0.0;
-    const double masked = opt.torch ? run_torch(s, opt, "masked") : 0.0;
     const double tokens = double(s.batch * s.seq);
+    auto rate = [&](double t) { return t > 0 ? tokens / t : 0.0; };
+    std::string profile_f32, profile_bf16;
+    // Interleaved, so drifts in machine load hit both frameworks alike.
+    const double ours_f32 = f32 ? rate(run_ours(s, opt, roformer::DType::f32, profile_f32)) : 0.0;
+    const double torch_f32 = f32 && opt.torch ? rate(run_torch(s, opt, "masked", "f32")) : 0.0;
+    const double ours_bf16 =
+        bf16 ? rate(run_ours(s, opt, roformer::DType::bf16, profile_bf16)) : 0.0;
+    const double torch_bf16 = bf16 && opt.torch ? rate(run_torch(s, opt, "masked", "bf16")) : 0.0;
+    const double torch_full = opt.torch_full ? rate(run_torch(s, opt, "full", "f32")) : 0.0;
     char shape[64];
     std::snprintf(shape, sizeof shape, "%lldx%lld s%lld b%lld", (long long)s.layers,
                   (long long)s.hidden, (long long)s.seq, (long long)s.batch);
-    auto rate = [&](double t) { return t > 0 ? tokens / t : 0.0; };
-    std::printf("%-6s %-22s %12.0f %12.0f %12.0f %11.2fx %11.2fx\n", s.name, shape, rate(ours),
-                rate(full), rate(masked), full > 0 ? full / ours : 0.0,
-                masked > 0 ? masked / ours : 0.0);
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    std::printf("%-6s %-18s %9.0f %9.0f %9.0f %9.0f %9.0f %8.2fx %8.2fx\n", s.name, shape, ours_f32,
+                ours_bf16, torch_f32, torch_bf16, torch_full, ratio(ours_f32, torch_f32),
+                ratio(ours_bf16, torch_bf16));
     std::fflush(stdout);
-    if (!profile.empty())
-      std::printf("\nper-op time of our step (%s):\n%s\n", s.name, profile.c_str());
+    if (!profile_f32.empty())
+      std::printf("\nper-op time of our f32 step (%s):\n%s\n", s.name, profile_f32.c_str());
+    if (!profile_bf16.empty())
+      std::printf("\nper-op time of our bf16 step (%s):\n%s\n", s.name, profile_bf16.c_str());
   }
   return 0;
 }

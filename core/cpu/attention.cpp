@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/cpu/onednn.h"
+#include "core/cpu/philox_simd.h"
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
 #include "core/philox.h"
@@ -66,22 +67,23 @@ struct HeadGemm {
   dnnl::memory::desc a, b, c, scratchpad;
 };
 
-// 2-D f32 operand: rows x cols with the given strides (one of them 1).
-dnnl::memory::desc matrix_desc(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
-  return dnnl::memory::desc({rows, cols}, dnnl::memory::data_type::f32, {row_stride, col_stride});
-}
-
+// A head's 2-D operand: rows x cols with the given strides (one of them 1),
+// f32 or bf16 (bf16 autocast: products accumulate in f32, write f32).
 struct Matrix {
   int64_t rows, cols, row_stride, col_stride;
-  dnnl::memory::desc desc() const { return matrix_desc(rows, cols, row_stride, col_stride); }
-  std::string key() const {
-    return std::to_string(rows) + "x" + std::to_string(cols) + "/" + std::to_string(row_stride) +
-           "," + std::to_string(col_stride);
+  DType dtype = DType::f32;
+  dnnl::memory::desc desc() const {
+    return dnnl::memory::desc({rows, cols}, onednn_dtype(dtype), {row_stride, col_stride});
   }
-  Matrix t() const { return {cols, rows, col_stride, row_stride}; }
+  std::string key() const {
+    return std::string(dtype_name(dtype)) + std::to_string(rows) + "x" + std::to_string(cols) +
+           "/" + std::to_string(row_stride) + "," + std::to_string(col_stride);
+  }
+  Matrix t() const { return {cols, rows, col_stride, row_stride, dtype}; }
+  Matrix as(DType d) const { return {rows, cols, row_stride, col_stride, d}; }
 };
 
-// c = a x b, all f32.
+// c = a x b.
 std::shared_ptr<HeadGemm> head_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
   const std::string key = "attn_head_gemm|" + a.key() + "|" + b.key() + "|" + c.key();
   return cached_primitive<HeadGemm>(key, [&] {
@@ -105,14 +107,14 @@ struct ThreadGemmState {
   std::vector<char> scratchpad;
 };
 
-void run(const HeadGemm& g, const float* a, const float* b, float* c) {
+void run(const HeadGemm& g, const void* a, const void* b, void* c) {
   thread_local ThreadGemmState state;
   const size_t need = g.scratchpad.get_size();
   if (state.scratchpad.size() < need) state.scratchpad.resize(need);
   dnnl::engine& eng = onednn_engine();
   std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(g.a, eng, const_cast<float*>(a))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(g.b, eng, const_cast<float*>(b))},
+      {DNNL_ARG_SRC, dnnl::memory(g.a, eng, const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(g.b, eng, const_cast<void*>(b))},
       {DNNL_ARG_DST, dnnl::memory(g.c, eng, c)}};
   if (need)
     args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(g.scratchpad, eng, state.scratchpad.data()));
@@ -121,44 +123,6 @@ void run(const HeadGemm& g, const float* a, const float* b, float* c) {
 }
 
 // --- elementwise helpers ---------------------------------------------------------
-
-// Philox4x32-10 on 16 consecutive counter blocks at once (lanes are
-// independent, so the compiler vectorises the rounds): out[4 * i + w] is word
-// w of block (first + i, c1, c2, c3), the numbers philox4x32 gives one block
-// at a time.
-void philox_16_blocks(uint32_t first, uint32_t c1v, uint32_t c2v, uint32_t c3v,
-                      const PhiloxKey& key, uint32_t* __restrict out) {
-  constexpr int kLanes = 16;
-  uint32_t c0[kLanes], c1[kLanes], c2[kLanes], c3[kLanes];
-  for (int i = 0; i < kLanes; ++i) {
-    c0[i] = first + uint32_t(i);
-    c1[i] = c1v;
-    c2[i] = c2v;
-    c3[i] = c3v;
-  }
-  uint32_t k0 = key[0], k1 = key[1];
-  for (int round = 0; round < 10; ++round) {
-#pragma omp simd
-    for (int i = 0; i < kLanes; ++i) {
-      const uint64_t p0 = uint64_t(0xD2511F53u) * c0[i];
-      const uint64_t p1 = uint64_t(0xCD9E8D57u) * c2[i];
-      const uint32_t n0 = uint32_t(p1 >> 32) ^ c1[i] ^ k0;
-      const uint32_t n2 = uint32_t(p0 >> 32) ^ c3[i] ^ k1;
-      c1[i] = uint32_t(p1);
-      c3[i] = uint32_t(p0);
-      c0[i] = n0;
-      c2[i] = n2;
-    }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  for (int i = 0; i < kLanes; ++i) {
-    out[4 * i] = c0[i];
-    out[4 * i + 1] = c1[i];
-    out[4 * i + 2] = c2[i];
-    out[4 * i + 3] = c3[i];
-  }
-}
 
 // Keep bits for the n keys of one query row (batch row b, head h, query i)
 // by the shared dropout rule (core/philox.h): key j is word j % 4 of counter
@@ -296,7 +260,7 @@ T* row_ptr(const View& t, int64_t b, int64_t h, int64_t i) {
   return static_cast<T*>(t.data()) + b * s[0] + h * s[1] + i * s[2];
 }
 
-// --- f32: per-head oneDNN GEMMs + fused row loops, parallel over (batch, head) ---
+// --- f32 and bf16: per-head oneDNN GEMMs + fused f32 row loops, parallel over (batch, head) ---
 
 // Threads working on heads (and so per-thread S x S buffers): no more than heads.
 int head_threads(const Dims& d) {
@@ -305,15 +269,20 @@ int head_threads(const Dims& d) {
 
 // The [rows, cols] matrix of head (b, h) of a [B, H, S, D] tensor.
 Matrix head_matrix(const View& t) {
-  return {t.shape()[2], t.shape()[3], t.strides()[2], 1};
+  return {t.shape()[2], t.shape()[3], t.strides()[2], 1, t.dtype()};
 }
 template <class T>
 T* head_ptr(const View& t, int64_t b, int64_t h) {
   return static_cast<T*>(t.data()) + b * t.strides()[0] + h * t.strides()[1];
 }
+// The same for a view of either GEMM dtype (f32, bf16).
+const void* head_bytes(const View& t, int64_t b, int64_t h) {
+  return static_cast<const char*>(t.data()) +
+         (b * t.strides()[0] + h * t.strides()[1]) * int64_t(dtype_size(t.dtype()));
+}
 
-void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
-                 const View& keep_bits) {
+void forward_gemm(const AttentionArgs& args, const View& out, const View& lse,
+                  const View& keep_bits) {
   const Dims d(args);
   const KeyMask mask(args.key_mask, d.B, d.Sk);
   const bool drop = args.dropout_p > 0.0;
@@ -322,22 +291,28 @@ void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
   const float scale = float(args.scale);
   const int64_t W = keep_words(d.Sk);
   const Matrix scores{d.Sq, d.Sk, d.Sk, 1};
+  // bf16 q, k, v: the probabilities enter the second product as bf16.
+  const DType gemm_dtype = args.q.dtype();
+  const bool low = gemm_dtype == DType::bf16;
   const auto qk = head_gemm(head_matrix(args.q), head_matrix(args.k).t(), scores);
-  const auto pv = head_gemm(scores, head_matrix(args.v), head_matrix(out));
+  const auto pv = head_gemm(scores.as(gemm_dtype), head_matrix(args.v), head_matrix(out));
   float* plse = lse.data_as<float>();
   uint32_t* all_bits = drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
-  // One S x S scores buffer per thread.
+  // One S x S scores buffer per thread (and its bf16 copy).
   const int threads = head_threads(d);
   const Scratch scratch({threads, d.Sq * d.Sk}, DType::f32);
+  const Scratch scratch_low({low ? threads : 0, d.Sq * d.Sk}, DType::bf16);
   RegionErrors errors;
 #pragma omp parallel num_threads(threads)
   {
     float* ps = scratch.view().data_as<float>() + omp_get_thread_num() * d.Sq * d.Sk;
+    bf16* pl =
+        low ? scratch_low.view().data_as<bf16>() + omp_get_thread_num() * d.Sq * d.Sk : nullptr;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < d.B * d.H; ++bh)
       errors.guard([&] {
         const int64_t b = bh / d.H, h = bh % d.H;
-        run(*qk, head_ptr<const float>(args.q, b, h), head_ptr<const float>(args.k, b, h), ps);
+        run(*qk, head_bytes(args.q, b, h), head_bytes(args.k, b, h), ps);
         const float* add = mask.add.data() + b * d.Sk;
         const float* keep = mask.keep.data() + b * d.Sk;
         for (int64_t i = 0; i < d.Sq; ++i) {
@@ -348,6 +323,7 @@ void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
           if (drop) draw_keep_bits(args, b, h, i, d.Sk, threshold, bits);
           if (m == -std::numeric_limits<float>::infinity()) {  // no key to attend to
             std::fill(x, x + d.Sk, 0.0f);
+            if (low) to_bf16_row(x, pl + i * d.Sk, d.Sk);
             plse[global_row] = m;
             continue;
           }
@@ -360,16 +336,18 @@ void forward_f32(const AttentionArgs& args, const View& out, const View& lse,
 #pragma omp simd
             for (int64_t j = 0; j < d.Sk; ++j) x[j] *= inv;
           }
+          if (low) to_bf16_row(x, pl + i * d.Sk, d.Sk);
         }
-        run(*pv, ps, head_ptr<const float>(args.v, b, h), head_ptr<float>(out, b, h));
+        run(*pv, low ? static_cast<const void*>(pl) : ps, head_bytes(args.v, b, h),
+            head_ptr<float>(out, b, h));
       });
   }
   errors.rethrow();
 }
 
-void backward_f32(const AttentionArgs& args, const View& out, const View& lse,
-                  const View& keep_bits, const View& grad_out, const View& grad_q,
-                  const View& grad_k, const View& grad_v) {
+void backward_gemm(const AttentionArgs& args, const View& out, const View& lse,
+                   const View& keep_bits, const View& grad_out, const View& grad_q,
+                   const View& grad_k, const View& grad_v) {
   const Dims d(args);
   const KeyMask mask(args.key_mask, d.B, d.Sk);
   const bool drop = args.dropout_p > 0.0;
@@ -379,31 +357,42 @@ void backward_f32(const AttentionArgs& args, const View& out, const View& lse,
   const Matrix square{d.Sq, d.Sk, d.Sk, 1};
   const Matrix q = head_matrix(args.q), k = head_matrix(args.k), v = head_matrix(args.v);
   const Matrix dO = head_matrix(grad_out);
-  const auto qk = head_gemm(q, k.t(), square);                          // S = Q K^T
-  const auto dov = head_gemm(dO, v.t(), square);                        // dPd = dO V^T
-  const auto dv_gemm = head_gemm(square.t(), dO, head_matrix(grad_v));  // dV = Pd^T dO
-  const auto dq_gemm = head_gemm(square, k, head_matrix(grad_q));       // dQ = dS K
-  const auto dk_gemm = head_gemm(square.t(), q, head_matrix(grad_k));   // dK = dS^T Q
+  // bf16 q, k, v, dO: Pd and dS enter the last three products as bf16.
+  const DType gemm_dtype = args.q.dtype();
+  const bool low = gemm_dtype == DType::bf16;
+  RF_CHECK(grad_out.dtype() == gemm_dtype, "attention kernel: grad_out ", grad_out.desc(),
+           " does not match q ", args.q.desc());
+  const Matrix square_in = square.as(gemm_dtype);
+  const auto qk = head_gemm(q, k.t(), square);                             // S = Q K^T
+  const auto dov = head_gemm(dO, v.t(), square);                           // dPd = dO V^T
+  const auto dv_gemm = head_gemm(square_in.t(), dO, head_matrix(grad_v));  // dV = Pd^T dO
+  const auto dq_gemm = head_gemm(square_in, k, head_matrix(grad_q));       // dQ = dS K
+  const auto dk_gemm = head_gemm(square_in.t(), q, head_matrix(grad_k));   // dK = dS^T Q
   const float* plse = lse.data_as<float>();
   const uint32_t* all_bits =
       drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
-  // Per thread, the probabilities and their gradient for the head at hand.
+  // Per thread, the probabilities and their gradient for the head at hand
+  // (and their bf16 copies).
   const int threads = head_threads(d);
   const Scratch scratch({threads, 2 * d.Sq * d.Sk}, DType::f32);
+  const Scratch scratch_low({low ? threads : 0, 2 * d.Sq * d.Sk}, DType::bf16);
   RegionErrors errors;
 #pragma omp parallel num_threads(threads)
   {
     float* pp = scratch.view().data_as<float>() + omp_get_thread_num() * 2 * d.Sq * d.Sk;
     float* pdp = pp + d.Sq * d.Sk;
+    bf16* pl =
+        low ? scratch_low.view().data_as<bf16>() + omp_get_thread_num() * 2 * d.Sq * d.Sk : nullptr;
+    bf16* pdl = low ? pl + d.Sq * d.Sk : nullptr;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < d.B * d.H; ++bh)
       errors.guard([&] {
         const int64_t b = bh / d.H, h = bh % d.H;
-        const float* qh = head_ptr<const float>(args.q, b, h);
-        const float* kh = head_ptr<const float>(args.k, b, h);
-        const float* dOh = head_ptr<const float>(grad_out, b, h);
+        const void* qh = head_bytes(args.q, b, h);
+        const void* kh = head_bytes(args.k, b, h);
+        const void* dOh = head_bytes(grad_out, b, h);
         run(*qk, qh, kh, pp);
-        run(*dov, dOh, head_ptr<const float>(args.v, b, h), pdp);
+        run(*dov, dOh, head_bytes(args.v, b, h), pdp);
         for (int64_t i = 0; i < d.Sq; ++i) {
           const int64_t global_row = bh * d.Sq + i;
           float* x = pp + i * d.Sk;
@@ -412,21 +401,33 @@ void backward_f32(const AttentionArgs& args, const View& out, const View& lse,
           if (row_lse == -std::numeric_limits<float>::infinity()) {
             std::fill(x, x + d.Sk, 0.0f);
             std::fill(y, y + d.Sk, 0.0f);
-            continue;
-          }
-          // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
-          const float* go = dOh + i * grad_out.strides()[2];
-          const float* oo = head_ptr<const float>(out, b, h) + i * out.strides()[2];
-          float D = 0.0f;
+          } else {
+            // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
+            const float* oo = head_ptr<const float>(out, b, h) + i * out.strides()[2];
+            float D = 0.0f;
+            if (low) {
+              const bf16* go = static_cast<const bf16*>(dOh) + i * grad_out.strides()[2];
 #pragma omp simd reduction(+ : D)
-          for (int64_t c = 0; c < d.Dv; ++c) D += go[c] * oo[c];
-          backward_row(x, y, mask.add.data() + b * d.Sk, mask.keep.data() + b * d.Sk,
-                       drop ? all_bits + global_row * W : nullptr, scale, row_lse, D, inv_keep,
-                       d.Sk);
+              for (int64_t c = 0; c < d.Dv; ++c) D += float(go[c]) * oo[c];
+            } else {
+              const float* go = static_cast<const float*>(dOh) + i * grad_out.strides()[2];
+#pragma omp simd reduction(+ : D)
+              for (int64_t c = 0; c < d.Dv; ++c) D += go[c] * oo[c];
+            }
+            backward_row(x, y, mask.add.data() + b * d.Sk, mask.keep.data() + b * d.Sk,
+                         drop ? all_bits + global_row * W : nullptr, scale, row_lse, D, inv_keep,
+                         d.Sk);
+          }
+          if (low) {
+            to_bf16_row(x, pl + i * d.Sk, d.Sk);
+            to_bf16_row(y, pdl + i * d.Sk, d.Sk);
+          }
         }
-        run(*dv_gemm, pp, dOh, head_ptr<float>(grad_v, b, h));
-        run(*dq_gemm, pdp, kh, head_ptr<float>(grad_q, b, h));
-        run(*dk_gemm, pdp, qh, head_ptr<float>(grad_k, b, h));
+        const void* p_in = low ? static_cast<const void*>(pl) : pp;
+        const void* ds_in = low ? static_cast<const void*>(pdl) : pdp;
+        run(*dv_gemm, p_in, dOh, head_ptr<float>(grad_v, b, h));
+        run(*dq_gemm, ds_in, kh, head_ptr<float>(grad_q, b, h));
+        run(*dk_gemm, ds_in, qh, head_ptr<float>(grad_k, b, h));
       });
   }
   errors.rethrow();
@@ -557,8 +558,11 @@ void attention_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, 
   const AttentionArgs args(params, q, k, v, key_mask);
   const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt);
   if (out.numel() == 0) return;
-  if (args.q.dtype() == DType::f32) {
-    forward_f32(args, out, lse, keep_bits);
+  if (args.q.dtype() == DType::f32 || args.q.dtype() == DType::bf16) {
+    RF_CHECK(out.dtype() == DType::f32 && lse.dtype() == DType::f32,
+             "attention kernel: f32/bf16 inputs write f32 out and lse, got ", out.desc(), ", ",
+             lse.desc());
+    forward_gemm(args, out, lse, keep_bits);
   } else if (args.q.dtype() == DType::f64) {
     forward_loop<double>(args, out, lse, keep_bits);
   } else {
@@ -572,8 +576,8 @@ void attention_backward(Stream, const AttentionParams& params, KT q, KT k, KT v,
   const AttentionArgs args(params, q, k, v, key_mask);
   const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt), grad_out(grad_out_kt),
       grad_q(grad_q_kt), grad_k(grad_k_kt), grad_v(grad_v_kt);
-  if (args.q.dtype() == DType::f32) {
-    backward_f32(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
+  if (args.q.dtype() == DType::f32 || args.q.dtype() == DType::bf16) {
+    backward_gemm(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
   } else if (args.q.dtype() == DType::f64) {
     backward_loop<double>(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
   } else {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/cpu/strided_loop.h"
+#include "core/cpu/vector_math.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cpu {
@@ -34,6 +35,12 @@ void copy_views(const View& src, const View& dst) {
           [&](const std::array<int64_t, 2>& off, int64_t n, const std::array<int64_t, 2>& st) {
             D* o = out + off[0];
             const S* x = in + off[1];
+            // Unit-stride runs between f32 and bf16 (mixed-precision casts) vectorise.
+            if constexpr (std::is_same_v<S, float> && std::is_same_v<D, bf16>) {
+              if (st[0] == 1 && st[1] == 1) return to_bf16_row(x, o, n);
+            } else if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, float>) {
+              if (st[0] == 1 && st[1] == 1) return from_bf16_row(x, o, n);
+            }
             for (int64_t i = 0; i < n; ++i) o[i * st[0]] = convert<D>(x[i * st[1]]);
           });
     });

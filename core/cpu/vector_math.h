@@ -7,6 +7,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
 
 namespace roformer::kernels::cpu {
 
@@ -33,6 +36,26 @@ namespace roformer::kernels::cpu {
 // f64 (gradient checks): exact.
 inline double vexp(double x) {
   return std::exp(x);
+}
+
+// out[i] = bf16(in[i]) with round-to-nearest-even, NaN kept a NaN: the rule
+// of core/dtype.h's bf16, written so the loop vectorises.
+inline void to_bf16_row(const float* __restrict in, bf16* __restrict out, int64_t n) {
+  uint16_t* o = reinterpret_cast<uint16_t*>(out);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(in[i]);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    o[i] = uint16_t(nan ? ((u >> 16) | 0x40u) : rounded);
+  }
+}
+
+// out[i] = float(in[i]) (exact).
+inline void from_bf16_row(const bf16* __restrict in, float* __restrict out, int64_t n) {
+  const uint16_t* x = reinterpret_cast<const uint16_t*>(in);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(uint32_t(x[i]) << 16);
 }
 
 }  // namespace roformer::kernels::cpu

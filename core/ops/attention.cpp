@@ -6,6 +6,7 @@
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/philox.h"
+#include "core/precision.h"
 
 namespace roformer {
 
@@ -59,8 +60,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                                  " heads, got ", q.desc()));
     params.dropout = ctx.next_site_key();
   }
-  const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
-               vd = unit_last_stride(v.detach());
+  // Under bf16 autocast the two products read bf16 q, k, v (kept for
+  // backward at half the memory) and the probabilities as bf16; scores,
+  // softmax, lse and the output stay f32.
+  const bool low = autocast_bf16(device, q.dtype());
+  auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
+  const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
   // The kernel reads the mask itself (nonzero = attend): no host copy.
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
 
@@ -79,7 +84,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   const SavedTensor so(out, "attention"), smask(mask, "attention");
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   return record("attention", out, {&q, &k, &v}, [=](const Tensor& g) {
-    const Tensor grad_out = unit_last_stride(g);
+    const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
     Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
     Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());

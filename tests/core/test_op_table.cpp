@@ -7,6 +7,9 @@
 //   - float32 and bfloat16: forward and backward against float64, at
 //     per-dtype tolerances (max error over the largest reference value);
 //     a dtype an op does not support must fail with its clear error;
+//   - float32 under bf16 autocast (core/precision.h: linear, matmul and
+//     attention multiply in bf16 with f32 accumulation) against float64 at
+//     the bfloat16 tolerances;
 //   - every accelerator (CUDA when built and present) against the CPU, with
 //     fresh device memory poisoned (NaN) so unwritten elements show.
 // An op declared in core/ops.h or a view in core/tensor.h without an entry
@@ -19,6 +22,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/precision.h"
 #include "tests/core/op_table.h"
 
 namespace roformer::testing::op_table {
@@ -619,6 +623,43 @@ TEST_P(OpTable, CpuDtypesAgainstFloat64) {
   }
 }
 
+// Mixed precision: f32 tensors under a bf16 MatmulPrecisionScope. The matrix
+// ops multiply in bf16 and must stay within the bf16 tolerances of f64 while
+// returning f32; every other op must give exactly its f32 result.
+TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
+  const OpCase& c = *GetParam();
+  if (!c.supports(DType::f32)) GTEST_SKIP() << c.name << " has no f32 path";
+  // The table's inputs are bf16-representable, which would hide the casts:
+  // nudge them off the bf16 grid (f32 keeps the nudge, bf16 rounds it away).
+  std::vector<Tensor> bases = make_bases(c);
+  for (size_t i = 0; i < bases.size(); ++i) {
+    if (c.inputs[i].fixed.defined() || !is_floating(bases[i].dtype())) continue;
+    NoGradGuard no_grad;
+    bases[i] = mul(bases[i], 1.0 + 1.0 / 3000.0);
+  }
+  const Result ref = run(c, bases, DType::f64, Device::cpu(), c.grad);
+  const Result plain = run(c, bases, DType::f32, Device::cpu(), c.grad);
+  Result got;
+  {
+    MatmulPrecisionScope bf16_products(DType::bf16);
+    got = run(c, bases, DType::f32, Device::cpu(), c.grad);
+  }
+  const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention";
+  if (!matrix_op) {
+    // Not a product: the same function, so exactly the plain f32 numbers.
+    const std::string same = compare(c, got, plain, 0.0, 0.0);
+    EXPECT_EQ(same, "") << c.name << ": autocast changed a non-matrix op";
+    Coverage::get().set(c.name, "cpu autocast", same.empty() ? "= f32" : "FAIL");
+    return;
+  }
+  const std::string diff =
+      compare(c, got, ref, c.tolerance(DType::bf16, false), c.tolerance(DType::bf16, true));
+  EXPECT_EQ(diff, "") << c.name << " under bf16 autocast vs f64";
+  // bf16 products must actually have run: the result differs from f32.
+  EXPECT_NE(compare(c, got, plain, 0.0, 0.0), "") << c.name << ": autocast had no effect";
+  Coverage::get().set(c.name, "cpu autocast", diff.empty() ? errors_cell(got, ref) : "FAIL");
+}
+
 TEST_P(OpTable, DevicesAgainstCpu) {
   const OpCase& c = *GetParam();
   Coverage& cov = Coverage::get();
@@ -772,12 +813,13 @@ class PrintCoverage : public ::testing::Environment {
     std::vector<std::string> columns;
     for (const char* dev : {"cpu", "cuda"})
       for (DType d : kFloating) columns.push_back(std::string(dev) + " " + dtype_name(d));
+    columns.insert(columns.begin() + 3, "cpu autocast");
     const std::string t = Coverage::get().table(columns);
     if (t.empty()) return;
     std::printf(
         "\nop table coverage (cpu f64: finite-difference gradient check; other cells: max "
         "forward/backward error over the largest reference value, against cpu f64 or, for "
-        "cuda, against the cpu in the same dtype):\n%s",
+        "cuda, against the cpu in the same dtype; cpu autocast: f32 with bf16 products):\n%s",
         t.c_str());
   }
 };

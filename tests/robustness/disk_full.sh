@@ -15,21 +15,15 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+source "$SRC/tests/train/mini_run.sh"
 if ! mount -t tmpfs -o size=16m tmpfs "$mnt" 2> /dev/null; then
   echo "SKIP: cannot mount a tmpfs here (needs root or CAP_SYS_ADMIN)"
   exit 77
 fi
-fail() { echo "FAIL: $*"; exit 1; }
 
-cat > "$work/d.yaml" <<YAML
-run: {dir: $mnt/run, seed: 3, threads: 1}
-model: {vocab_size: 30522, hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32, max_position_embeddings: 64}
-data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: ["$SRC/tests/fixtures/corpus/moby-dick/chapter_1.txt"], shard_dir: $work/shards, validation_fraction: 0.2}
-optim: {lr: 1.0e-3}
-stages: [{max_seq_len: 32, batch_size: 2, steps: 10}]
-checkpoint: {every_steps: 1, keep_last: 0}
-log: {every_steps: 1, eval_every_steps: 0, progress: never}
-YAML
+mini_config "$work/d.yaml" "run: {dir: $mnt/run, seed: 3, threads: 1}" \
+  "data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: [\"$SRC/tests/fixtures/corpus/moby-dick/chapter_1.txt\"], shard_dir: $work/shards, validation_fraction: 0.2}" \
+  "stages: [{max_seq_len: 32, batch_size: 2, steps: 10}]" "checkpoint: {every_steps: 1, keep_last: 0}"
 "$R" prepare --config "$work/d.yaml" > /dev/null 2>&1
 set +e
 "$R" pretrain --config "$work/d.yaml" > "$work/out.txt" 2>&1

@@ -13,23 +13,15 @@ kills=${3:-20}
 RANDOM=${4:-$$}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$SRC/tests/train/mini_run.sh"
 
 steps=40
-cat > "$work/k.yaml" <<YAML
-run: {dir: $work/run, seed: 5, threads: 1}
-model: {vocab_size: 30522, hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32, max_position_embeddings: 64}
-data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: ["$SRC/tests/fixtures/corpus/moby-dick/*.txt"], shard_dir: $work/shards, validation_fraction: 0.1}
-optim: {lr: 1.0e-3, warmup_steps: 3}
-stages:
-  - {max_seq_len: 32, batch_size: 4, micro_batch_size: 2, steps: $((steps / 2))}
-  - {max_seq_len: 64, batch_size: 2, steps: $((steps / 2))}
-checkpoint: {every_steps: 2, keep_last: 2}
-log: {every_steps: 1, eval_every_steps: 0, progress: never}
-YAML
+mini_config "$work/k.yaml" "run: {dir: $work/run, seed: 5, threads: 1}" \
+  "data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: [\"$SRC/tests/fixtures/corpus/moby-dick/*.txt\"], shard_dir: $work/shards, validation_fraction: 0.1}" \
+  "optim: {lr: 1.0e-3, warmup_steps: 3}" \
+  "stages: [{max_seq_len: 32, batch_size: 4, micro_batch_size: 2, steps: $((steps / 2))}, {max_seq_len: 64, batch_size: 2, steps: $((steps / 2))}]" \
+  "checkpoint: {every_steps: 2, keep_last: 2}"
 "$R" prepare --config "$work/k.yaml" > /dev/null 2>&1
-
-losses() { sed -n 's/.*"global_step":\([0-9]*\),.*"last_step_loss":"\([^"]*\)".*/\1 \2/p' "$1"; }
 
 start=$(date +%s.%N)
 "$R" pretrain --config "$work/k.yaml" run.dir="$work/straight" > /dev/null 2>&1
@@ -52,7 +44,7 @@ for ((k = 1; k <= kills; k++)); do
   run=$work/run$episode
   if ((k % 4 == 0)); then
     # Die inside a checkpoint write: a few steps past the newest checkpoint.
-    last=$( (ls "$run/checkpoints" 2> /dev/null || true) | sed -n 's/^ckpt-0*\([0-9]*\).*\.h5$/\1/p' | sort -n | tail -1)
+    last=$({ checkpoint_steps "$run/checkpoints" 2> /dev/null || true; } | awk '{print $NF}')
     at=$(((${last:-0} / 2 + 1 + RANDOM % 3) * 2))
     ((at > steps)) && at=$steps
     set +e

@@ -7,15 +7,10 @@ R=$1
 SRC=$2
 FX=$3
 mkdir -p "$FX/tasks"
-cat > "$FX/tiny.yaml" <<YAML
-run: {dir: $FX/run, seed: 3, threads: 1}
-model: {vocab_size: 30522, hidden_size: 16, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32, max_position_embeddings: 64}
-data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: ["$SRC/tests/fixtures/corpus/moby-dick/chapter_1.txt"], shard_dir: $FX/shards, validation_fraction: 0.2}
-optim: {lr: 1.0e-3}
-stages: [{max_seq_len: 32, batch_size: 2, steps: 2}]
-checkpoint: {every_steps: 1, keep_last: 3}
-log: {every_steps: 1, eval_every_steps: 0, progress: never}
-YAML
+work=$FX  # mini_config's run/ and shards/ go here
+source "$SRC/tests/train/mini_run.sh"
+mini_config "$FX/tiny.yaml" \
+  "data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: [\"$SRC/tests/fixtures/corpus/moby-dick/chapter_1.txt\"], shard_dir: $FX/shards, validation_fraction: 0.2}"
 "$R" prepare --config "$FX/tiny.yaml" > /dev/null 2>&1
 "$R" pretrain --config "$FX/tiny.yaml" > /dev/null 2>&1
 "$R" convert --checkpoint "$FX/run" --to-hf "$FX/hf" > /dev/null 2>&1

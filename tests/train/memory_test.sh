@@ -7,26 +7,21 @@
 # Usage: memory_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+source "$SRC/tests/train/mini_run.sh"
 
 # config NAME STAGE...: the mini config with the given stages.
 config() {
-  local name=$1
+  local name=$1 stages
   shift
-  {
-    cat <<YAML
-run: {dir: $work/run, seed: 2, threads: 2}
-model: {vocab_size: 30522, hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 512, max_position_embeddings: 128}
-data: {vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt, inputs: ["$src/tests/fixtures/corpus/*/*.txt"], shard_dir: $work/shards, validation_fraction: 0.2}
-optim: {lr: 1.0e-3}
-checkpoint: {every_steps: 0, keep_last: 1, keep_stage_ends: false}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 1, progress: never}
-stages:
-YAML
-    for s in "$@"; do echo "  - $s"; done
-  } > "$work/$name.yaml"
+  stages=$(IFS=,; echo "$*")
+  mini_config "$work/$name.yaml" "run: {dir: $work/run, seed: 2, threads: 2}" \
+    "model: {vocab_size: 30522, hidden_size: 128, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 512, max_position_embeddings: 128}" \
+    "checkpoint: {every_steps: 0, keep_last: 1, keep_stage_ends: false}" \
+    "log: {every_steps: 1, eval_every_steps: 0, eval_batches: 1, progress: never}" \
+    "stages: [$stages]"
 }
 long="{max_seq_len: 128, batch_size: 32, steps: 3}"
 short="{max_seq_len: 32, batch_size: 128, steps: 3}"

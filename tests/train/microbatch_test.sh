@@ -8,36 +8,19 @@
 # Usage: microbatch_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+source "$SRC/tests/train/mini_run.sh"
 
-cat > "$work/mb.yaml" <<YAML
-run: {name: mb, dir: $work/run, seed: 11, threads: 2}
-model:
-  vocab_size: 30522
-  hidden_size: 32
-  num_hidden_layers: 2
-  num_attention_heads: 2
-  intermediate_size: 64
-  max_position_embeddings: 128
-  hidden_dropout_prob: 0.1
-  attention_probs_dropout_prob: 0.1
-data:
-  vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt
-  inputs: ["$src/tests/fixtures/corpus/*/*.txt"]
-  shard_dir: $work/shards
-  validation_fraction: 0.2
-optim: {lr: 1.0e-3, warmup_steps: 2}
-stages:
-  - {max_seq_len: 64, batch_size: 8, micro_batch_size: 8, steps: 6}
-  - {max_seq_len: 32, batch_size: 8, micro_batch_size: 8, steps: 4}
-checkpoint: {every_steps: 0}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 0, progress: never}
-YAML
+mini_config "$work/mb.yaml" "run: {name: mb, dir: $work/run, seed: 11, threads: 2}" \
+  "model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128, hidden_dropout_prob: 0.1, attention_probs_dropout_prob: 0.1}" \
+  "optim: {lr: 1.0e-3, warmup_steps: 2}" \
+  "stages: [{max_seq_len: 64, batch_size: 8, micro_batch_size: 8, steps: 6}, {max_seq_len: 32, batch_size: 8, micro_batch_size: 8, steps: 4}]" \
+  "checkpoint: {every_steps: 0}" \
+  "log: {every_steps: 1, eval_every_steps: 0, eval_batches: 0, progress: never}"
 "$roformer" prepare --config "$work/mb.yaml" >/dev/null
 
-losses() { sed -n 's/.*"global_step":\([0-9]*\),.*"last_step_loss":"\([^"]*\)".*/\1 \2/p' "$1"; }
 "$roformer" pretrain --config "$work/mb.yaml" "run.dir=$work/one" >/dev/null 2>&1
 "$roformer" pretrain --config "$work/mb.yaml" "run.dir=$work/four" stages.0.micro_batch_size=2 \
   stages.1.micro_batch_size=2 >/dev/null 2>&1

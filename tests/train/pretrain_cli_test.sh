@@ -10,22 +10,22 @@
 # Usage: pretrain_cli_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$SRC/tests/train/mini_run.sh"
 
 small=(run.device=cpu run.precision=f32 run.threads=2 model.vocab_size=30522 model.hidden_size=32
   model.num_hidden_layers=1 model.num_attention_heads=2 model.intermediate_size=64
-  "data.vocab=$src/tests/fixtures/bert-base-uncased-vocab.txt"
-  "data.inputs=[\"$src/tests/fixtures/corpus/*/*.txt\"]" "data.shard_dir=$work/shards"
+  "data.vocab=$SRC/tests/fixtures/bert-base-uncased-vocab.txt"
+  "data.inputs=[\"$SRC/tests/fixtures/corpus/*/*.txt\"]" "data.shard_dir=$work/shards"
   data.validation_fraction=0.2 log.progress=never log.eval_batches=1)
 
 # 1. The paper's schedule, one step per stage.
 paper=("${small[@]}" "run.dir=$work/paper")
 for i in 0 1 2 3 4 5; do paper+=("stages.$i.steps=1" "stages.$i.batch_size=2" "stages.$i.micro_batch_size=1"); done
-"$roformer" prepare --config "$src/configs/roformer_base_paper.yaml" "${paper[@]}" >/dev/null
-"$roformer" pretrain --config "$src/configs/roformer_base_paper.yaml" "${paper[@]}" > "$work/paper.out" 2>&1 ||
+"$roformer" prepare --config "$SRC/configs/roformer_base_paper.yaml" "${paper[@]}" >/dev/null
+"$roformer" pretrain --config "$SRC/configs/roformer_base_paper.yaml" "${paper[@]}" > "$work/paper.out" 2>&1 ||
   { cat "$work/paper.out"; fail "paper config at reduced size"; }
 for len in 512 1536 256 128; do
   grep -q "max_seq_len $len" "$work/paper.out" || fail "stage at max_seq_len $len did not run"
@@ -34,15 +34,10 @@ done
 echo "ok: the paper's six-stage config runs at reduced size"
 
 # A tiny config for the rest.
-cat > "$work/t.yaml" <<YAML
-run: {dir: $work/run, seed: 3, threads: 2}
-model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128}
-data: {vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt, inputs: ["$src/tests/fixtures/corpus/*/*.txt"], shard_dir: $work/shards2, validation_fraction: 0.2}
-optim: {lr: 1.0e-3}
-stages: [{max_seq_len: 64, batch_size: 4, steps: 100000}]
-checkpoint: {every_steps: 0}
-log: {every_steps: 1, eval_every_steps: 0, progress: never}
-YAML
+mini_config "$work/t.yaml" "run: {dir: $work/run, seed: 3, threads: 2}" \
+  "model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128}" \
+  "data: {vocab: $SRC/tests/fixtures/bert-base-uncased-vocab.txt, inputs: [\"$SRC/tests/fixtures/corpus/*/*.txt\"], shard_dir: $work/shards2, validation_fraction: 0.2}" \
+  "stages: [{max_seq_len: 64, batch_size: 4, steps: 100000}]" "checkpoint: {every_steps: 0}"
 "$roformer" prepare --config "$work/t.yaml" >/dev/null
 
 # 2. SIGTERM: finish the step, checkpoint, exit 0.

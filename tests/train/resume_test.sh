@@ -6,36 +6,19 @@
 # Usage: resume_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+source "$SRC/tests/train/mini_run.sh"
 
-cat > "$work/mini.yaml" <<YAML
-run: {name: mini, dir: $work/run, seed: 7, threads: 2}
-model:
-  vocab_size: 30522
-  hidden_size: 32
-  num_hidden_layers: 2
-  num_attention_heads: 2
-  intermediate_size: 64
-  max_position_embeddings: 128
-data:
-  vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt
-  inputs: ["$src/tests/fixtures/corpus/*/*.txt"]
-  shard_dir: $work/shards
-  validation_fraction: 0.2
-optim: {lr: 1.0e-3, warmup_steps: 3}
-stages:
-  - {max_seq_len: 32, batch_size: 8, micro_batch_size: 4, steps: 6}
-  - {max_seq_len: 64, batch_size: 4, steps: 6}
-checkpoint: {every_steps: 4, keep_last: 2}
-log: {every_steps: 1, eval_every_steps: 5, eval_batches: 2, progress: never}
-YAML
+mini_config "$work/mini.yaml" "run: {name: mini, dir: $work/run, seed: 7, threads: 2}" \
+  "model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128}" \
+  "optim: {lr: 1.0e-3, warmup_steps: 3}" \
+  "stages: [{max_seq_len: 32, batch_size: 8, micro_batch_size: 4, steps: 6}, {max_seq_len: 64, batch_size: 4, steps: 6}]" \
+  "checkpoint: {every_steps: 4, keep_last: 2}" \
+  "log: {every_steps: 1, eval_every_steps: 5, eval_batches: 2, progress: never}"
 
 "$roformer" prepare --config "$work/mini.yaml" >/dev/null
-
-# step -> loss of every step, from metrics.jsonl (keys are sorted by name).
-losses() { sed -n 's/.*"global_step":\([0-9]*\),.*"last_step_loss":"\([^"]*\)".*/\1 \2/p' "$1"; }
 
 "$roformer" pretrain --config "$work/mini.yaml" run.dir="$work/straight" >/dev/null 2>&1
 losses "$work/straight/metrics.jsonl" > "$work/straight.txt"
@@ -54,16 +37,16 @@ ls "$work/run/checkpoints" | grep -q '\.tmp' || { echo "expected a half-written 
 
 losses "$work/run/metrics.jsonl" > "$work/resumed.txt"
 # Every logged step (including steps run twice after a kill) matches the straight run.
-fail=0
+bad=0
 while read -r step loss; do
   want=$(awk -v s="$step" '$1 == s {print $2}' "$work/straight.txt")
   if [[ "$loss" != "$want" ]]; then
     echo "step $step: resumed loss $loss, uninterrupted $want"
-    fail=1
+    bad=1
   fi
 done < "$work/resumed.txt"
 covered=$(cut -d' ' -f1 "$work/resumed.txt" | sort -un | wc -l)
-[[ $covered -eq 12 ]] || { echo "resumed runs logged $covered distinct steps, expected 12"; fail=1; }
-ls "$work/run/checkpoints" | grep -q '\.tmp' && { echo "temp checkpoint left behind"; fail=1; }
-[[ $fail -eq 0 ]] && echo "kill-and-resume: all 12 step losses bit-identical"
-exit $fail
+[[ $covered -eq 12 ]] || { echo "resumed runs logged $covered distinct steps, expected 12"; bad=1; }
+ls "$work/run/checkpoints" | grep -q '\.tmp' && { echo "temp checkpoint left behind"; bad=1; }
+[[ $bad -eq 0 ]] && echo "kill-and-resume: all 12 step losses bit-identical"
+exit $bad

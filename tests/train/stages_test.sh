@@ -9,36 +9,20 @@
 # Usage: stages_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+source "$SRC/tests/train/mini_run.sh"
 
-cat > "$work/mini.yaml" <<YAML
-run: {name: mini, dir: $work/run, seed: 11, threads: 2}
-model:
-  vocab_size: 30522
-  hidden_size: 32
-  num_hidden_layers: 2
-  num_attention_heads: 2
-  intermediate_size: 64
-  max_position_embeddings: 128
-data:
-  vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt
-  inputs: ["$src/tests/fixtures/corpus/*/*.txt"]
-  shard_dir: $work/shards
-  validation_fraction: 0.2
-optim: {lr: 1.0e-3, warmup_steps: 2}
-stages:
-  # Batch 2, 2, 2, 4, 4, 6, then 8 (levels worked out in test_config_stages.cpp).
-  - {max_seq_len: 32, batch_size: 8, micro_batch_size: 2, steps: 9,
-     batch_warmup_start: 2, batch_warmup_tokens: 512}
-  # 1024 tokens at 4 x 64 per step: 4 steps.
-  - {max_seq_len: 64, batch_size: 4, tokens: 1024, rope_base: 160000, mask_prob: 0.25,
-     weight_decay: 0.05, lr: 5.0e-4, schedule: wsd, warmup_steps: 1, decay_shape: 1-sqrt,
-     decay_fraction: 0.5}
-checkpoint: {every_steps: 2, keep_last: 2}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 2, eval_every_length: true, progress: never}
-YAML
+# Stage 1: batch 2, 2, 2, 4, 4, 6, then 8 (levels worked out in
+# test_config_stages.cpp). Stage 2: 1024 tokens at 4 x 64 per step, 4 steps.
+mini_config "$work/mini.yaml" \
+  "run: {name: mini, dir: $work/run, seed: 11, threads: 2}" \
+  "model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128}" \
+  "optim: {lr: 1.0e-3, warmup_steps: 2}" \
+  "stages: [{max_seq_len: 32, batch_size: 8, micro_batch_size: 2, steps: 9, batch_warmup_start: 2, batch_warmup_tokens: 512}, {max_seq_len: 64, batch_size: 4, tokens: 1024, rope_base: 160000, mask_prob: 0.25, weight_decay: 0.05, lr: 5.0e-4, schedule: wsd, warmup_steps: 1, decay_shape: 1-sqrt, decay_fraction: 0.5}]" \
+  "checkpoint: {every_steps: 2, keep_last: 2}" \
+  "log: {every_steps: 1, eval_every_steps: 0, eval_batches: 2, eval_every_length: true, progress: never}"
 
 "$roformer" prepare --config "$work/mini.yaml" >/dev/null 2>&1
 
@@ -47,9 +31,6 @@ grep -q '^#   stage 1: max_seq_len 32, batch 8 (4 x 2), batch warm-up from 2 ove
   || { echo "--print-config lacks the resolved stage 1"; cat "$work/printed.yaml"; exit 1; }
 grep -q '^#   stage 2: .*4 steps (from 1024 tokens), lr 0.0005 (own schedule: wsd.*rope_base 160000' "$work/printed.yaml" \
   || { echo "--print-config lacks the resolved stage 2"; cat "$work/printed.yaml"; exit 1; }
-
-# step -> loss of every step, from metrics.jsonl (keys are sorted by name).
-losses() { sed -n 's/.*"global_step":\([0-9]*\),.*"last_step_loss":"\([^"]*\)".*/\1 \2/p' "$1"; }
 
 "$roformer" pretrain --config "$work/mini.yaml" run.dir="$work/straight" > "$work/straight.out" 2>&1
 losses "$work/straight/metrics.jsonl" > "$work/straight.txt"

@@ -13,6 +13,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/finetune.h"
+#include "train/run_precision.h"
 #include "train/task_data.h"
 
 namespace roformer {
@@ -261,6 +262,31 @@ TEST(Finetune, LearnsASyntheticTaskAndResumes) {
   EXPECT_TRUE(again.finished);
   EXPECT_EQ(again.epochs_done, 6);
   EXPECT_DOUBLE_EQ(again.test->accuracy, r.test->accuracy);
+}
+
+// run.precision: bf16 fine-tunes as well as f32 and evaluates the saved model
+// in bf16 too (within a test example of the f32 evaluation).
+TEST(Finetune, Bf16LearnsTheSyntheticTask) {
+  if (!cpu_has_native_bf16()) GTEST_SKIP() << "this CPU has no bf16 dot products";
+  TempDir t;
+  std::string yaml = tiny_config(t, "");
+  yaml.insert(yaml.find("threads: 2") + 10, ", precision: bf16");
+  const Config config = parse_config_string(yaml, "synthetic.yaml");
+  ASSERT_EQ(config.run.precision, Precision::kBf16);
+  const FinetuneResult r = run_finetune(config);
+  ASSERT_TRUE(r.finished);
+  EXPECT_GE(r.best_validation_accuracy, 0.95);
+  ASSERT_TRUE(r.test.has_value());
+  EXPECT_GE(r.test->accuracy, 0.9);
+  const TaskModel model(t.path / "run");
+  const double f32 = model.evaluate((t.path / "val.jsonl").string(), *config.finetune).accuracy;
+  double bf16 = 0;
+  {
+    const RunPrecision precision(config);
+    bf16 = model.evaluate((t.path / "val.jsonl").string(), *config.finetune).accuracy;
+  }
+  EXPECT_NEAR(bf16, f32, 1.0 / 64 + 1e-9);
+  EXPECT_NEAR(bf16, r.validation->accuracy, 1.0 / 64 + 1e-9);
 }
 
 // An interrupted run (here: its last epoch checkpoint lost) restarts that

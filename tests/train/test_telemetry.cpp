@@ -42,6 +42,8 @@ TEST(Telemetry, PeakIsTheConfigValueOrADeviceDefault) {
   // 2 cores x (32 or 64) FLOPs a cycle x 2.5 GHz.
   const double cpu = peak_tflops(c, 2);
   EXPECT_TRUE(cpu == 2 * 32 * 2.5e-3 || cpu == 2 * 64 * 2.5e-3) << cpu;
+  c.run.precision = Precision::kBf16;
+  EXPECT_DOUBLE_EQ(peak_tflops(c, 2), 2 * cpu);
 }
 
 TEST(Telemetry, TokenCountsReadShort) {

@@ -11,29 +11,23 @@
 # Usage: trainer_faults_test.sh ROFORMER_BINARY SOURCE_DIR
 set -euo pipefail
 roformer=$1
-src=$2
+SRC=$2
 work=$(mktemp -d)
+source "$SRC/tests/train/mini_run.sh"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
-cat > "$work/f.yaml" <<YAML
-run: {dir: $work/run, seed: 5, threads: 2}
-model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128}
-data: {vocab: $src/tests/fixtures/bert-base-uncased-vocab.txt, inputs: ["$src/tests/fixtures/corpus/*/*.txt"], shard_dir: $work/shards, validation_fraction: 0.2}
-optim: {lr: 1.0e-3, warmup_steps: 0, clip_grad_norm: 0, max_nonfinite_in_a_row: 3}
-stages:
-  - {max_seq_len: 32, batch_size: 4, steps: 4}
-  - {max_seq_len: 32, batch_size: 4, steps: 20, lr: 1.0e+30}
-checkpoint: {every_steps: 3, keep_last: 1, keep_stage_ends: false}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 1, progress: never}
-YAML
+mini_config "$work/f.yaml" "run: {dir: $work/run, seed: 5, threads: 2}" \
+  "model: {vocab_size: 30522, hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 128}" \
+  "optim: {lr: 1.0e-3, warmup_steps: 0, clip_grad_norm: 0, max_nonfinite_in_a_row: 3}" \
+  "stages: [{max_seq_len: 32, batch_size: 4, steps: 4}, {max_seq_len: 32, batch_size: 4, steps: 20, lr: 1.0e+30}]" \
+  "checkpoint: {every_steps: 3, keep_last: 1, keep_stage_ends: false}" \
+  "log: {every_steps: 1, eval_every_steps: 0, eval_batches: 1, progress: never}"
 "$roformer" prepare --config "$work/f.yaml" >/dev/null
-ckpt_steps() { ls "$1" | sed -n 's/^ckpt-0*\([0-9][0-9]*\).*\.h5$/\1/p' | sort -n | tr '\n' ' '; }
 
 # 1. Stage 2's lr of 1e30 diverges. The step-4 stage-end checkpoint is the
 # last healthy one; every_steps=3 with keep_last=1 would have replaced it
@@ -45,7 +39,7 @@ set -e
 [[ $code -eq 1 ]] || { tail -5 "$work/nan.out"; fail "divergence: exit code $code (expected 1)"; }
 grep -q "update skipped" "$work/nan.out" || { cat "$work/nan.out"; fail "divergence: no skipped step"; }
 first_bad=$(sed -n 's/.*step \([0-9]*\): non-finite.*/\1/p' "$work/nan.out" | head -1)
-left=$(ckpt_steps "$work/nan/checkpoints")
+left=$(checkpoint_steps "$work/nan/checkpoints")
 for s in $left; do
   [[ $s -lt $first_bad ]] || fail "divergence: checkpoint at step $s written during the streak (from step $first_bad): $left"
 done

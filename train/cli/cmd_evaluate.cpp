@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "train/cli/command.h"
 #include "train/finetune.h"
+#include "train/run_precision.h"
 
 namespace {
 
@@ -42,6 +43,8 @@ class EvaluateCommand : public roformer::cli::Command {
         throw roformer::InputError(config.source + ": finetune." + split_ +
                                    "_file is not set (or pass --file)");
     }
+    // run.precision of the config in use (--config, else the checkpoint's run).
+    const roformer::RunPrecision precision(config);
     const roformer::EvalReport report = model.evaluate(path, spec);
     if (json_)
       std::cout << roformer::eval_report_json(report).dump() << "\n";

@@ -6,6 +6,7 @@
 #include "train/cli/command.h"
 #include "train/finetune.h"
 #include "train/predict.h"
+#include "train/run_precision.h"
 
 namespace {
 
@@ -50,12 +51,15 @@ class PredictCommand : public roformer::cli::Command {
             checkpoint_ +
             " is a pretraining checkpoint: "
             "use --text \"... [MASK] ...\" for fill-mask");
-      roformer::TaskModel(checkpoint_).predict(input_, std::cout);
+      const roformer::TaskModel model(checkpoint_);
+      const roformer::RunPrecision precision(model.config());  // the checkpoint's run.precision
+      model.predict(input_, std::cout);
       return 0;
     }
     if (texts_.empty())
       throw roformer::InputError("predict: --text (fill-mask) or --input (fine-tuned) is required");
     const roformer::FillMask fill(checkpoint_, vocab_);
+    const roformer::RunPrecision precision(fill.config());  // the checkpoint's run.precision
     for (const std::string& text : texts_) {
       const auto masks = fill.predict(text, top_k_);
       if (json_) {

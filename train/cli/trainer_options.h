@@ -5,13 +5,16 @@
 // ROFORMER_TEST_KILL_AT_STEP=N (SIGKILL before global step N) and
 // ROFORMER_TEST_KILL_DURING_CHECKPOINT=N (SIGKILL inside the step-N
 // checkpoint write, before its rename) into the options' callbacks, for
-// tests/train/resume_test.sh.
+// tests/train/resume_test.sh, and ROFORMER_TEST_CPU_BF16=0|1 into the CPU
+// bf16 probe's override (a CPU without or with bf16 dot products, for
+// tests/train/precision_test.sh).
 #pragma once
 
 #include <csignal>
 #include <cstdlib>
 #include <string>
 
+#include "core/precision.h"
 #include "train/cli/command.h"
 #include "train/trainer.h"
 
@@ -35,6 +38,8 @@ inline TrainerOptions trainer_options(const Invocation& inv, const std::string& 
   o.restart = restart;
   o.resume_command = "roformer " + command + " --config " + shell_quote(inv.config_path.string());
   for (const std::string& kv : inv.overrides) o.resume_command += " " + shell_quote(kv);
+  if (const char* bf16 = std::getenv("ROFORMER_TEST_CPU_BF16"))
+    set_cpu_bf16_probe_override(std::string(bf16) != "0");
   if (const char* at = std::getenv("ROFORMER_TEST_KILL_AT_STEP")) {
     const long long step = std::atoll(at);
     o.before_step = [step](int64_t global_step) {

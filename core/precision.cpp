@@ -1,0 +1,136 @@
+#include "core/precision.h"
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/autograd.h"
+
+namespace roformer {
+
+namespace {
+std::atomic<DType> g_matmul_dtype{DType::f32};
+std::atomic<int> g_probe_override{-1};  // -1: real probe, 0/1: pretended
+}  // namespace
+
+DType matmul_dtype() {
+  return g_matmul_dtype.load();
+}
+
+MatmulPrecisionScope::MatmulPrecisionScope(DType dtype) : previous_(g_matmul_dtype.load()) {
+  if (dtype != DType::f32 && dtype != DType::bf16)
+    throw Error(detail::concat("matrix products run in f32 or bf16, not ", dtype_name(dtype)));
+  g_matmul_dtype = dtype;
+}
+
+MatmulPrecisionScope::~MatmulPrecisionScope() {
+  g_matmul_dtype = previous_;
+}
+
+bool autocast_bf16(Device device, DType dtype) {
+  return dtype == DType::f32 && device.is_cpu() && g_matmul_dtype.load() == DType::bf16;
+}
+
+bool cpu_has_native_bf16() {
+  const int pretend = g_probe_override.load();
+  if (pretend >= 0) return pretend == 1;
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+#else
+  return false;
+#endif
+}
+
+void set_cpu_bf16_probe_override(std::optional<bool> value) {
+  g_probe_override = value ? int(*value) : -1;
+}
+
+void require_native_bf16(const std::string& key) {
+  if (cpu_has_native_bf16()) return;
+  throw InputError(key +
+                   ": bf16 needs a CPU with bf16 dot-product instructions (AVX512-BF16 or "
+                   "AMX-BF16), and this CPU has neither; without them bf16 would run slower "
+                   "than f32. Set run.precision: f32");
+}
+
+namespace {
+
+struct CachedCast {
+  std::weak_ptr<StorageImpl> storage;
+  uint64_t version = 0;
+  Tensor cast;
+};
+
+struct WeightCache {
+  std::mutex mutex;
+  std::unordered_map<std::string, CachedCast> entries;
+  int64_t casts = 0;
+};
+
+WeightCache& weight_cache() {
+  static WeightCache cache;
+  return cache;
+}
+
+// Enough for every weight of a large model; beyond it the cache starts over
+// (a program that keeps making new weights must not grow it without limit).
+constexpr size_t kMaxCachedWeights = 4096;
+
+std::string cache_key(const Tensor& w) {
+  std::string key = std::to_string(reinterpret_cast<uintptr_t>(w.impl().storage.get())) + '@' +
+                    std::to_string(w.offset());
+  for (int64_t s : w.shape()) key += ',' + std::to_string(s);
+  key += '/';
+  for (int64_t s : w.strides()) key += ',' + std::to_string(s);
+  return key;
+}
+
+}  // namespace
+
+Tensor to_bf16(const Tensor& t) {
+  // The last cast is remembered: a layer's query, key and value projections
+  // read the same hidden states, which are then cast once, not three times.
+  struct LastCast {
+    std::weak_ptr<StorageImpl> storage;
+    int64_t offset = 0;
+    Shape shape, strides;
+    uint64_t version = 0;
+    Tensor cast;
+  };
+  thread_local LastCast last;
+  if (last.cast.defined() && last.storage.lock() == t.impl().storage && last.offset == t.offset() &&
+      last.shape == t.shape() && last.strides == t.strides() && last.version == t.version())
+    return last.cast;
+  NoGradGuard no_grad;
+  Tensor out = Tensor::empty(t.shape(), DType::bf16, t.device());
+  out.copy_(t.detach());
+  last = LastCast{t.impl().storage, t.offset(), t.shape(), t.strides(), t.version(), out};
+  return out;
+}
+
+Tensor bf16_weight(const Tensor& weight) {
+  WeightCache& cache = weight_cache();
+  const std::string key = cache_key(weight);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto it = cache.entries.find(key);
+  if (it != cache.entries.end() && it->second.storage.lock() == weight.impl().storage &&
+      it->second.version == weight.version())
+    return it->second.cast;
+  if (cache.entries.size() >= kMaxCachedWeights) cache.entries.clear();
+  CachedCast entry{weight.impl().storage, weight.version(), to_bf16(weight)};
+  ++cache.casts;
+  cache.entries[key] = entry;
+  return entry.cast;
+}
+
+int64_t bf16_weight_casts() {
+  std::lock_guard<std::mutex> lock(weight_cache().mutex);
+  return weight_cache().casts;
+}
+
+void clear_bf16_weights() {
+  std::lock_guard<std::mutex> lock(weight_cache().mutex);
+  weight_cache().entries.clear();
+}
+
+}  // namespace roformer

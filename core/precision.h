@@ -1,0 +1,62 @@
+// Mixed precision for the matrix products ("autocast"). While a
+// MatmulPrecisionScope(DType::bf16) is alive, linear, matmul and softmax
+// attention on the CPU cast their f32 operands to bf16, multiply with f32
+// accumulation and return f32; everything else (parameters, gradients,
+// optimizer state, layer norm, softmax, loss) stays f32. The choice is taken
+// when an op runs forward and kept by its backward.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace roformer {
+
+// The dtype matrix products use now: f32 (default) or bf16.
+DType matmul_dtype();
+
+// Sets matmul_dtype() for its lifetime (process-wide), restoring the previous
+// value on destruction.
+class MatmulPrecisionScope {
+ public:
+  explicit MatmulPrecisionScope(DType dtype);
+  ~MatmulPrecisionScope();
+  MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
+  MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
+
+ private:
+  DType previous_;
+};
+
+// True when an op on `device` with operands of `dtype` should run its products
+// in bf16: the scope asks for bf16, the operands are f32, the device is the CPU.
+bool autocast_bf16(Device device, DType dtype);
+
+// --- CPU support ------------------------------------------------------------------
+// Whether this CPU has native bf16 dot products (AVX512-BF16 or AMX-BF16).
+// Without them oneDNN would emulate bf16 at a fraction of f32 speed, so the
+// trainer refuses run.precision: bf16 there (see require_fast_bf16).
+bool cpu_has_native_bf16();
+// Tests pretend a CPU with (true) or without (false) the instructions;
+// std::nullopt restores the real probe.
+void set_cpu_bf16_probe_override(std::optional<bool> value);
+// Throws InputError naming `key` and what the CPU lacks when it has no native bf16.
+void require_native_bf16(const std::string& key);
+
+// --- bf16 weight cache ---------------------------------------------------------------
+// The bf16 copy of parameter `weight` (f32), cast once and reused until the
+// weight's storage changes version (an optimizer step, a load, any in-place
+// write). A micro-batch loop therefore casts each weight once per optimizer step.
+Tensor bf16_weight(const Tensor& weight);
+// Number of casts bf16_weight has made since start (for tests).
+int64_t bf16_weight_casts();
+// Drops every cached copy.
+void clear_bf16_weights();
+
+// A bf16 copy of `t` (no history), contiguous. The caller must not write to
+// it: a repeated call for the same unchanged tensor returns the same copy.
+Tensor to_bf16(const Tensor& t);
+
+}  // namespace roformer
