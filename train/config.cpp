@@ -699,6 +699,14 @@ void validate(const Context& ctx, const Config& c) {
                   fmt::format("{} tokens of decay are more than the run holds after its warm-up",
                               *c.optim.decay_tokens)});
   }
+  if (c.data.packing) {
+    const char* why = !c.data.unpadded ? "needs data.unpadded: true (packed rows are token streams)"
+                      : c.model.attention != AttentionKind::kSoftmax
+                          ? "needs model.attention: softmax"
+                      : c.run.device != DeviceType::cpu ? "runs on the CPU only so far (run.device)"
+                                                        : nullptr;
+    if (why) fail_issue(ctx, "data", {{"packing"}, fmt::format("data.packing: {}", why)});
+  }
 
   const bool absolute = c.model.position == PositionEncoding::kAbsolute;
   for (size_t i = 0; i < c.stages.size(); ++i) {

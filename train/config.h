@@ -80,8 +80,19 @@ struct DataConfig {
   bool whole_word_masking = false;
   data::InvalidUtf8 invalid_utf8 = data::InvalidUtf8::error;
   int64_t prefetch_batches = 2;
+  // Micro-batches as token streams (layers/token_layout.h): no padding is
+  // computed (softmax attention on the CPU; otherwise rows are padded).
+  bool unpadded = true;
+  bool packing = false;                   // short documents share a row (needs unpadded)
+  bool packing_restart_positions = true;  // each packed document's positions start at 0
   bool operator==(const DataConfig&) const = default;
 };
+
+// Whether micro-batches run as token streams: data.unpadded, where the
+// token-stream path exists (softmax attention, CPU kernels).
+inline bool uses_token_stream(const DataConfig& d, const ModelConfig& m, DeviceType device) {
+  return d.unpadded && m.attention == AttentionKind::kSoftmax && device == DeviceType::cpu;
+}
 
 // The tokenizer the data section describes (casing, pre-tokenizer).
 inline data::TokenizerOptions tokenizer_options(const DataConfig& d) {

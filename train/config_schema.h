@@ -103,6 +103,9 @@ void visit_data(V& v, D& c) {
   v.field("whole_word_masking", c.whole_word_masking);
   v.field("invalid_utf8", c.invalid_utf8);
   v.field("prefetch_batches", c.prefetch_batches, Opt{.range = kNonNegative});
+  v.field("unpadded", c.unpadded);
+  v.field("packing", c.packing);
+  v.field("packing_restart_positions", c.packing_restart_positions);
 }
 
 template <class V, class O>

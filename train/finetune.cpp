@@ -15,6 +15,7 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "data/token_batch.h"
 #include "data/tokenizer.h"
 #include "layers/roformer.h"
 #include "optim/adamw.h"
@@ -49,6 +50,8 @@ struct TaskNet {
   int32_t pad_id;
   int64_t max_seq_len;  // rows are padded to a bucketed length up to this
   std::unique_ptr<RoFormerForSequenceClassification> model;
+  // Token-stream batches (data.unpadded, data.packing): set by the caller.
+  bool unpadded = false, packing = false, restart_positions = true;
 
   TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed, int64_t max_len)
       : task(t),
@@ -58,12 +61,47 @@ struct TaskNet {
         model(std::make_unique<RoFormerForSequenceClassification>(
             config, t == FinetuneTask::kTriplet ? 1 : labels, seed)) {}
 
-  // Logits [B, num_labels] of the examples.
-  Tensor logits(const std::vector<const EncodedExample*>& batch, bool training,
-                DropoutContext& ctx) const {
+  void set_stream(const Config& config) {
+    unpadded = uses_token_stream(config.data, config.model, config.run.device);
+    packing = config.data.packing;
+    restart_positions = config.data.packing_restart_positions;
+  }
+
+  // Logits [B, num_labels] of the examples; *slots (if given): the slots of
+  // the padded rows (packing efficiency = real tokens / slots).
+  Tensor logits(const std::vector<const EncodedExample*>& batch, bool training, DropoutContext& ctx,
+                int64_t* slots = nullptr) const {
     std::vector<const data::Encoding*> rows;  // triplets: (A,B), (A,C) interleaved
     for (const EncodedExample* ex : batch)
       for (const auto& part : ex->parts) rows.push_back(&part);
+    const Tensor scores = unpadded ? stream_logits(rows, training, ctx, slots)
+                                   : padded_logits(rows, training, ctx, slots);
+    if (task == FinetuneTask::kTriplet) return triplet_scores(scores);
+    return scores;
+  }
+
+  // Each part a document of a token stream (rows of their own, or packed).
+  Tensor stream_logits(const std::vector<const data::Encoding*>& rows, bool training,
+                       DropoutContext& ctx, int64_t* slots) const {
+    std::vector<data::TokenSource> docs;
+    for (const auto* r : rows) docs.push_back({r->input_ids, r->token_type_ids, {}});
+    const data::TokenBatch tb = data::make_token_batch(docs, packing, max_seq_len);
+    if (slots) *slots = tb.padded_slots;
+    const Shape shape{tb.num_tokens};
+    const Tensor logits =
+        model
+            ->forward(Tensor::from_vector(tb.input_ids, shape),
+                      Tensor::from_vector(tb.token_type_ids, shape),
+                      TokenLayout::of_rows(tb.rows, restart_positions), Tensor(), training, ctx)
+            .logits;
+    if (!packing) return logits;  // documents in input order
+    std::vector<int64_t> stream_index(tb.order.size());
+    for (size_t d = 0; d < tb.order.size(); ++d) stream_index[size_t(tb.order[d])] = int64_t(d);
+    return index_select(logits, Tensor::from_vector(stream_index, {int64_t(stream_index.size())}));
+  }
+
+  Tensor padded_logits(const std::vector<const data::Encoding*>& rows, bool training,
+                       DropoutContext& ctx, int64_t* slots) const {
     int64_t S = 0;
     for (const auto* r : rows) S = std::max<int64_t>(S, int64_t(r->input_ids.size()));
     S = data::bucketed_length(S, max_seq_len);
@@ -76,11 +114,11 @@ struct TaskNet {
         types[size_t(i * S) + j] = rows[size_t(i)]->token_type_ids[j];
         mask[size_t(i * S) + j] = 1;
       }
-    const ClassificationOutput out =
-        model->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
-                       Tensor::from_vector(mask, {R, S}), Tensor(), training, ctx);
-    if (task == FinetuneTask::kTriplet) return triplet_scores(out.logits);
-    return out.logits;
+    if (slots) *slots = R * S;
+    return model
+        ->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
+                  Tensor::from_vector(mask, {R, S}), Tensor(), training, ctx)
+        .logits;
   }
 };
 
@@ -315,12 +353,12 @@ class FinetuneTraining final : public TrainingTask {
   }
 
   StepStats forward_backward(size_t, double inv_global_units, DropoutContext dropout) override {
-    const Tensor logits = net_.logits(batch_, true, dropout);
+    StepStats s;
+    const Tensor logits = net_.logits(batch_, true, dropout, &s.slots);
     const Tensor labels = labels_of(batch_);
     const Tensor loss = cross_entropy(logits, labels);
     const double n = double(batch_.size());
     mul(loss, n * inv_global_units).backward();
-    StepStats s;
     s.units = int64_t(batch_.size());
     const double l = loss.item();
     s.loss_sum = l * n;
@@ -562,6 +600,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   // --- model, optimizer, schedule ---------------------------------------------------
   TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed,
               spec.max_seq_len);
+  net.set_stream(config);
   if (init) {
     std::vector<std::string> missing;
     std::set<std::string> have;
@@ -646,6 +685,7 @@ TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>(
   impl_->net = std::make_unique<TaskNet>(impl_->config.model, spec.task,
                                          int64_t(spec.labels.size()), 0, spec.max_seq_len);
   impl_->net->model->load_state_dict(data.parameters);
+  impl_->net->set_stream(impl_->config);
   impl_->net->model->eval();
 }
 

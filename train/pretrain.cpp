@@ -13,6 +13,7 @@
 #include "core/ops.h"
 #include "data/loader.h"
 #include "data/prepare.h"
+#include "data/token_batch.h"
 #include "data/tokenizer.h"
 #include "data/vocab.h"
 #include "layers/roformer.h"
@@ -36,6 +37,22 @@ BatchTensors to_tensors(const data::Batch& b) {
           Tensor::from_vector<int32_t>(b.token_type_ids, shape),
           Tensor::from_vector<int32_t>(b.attention_mask, shape),
           Tensor::from_vector<int32_t>(b.labels, shape)};
+}
+
+// The real tokens of a padded batch (rows are [CLS] ... [SEP] then padding),
+// one document per row, packed into shared rows when `packing`.
+data::TokenBatch unpad(const data::Batch& b, bool packing, int64_t max_seq_len) {
+  std::vector<data::TokenSource> docs;
+  for (int64_t r = 0; r < b.batch_size; ++r) {
+    const size_t first = size_t(r * b.seq_len);
+    size_t len = 0;
+    while (len < size_t(b.seq_len) && b.attention_mask[first + len] != 0) ++len;
+    if (len == 0) continue;
+    docs.push_back({std::span(b.input_ids).subspan(first, len),
+                    std::span(b.token_type_ids).subspan(first, len),
+                    std::span(b.labels).subspan(first, len)});
+  }
+  return data::make_token_batch(docs, packing, max_seq_len);
 }
 
 data::MaskingOptions masking_options(const DataConfig& d, const ResolvedStage& stage) {
@@ -210,11 +227,24 @@ class PretrainTask final : public TrainingTask {
     const data::Batch& b = batches_[i];
     StepStats s;
     s.tokens = b.num_tokens;
-    s.positions = b.batch_size * b.seq_len;
+    s.slots = b.batch_size * b.seq_len;
     s.flops = mlm_training_flops(config_.model, b.seq_len, b.num_tokens, b.num_masked);
     if (b.num_masked == 0) return s;
-    const BatchTensors t = to_tensors(b);
-    const MlmOutput out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
+    MlmOutput out;
+    if (uses_token_stream(config_.data, config_.model, config_.run.device)) {
+      const data::TokenBatch tb =
+          unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
+      s.slots = tb.padded_slots;
+      const TokenLayout layout =
+          TokenLayout::of_rows(tb.rows, config_.data.packing_restart_positions);
+      const Shape shape{tb.num_tokens};
+      out = model_->forward_mlm(Tensor::from_vector(tb.input_ids, shape),
+                                Tensor::from_vector(tb.token_type_ids, shape), layout,
+                                Tensor::from_vector(tb.labels, shape), true, dropout);
+    } else {
+      const BatchTensors t = to_tensors(b);
+      out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
+    }
     mul(out.loss, double(out.num_masked) * inv_global_units).backward();
     s.units = out.num_masked;
     s.loss_sum = out.loss.item() * double(out.num_masked);

@@ -35,7 +35,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 // Sums of a log window or a whole phase.
 struct Totals {
-  double loss = 0, gnorm = 0, clipped_gnorm = 0, tokens = 0, positions = 0, flops = 0;
+  double loss = 0, gnorm = 0, clipped_gnorm = 0, tokens = 0, slots = 0, flops = 0;
   double data_wait_s = 0;
   int64_t finite_steps = 0, units = 0, correct = 0;
   void add(double step_loss, double step_gnorm, double scale, const StepStats& s) {
@@ -48,9 +48,10 @@ struct Totals {
     units += s.units;
     correct += s.correct;
     tokens += double(s.tokens);
-    positions += double(s.positions);
+    slots += double(s.slots);
     flops += s.flops;
   }
+  double packing_efficiency() const { return slots > 0 ? tokens / slots : 1.0; }
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
   double accuracy() const { return units ? double(correct) / double(units) : NAN; }
 };
@@ -241,7 +242,7 @@ TrainerResult Trainer::run() {
         step.loss_sum += s.loss_sum;
         step.correct += s.correct;
         step.tokens += s.tokens;
-        step.positions += s.positions;
+        step.slots += s.slots > 0 ? s.slots : s.tokens;
         step.flops += s.flops;
       }
       step.units = global_units;
@@ -250,14 +251,14 @@ TrainerResult Trainer::run() {
           int64_t(units.size()) * plan.micro_batch_size * comm.world_size();
       {
         double d[2] = {step.loss_sum, step.flops};
-        int64_t n[3] = {step.correct, step.tokens, step.positions};
+        int64_t n[3] = {step.correct, step.tokens, step.slots};
         comm.all_reduce_sum(d);
         comm.all_reduce_sum(n);
         step.loss_sum = d[0];
         step.flops = d[1];
         step.correct = n[0];
         step.tokens = n[1];
-        step.positions = n[2];
+        step.slots = n[2];
       }
       // (Data parallelism: the gradient all-reduce goes here, before the norm.)
       const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
@@ -342,7 +343,6 @@ TrainerResult Trainer::run() {
         const double mean_clipped = window.clipped_gnorm / double(window.finite_steps);
         const double mfu =
             window.flops > 0 ? window.flops / std::max(secs, 1e-9) / (peak * 1e12) : NAN;
-        const double padded = window.positions > 0 ? 1.0 - window.tokens / window.positions : NAN;
         const double wait_share = window.data_wait_s / std::max(secs, 1e-9);
         int64_t total_steps = 0;
         for (int64_t p = 0; p < n_phases; ++p) total_steps += task_.plan(p).steps;
@@ -352,13 +352,14 @@ TrainerResult Trainer::run() {
         metrics.clear_progress();
         spdlog::info(
             "{} {}/{} {} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
-            "gnorm {:.3f} (clipped {:.3f}) | upd/w {:.1e} | {:.0f} tok/s | MFU {:.1f}% | "
-            "data wait {:.0f}% | pad {:.0f}% | {:.0f} MB | {} elapsed, ETA {} ({} tokens left)",
+            "gnorm {:.3f} (clipped {:.3f}) | upd/w {:.1e} | {:.0f} tok/s, fill {:.0f}% | MFU "
+            "{:.1f}% | data wait {:.0f}% | {:.0f} MB | {} elapsed, ETA {} ({} tokens left)",
             phase, state.stage + 1, n_phases, progress, state.global_step, total_steps,
             training.window_loss, task_.accuracy_key() == "mlm_accuracy" ? "mlm acc" : "acc",
             100 * training.window_accuracy, lr, mean_gnorm, mean_clipped, update_ratio, tok_s,
-            100 * mfu, 100 * wait_share, 100 * padded, mem.allocated_mb + mem.cached_mb,
-            format_duration(elapsed), format_duration(eta), format_count(remaining));
+            100 * window.packing_efficiency(), 100 * mfu, 100 * wait_share,
+            mem.allocated_mb + mem.cached_mb, format_duration(elapsed), format_duration(eta),
+            format_count(remaining));
         char loss_exact[64];
         std::snprintf(loss_exact, sizeof loss_exact, "%.9g", loss);
         auto number = [](double v) {
@@ -378,10 +379,10 @@ TrainerResult Trainer::run() {
                        {"grad_norm_clipped", mean_clipped},
                        {"update_ratio", number(update_ratio)},
                        {"tokens_per_s", tok_s},
+                       {"packing_efficiency", window.packing_efficiency()},
                        {"mfu", number(mfu)},
                        {"peak_tflops", peak},
                        {"data_wait_s", window.data_wait_s},
-                       {"padded_share", number(padded)},
                        {"elapsed_s", elapsed},
                        {"eta_s", eta},
                        {"eta_tokens", remaining},

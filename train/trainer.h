@@ -46,12 +46,13 @@ struct PhasePlan {
 
 // Sums over micro-batches (and, after reduction, over ranks).
 struct StepStats {
-  double loss_sum = 0;    // per-unit loss x units
-  int64_t units = 0;      // masked tokens (MLM) or examples (classification)
-  int64_t correct = 0;    // predictions equal to the label
-  int64_t tokens = 0;     // non-padding tokens
-  int64_t positions = 0;  // token positions computed, padding included
-  double flops = 0;       // model FLOPs of forward + backward (for MFU; 0: unknown)
+  double loss_sum = 0;  // per-unit loss x units
+  int64_t units = 0;    // masked tokens (MLM) or examples (classification)
+  int64_t correct = 0;  // predictions equal to the label
+  int64_t tokens = 0;   // non-padding tokens
+  int64_t slots =
+      0;  // the slots of the padded rows (packing efficiency = tokens / slots); 0: tokens
+  double flops = 0;  // model FLOPs of forward + backward (for MFU; 0: unknown)
 };
 
 // Training loss and accuracy of a phase, for its summary.

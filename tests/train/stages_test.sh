@@ -46,7 +46,7 @@ for len in 32 64; do
     || { echo "no validation at length $len after stage 2"; grep validation "$work/straight/metrics.jsonl"; exit 1; }
 done
 # Telemetry fields on every train record.
-for key in tokens_per_s mfu data_wait_s grad_norm grad_norm_clipped update_ratio padded_share lr allocated_mb; do
+for key in tokens_per_s mfu data_wait_s grad_norm grad_norm_clipped update_ratio packing_efficiency lr allocated_mb; do
   n=$(grep '"type":"train"' "$work/straight/metrics.jsonl" | grep -c "\"$key\":[0-9]")
   [[ $n -eq 13 ]] || { echo "$key missing from train records ($n of 13)"; exit 1; }
 done
