@@ -37,6 +37,9 @@ class RoFormerSelfAttention : public Module {
   const Linear& query() const { return query_; }
   const Linear& key() const { return key_; }
   const Linear& value() const { return value_; }
+  // A stage may raise the RoPE base: the rotation tables follow, the
+  // parameters stay.
+  void set_rope_base(double base) { config_.rope_base = base; }
 
  private:
   ModelConfig config_;

@@ -61,6 +61,7 @@ class RoFormerLayer : public Module {
   Tensor forward(const Tensor& hidden, const TokenLayout& layout, bool training,
                  DropoutContext& ctx) const;
   const RoFormerSelfAttention& self_attention() const { return self_; }
+  void set_rope_base(double base) { self_.set_rope_base(base); }
 
  private:
   class Attention : public Module {
@@ -100,6 +101,11 @@ class RoFormerModel : public Module {
   const ModelConfig& config() const { return config_; }
   const RoFormerEmbeddings& embeddings() const { return embeddings_; }
   const RoFormerLayer& layer(int64_t i) const { return *layers_.at(size_t(i)); }
+  // The RoPE base of every layer (and of config()): per-stage rope_base.
+  void set_rope_base(double base) {
+    config_.rope_base = base;
+    for (auto& layer : layers_) layer->set_rope_base(base);
+  }
 
  private:
   class Encoder : public Module {
@@ -178,6 +184,7 @@ class RoFormerForMaskedLM : public Module {
   const ModelConfig& config() const { return roformer_.config(); }
   const RoFormerModel& roformer() const { return roformer_; }
   const RoFormerLMHead& lm_head() const { return head_; }
+  void set_rope_base(double base) { roformer_.set_rope_base(base); }
 
  private:
   MlmOutput mlm_loss(const Tensor& hidden_rows, const Tensor& labels, const Shape& ids) const;

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/file_checks.h"
 #include "train/config_schema.h"
+#include "train/config_stages.h"
 
 namespace roformer {
 
@@ -53,7 +54,16 @@ std::span<const EnumEntry<optim::DecayKind>> enum_entries<optim::DecayKind>() {
   static constexpr EnumEntry<optim::DecayKind> kEntries[] = {
       {"linear", optim::DecayKind::linear},
       {"cosine", optim::DecayKind::cosine},
-      {"constant", optim::DecayKind::constant}};
+      {"constant", optim::DecayKind::constant},
+      {"wsd", optim::DecayKind::wsd}};
+  return kEntries;
+}
+template <>
+std::span<const EnumEntry<optim::DecayShape>> enum_entries<optim::DecayShape>() {
+  static constexpr EnumEntry<optim::DecayShape> kEntries[] = {
+      {"linear", optim::DecayShape::linear},
+      {"cosine", optim::DecayShape::cosine},
+      {"1-sqrt", optim::DecayShape::one_minus_sqrt}};
   return kEntries;
 }
 template <>
@@ -694,6 +704,19 @@ void validate(const Context& ctx, const Config& c) {
                             "got {} + {}",
                             c.data.mask_token_prob, c.data.random_token_prob)});
 
+  if (c.optim.decay_tokens && c.optim.schedule != optim::DecayKind::wsd)
+    fail_issue(ctx, "optim",
+               {{"decay_tokens", "schedule"},
+                fmt::format("only used by schedule: wsd (optim.schedule is {})",
+                            optim::decay_kind_name(c.optim.schedule))});
+  if (c.optim.decay_tokens && !c.stages.empty()) {
+    const std::optional<int64_t> decay = steps_of_last_tokens(c, *c.optim.decay_tokens);
+    if (!decay || *decay > c.total_steps() - c.optim.warmup_steps)
+      fail_issue(ctx, "optim",
+                 {{"decay_tokens"},
+                  fmt::format("{} tokens of decay are more than the run holds after its warm-up",
+                              *c.optim.decay_tokens)});
+  }
   if (c.data.packing) {
     const char* why = !c.data.unpadded ? "needs data.unpadded: true (packed rows are token streams)"
                       : c.model.attention != AttentionKind::kSoftmax
@@ -707,11 +730,6 @@ void validate(const Context& ctx, const Config& c) {
   for (size_t i = 0; i < c.stages.size(); ++i) {
     const StageConfig& s = c.stages[i];
     const std::string section = fmt::format("stages[{}]", i);
-    if (s.batch_size % s.micro_batch_size != 0)
-      fail_issue(
-          ctx, section,
-          {{"micro_batch_size", "batch_size"},
-           fmt::format("{} does not divide batch_size {}", s.micro_batch_size, s.batch_size)});
     if (absolute && s.max_seq_len > c.model.max_position_embeddings)
       fail_issue(ctx, section,
                  {{"max_seq_len"},
@@ -793,7 +811,7 @@ Config read_config(Context& ctx, const YAML::Node& root) {
       reader.check_keys(section_keys("stages"));
       StageConfig stage;
       visit_stage(reader, stage);
-      if (stage.micro_batch_size == 0) stage.micro_batch_size = stage.batch_size;
+      if (auto issue = derive_stage(stage, c.optim)) fail_issue(ctx, path, *issue);
       c.stages.push_back(stage);
     }
   } else if (!has_finetune) {

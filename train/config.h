@@ -40,6 +40,8 @@ std::span<const EnumEntry<data::InvalidUtf8>> enum_entries<data::InvalidUtf8>();
 template <>
 std::span<const EnumEntry<optim::DecayKind>> enum_entries<optim::DecayKind>();
 template <>
+std::span<const EnumEntry<optim::DecayShape>> enum_entries<optim::DecayShape>();
+template <>
 std::span<const EnumEntry<ProgressMode>> enum_entries<ProgressMode>();
 template <>
 std::span<const EnumEntry<FinetuneTask>> enum_entries<FinetuneTask>();
@@ -111,19 +113,45 @@ struct OptimConfig {
   optim::DecayKind schedule = optim::DecayKind::linear;
   int64_t warmup_steps = 0;
   double min_lr_ratio = 0.0;  // floor of the decay, as a fraction of the peak
+  // wsd only: the shape of the decay, and its length as a fraction of the
+  // steps after warm-up, or as the run's last decay_tokens tokens if set.
+  optim::DecayShape decay_shape = optim::DecayShape::linear;
+  double decay_fraction = 0.2;
+  std::optional<double> decay_tokens;
   int64_t max_nonfinite_in_a_row = 5;
   bool operator==(const OptimConfig&) const = default;
 };
 
+// A stage of pretraining. Keys left unset inherit the top-level value
+// (resolve_stage in train/config_stages.h gives the values a stage runs with).
 struct StageConfig {
   int64_t max_seq_len = 0;
   int64_t batch_size = 0;  // global batch, in sequences
+  // Duration: `steps`, or `tokens` (nominal: batch x max_seq_len per step),
+  // from which the loader derives `steps`, so a loaded config always has it.
   int64_t steps = 0;
+  std::optional<double> tokens;
   // Sequences per forward/backward; the loader fills in batch_size when the
   // file leaves it out, so a loaded config always has it set.
   int64_t micro_batch_size = 0;
+  // Batch-size warm-up: the global batch starts at batch_warmup_start and
+  // rises in multiples of micro_batch_size to batch_size over the stage's
+  // first batch_warmup_tokens tokens.
+  std::optional<int64_t> batch_warmup_start;
+  std::optional<double> batch_warmup_tokens;
   std::optional<double> lr;             // this stage's peak lr (default: optim.lr)
   std::optional<int64_t> warmup_steps;  // re-warm-up at stage start (default: none)
+  // The stage's own schedule over its own steps (warm-up: warmup_steps);
+  // unset: the stage runs its share of the run's optim.schedule.
+  std::optional<optim::DecayKind> schedule;
+  std::optional<optim::DecayShape> decay_shape;  // default: optim.decay_shape
+  std::optional<double> decay_fraction;          // default: optim.decay_fraction
+  std::optional<double> decay_tokens;            // instead of decay_fraction
+  std::optional<double> min_lr_ratio;            // default: optim.min_lr_ratio
+  std::optional<double> weight_decay;            // default: optim.weight_decay
+  std::optional<double> mask_prob;               // default: data.mask_prob
+  std::optional<double> rope_base;               // default: model.rope_base
+  std::optional<std::string> shard_dir;          // default: data.shard_dir
   bool operator==(const StageConfig&) const = default;
 };
 
@@ -138,7 +166,13 @@ struct LogConfig {
   int64_t every_steps = 10;
   int64_t eval_every_steps = 500;  // 0: no periodic evaluation
   int64_t eval_batches = 20;
+  // At each stage end, validate at every stage's length (with that stage's
+  // masking, RoPE base and data), not only at the stage's own.
+  bool eval_every_length = false;
   ProgressMode progress = ProgressMode::kAuto;
+  // The device's peak in TFLOP/s for the MFU column; 0: a default for
+  // run.device and run.precision (docs/pretraining.md, "Telemetry").
+  double peak_tflops = 0.0;
   bool operator==(const LogConfig&) const = default;
 };
 

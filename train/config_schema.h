@@ -31,6 +31,9 @@ inline constexpr Range kProbability{0.0, false, 1.0, true};  // [0, 1)
 inline constexpr Range kFraction{0.0, false, 1.0, false};    // [0, 1]
 inline constexpr Range kMaskProb{0.0, true, 1.0, false};     // (0, 1]
 inline constexpr Range kMinSeqLen{8.0, false};
+// Token budgets: positive and at most 10^18 (steps derived from them are
+// bounded by kMaxInteger separately).
+inline constexpr Range kTokenCount{0.0, true, 1e18, false};
 // The largest magnitude any integer key accepts (10^12): sums and products of
 // a few such values stay far from 2^63.
 inline constexpr int64_t kMaxInteger = 1'000'000'000'000;
@@ -116,6 +119,9 @@ void visit_optim(V& v, O& c) {
   v.field("schedule", c.schedule);
   v.field("warmup_steps", c.warmup_steps, Opt{.range = kNonNegative});
   v.field("min_lr_ratio", c.min_lr_ratio, Opt{.range = kFraction});
+  v.field("decay_shape", c.decay_shape);
+  v.field("decay_fraction", c.decay_fraction, Opt{.range = kFraction});
+  v.field("decay_tokens", c.decay_tokens, Opt{.range = kTokenCount, .omit_if_unset = true});
   v.field("max_nonfinite_in_a_row", c.max_nonfinite_in_a_row, Opt{.range = kNonNegative});
 }
 
@@ -123,10 +129,25 @@ template <class V, class S>
 void visit_stage(V& v, S& c) {
   v.field("max_seq_len", c.max_seq_len, Opt{.range = kMinSeqLen, .required = true});
   v.field("batch_size", c.batch_size, Opt{.range = kPositive, .required = true});
-  v.field("steps", c.steps, Opt{.range = kPositive, .required = true});
+  // steps or tokens: read_config checks that one is given.
+  v.field("steps", c.steps, Opt{.range = kPositive});
+  v.field("tokens", c.tokens, Opt{.range = kTokenCount, .omit_if_unset = true});
   v.field("micro_batch_size", c.micro_batch_size, Opt{.range = kPositive});
+  v.field("batch_warmup_start", c.batch_warmup_start,
+          Opt{.range = kPositive, .omit_if_unset = true});
+  v.field("batch_warmup_tokens", c.batch_warmup_tokens,
+          Opt{.range = kTokenCount, .omit_if_unset = true});
   v.field("lr", c.lr, Opt{.range = kPositive, .omit_if_unset = true});
   v.field("warmup_steps", c.warmup_steps, Opt{.range = kNonNegative, .omit_if_unset = true});
+  v.field("schedule", c.schedule, Opt{.omit_if_unset = true});
+  v.field("decay_shape", c.decay_shape, Opt{.omit_if_unset = true});
+  v.field("decay_fraction", c.decay_fraction, Opt{.range = kFraction, .omit_if_unset = true});
+  v.field("decay_tokens", c.decay_tokens, Opt{.range = kTokenCount, .omit_if_unset = true});
+  v.field("min_lr_ratio", c.min_lr_ratio, Opt{.range = kFraction, .omit_if_unset = true});
+  v.field("weight_decay", c.weight_decay, Opt{.range = kNonNegative, .omit_if_unset = true});
+  v.field("mask_prob", c.mask_prob, Opt{.range = kMaskProb, .omit_if_unset = true});
+  v.field("rope_base", c.rope_base, Opt{.range = kPositive, .omit_if_unset = true});
+  v.field("shard_dir", c.shard_dir, Opt{.omit_if_unset = true});
 }
 
 template <class V, class K>
@@ -141,7 +162,9 @@ void visit_log(V& v, L& c) {
   v.field("every_steps", c.every_steps, Opt{.range = kPositive});
   v.field("eval_every_steps", c.eval_every_steps, Opt{.range = kNonNegative});
   v.field("eval_batches", c.eval_batches, Opt{.range = kNonNegative});
+  v.field("eval_every_length", c.eval_every_length);
   v.field("progress", c.progress);
+  v.field("peak_tflops", c.peak_tflops, Opt{.range = kNonNegative});
 }
 
 template <class V, class D>

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "core/error.h"
@@ -96,6 +98,23 @@ std::string format_duration(double seconds) {
   } else {
     std::snprintf(buf, sizeof buf, "%lds", s);
   }
+  return buf;
+}
+
+std::string format_count(double count) {
+  if (!std::isfinite(count)) return "?";
+  static constexpr const char* kUnits[] = {"", "k", "M", "G", "T", "P"};
+  size_t unit = 0;
+  double v = count;
+  while (std::fabs(v) >= 1000 && unit + 1 < std::size(kUnits)) {
+    v /= 1000;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0)
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, std::fabs(v) < 100 ? "%.3g%s" : "%.0f%s", v, kUnits[unit]);
   return buf;
 }
 

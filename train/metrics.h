@@ -55,5 +55,7 @@ class MetricsLog {
 
 // "1h02m", "3m05s", "12s": for elapsed and ETA columns.
 std::string format_duration(double seconds);
+// "950", "12.3k", "4.50M", "2.50G", "1.20T": token counts in log lines.
+std::string format_count(double count);
 
 }  // namespace roformer

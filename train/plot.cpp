@@ -25,7 +25,21 @@ namespace {
 struct Stage {
   int64_t first_step = 0;
   double tokens_per_step = 0;
+  // A batch-size warm-up: (end step within the stage, tokens per step) levels.
+  std::vector<std::pair<int64_t, double>> warm_up;
 };
+
+// Tokens of a stage's first `n` steps.
+double stage_tokens(const Stage& s, int64_t n) {
+  double tokens = 0;
+  int64_t begin = 0;
+  for (const auto& [end, per_step] : s.warm_up) {
+    if (n <= begin) return tokens;
+    tokens += double(std::min(n, end) - begin) * per_step;
+    begin = end;
+  }
+  return n > begin ? tokens + double(n - begin) * s.tokens_per_step : tokens;
+}
 
 // Tokens seen after `step` steps, from the stages' (first step, batch x length).
 double tokens_at(const std::vector<Stage>& stages, int64_t step) {
@@ -33,7 +47,7 @@ double tokens_at(const std::vector<Stage>& stages, int64_t step) {
   for (size_t i = 0; i < stages.size(); ++i) {
     const int64_t end = i + 1 < stages.size() ? stages[i + 1].first_step : INT64_MAX;
     if (step <= stages[i].first_step) break;
-    tokens += double(std::min(step, end) - stages[i].first_step) * stages[i].tokens_per_step;
+    tokens += stage_tokens(stages[i], std::min(step, end) - stages[i].first_step);
   }
   return tokens;
 }
@@ -86,13 +100,19 @@ RunCurves read_run_curves(const fs::path& run_dir) {
     try {
       const std::string type = r.at("type");
       const int64_t step = r.at("global_step");
-      if (type == "stage")
-        stages[step] = {step, double(r.at("batch_size").get<int64_t>()) *
-                                  double(r.at("max_seq_len").get<int64_t>())};
-      else if (type == "train")
+      if (type == "stage") {
+        const double length = double(r.at("max_seq_len").get<int64_t>());
+        Stage& stage = stages[step];
+        stage = {step, double(r.at("batch_size").get<int64_t>()) * length, {}};
+        if (r.contains("batch_warmup"))
+          for (const auto& level : r.at("batch_warmup"))
+            stage.warm_up.emplace_back(level.at(0).get<int64_t>(),
+                                       double(level.at(1).get<int64_t>()) * length);
+      } else if (type == "train") {
         train[step] = r;
-      else if (type == "validation")
+      } else if (type == "validation") {
         validation[step] = r;
+      }
     } catch (const nlohmann::json::exception& e) {
       throw InputError(detail::concat("plot: ", path.string(), ":", line_no,
                                       ": unexpected record (", e.what(), ")"));

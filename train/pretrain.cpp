@@ -3,7 +3,9 @@
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -17,10 +19,12 @@
 #include "data/vocab.h"
 #include "layers/roformer.h"
 #include "train/communicator.h"
+#include "train/config_stages.h"
 #include "train/distributed/batch_split.h"
 #include "train/metrics.h"
 #include "train/run_device.h"
 #include "train/run_precision.h"
+#include "train/telemetry.h"
 
 namespace roformer {
 
@@ -57,9 +61,9 @@ data::TokenBatch unpad(const data::Batch& b, bool packing, int64_t max_seq_len) 
   return data::make_token_batch(docs, packing, max_seq_len);
 }
 
-data::MaskingOptions masking_options(const DataConfig& d) {
+data::MaskingOptions masking_options(const DataConfig& d, const ResolvedStage& stage) {
   data::MaskingOptions m;
-  m.mask_prob = d.mask_prob;
+  m.mask_prob = stage.mask_prob;
   m.mask_token_prob = d.mask_token_prob;
   m.random_token_prob = d.random_token_prob;
   m.whole_word_masking = d.whole_word_masking;
@@ -99,16 +103,11 @@ class PretrainTask final : public TrainingTask {
       throw InputError(detail::concat(config.source, ": model.vocab_size is ",
                                       config.model.vocab_size, " but ", config.data.vocab, " has ",
                                       vocab_->size(), " pieces"));
-    const data::TokenizerIdentity identity =
-        data::Tokenizer(vocab_, tokenizer_options(config.data)).identity();
-    const std::vector<std::string> train_paths = data::list_shards(config.data.shard_dir, "train");
-    if (train_paths.empty())
-      throw InputError("no training shards in " + config.data.shard_dir +
-                       " (run `roformer prepare --config " + config.source + "` first)");
-    train_shards_ = data::open_shards(train_paths, &identity);
-    const std::vector<std::string> val_paths =
-        data::list_shards(config.data.shard_dir, "validation");
-    if (!val_paths.empty()) val_shards_ = data::open_shards(val_paths, &identity);
+    identity_ = data::Tokenizer(vocab_, tokenizer_options(config.data)).identity();
+    for (size_t i = 0; i < config.stages.size(); ++i) {
+      stages_.push_back(resolve_stage(config, i));
+      shards(stages_.back().shard_dir);  // every stage's data is checked before training
+    }
     model_ = std::make_unique<RoFormerForMaskedLM>(config.model, config.run.seed);
     // Initialised on the host (the same weights on every device), then moved.
     model_->to(device);
@@ -144,26 +143,25 @@ class PretrainTask final : public TrainingTask {
   std::string phase_name() const override { return "stage"; }
   int64_t num_phases() const override { return int64_t(config_.stages.size()); }
   PhasePlan plan(int64_t phase) const override {
-    const StageConfig& s = config_.stages[size_t(phase)];
+    const ResolvedStage& s = stages_[size_t(phase)];
     const distributed::BatchSplit split = split_batch(phase);
     PhasePlan p;
     p.steps = s.steps;
     p.micro_batch_size = split.micro_batch_size;
     p.micro_batches = split.micro_batches;
     p.tokens_per_step = s.batch_size * s.max_seq_len;
+    p.weight_decay = s.weight_decay;
+    p.token_budget = s.tokens.value_or(0.0);
     return p;
+  }
+  double phase_tokens(int64_t phase, int64_t steps) const override {
+    return stages_[size_t(phase)].tokens_through(steps);
   }
   CheckpointPolicy checkpoint_policy() const override {
     return {true, true, config_.checkpoint.keep_last, config_.checkpoint.keep_stage_ends};
   }
   std::string accuracy_key() const override { return "mlm_accuracy"; }
-  optim::LrSchedule lr_schedule() const override {
-    std::vector<optim::StageLr> stage_lrs;
-    for (const StageConfig& s : config_.stages)
-      stage_lrs.push_back({s.steps, s.lr, s.warmup_steps});
-    return optim::LrSchedule(config_.optim.schedule, config_.optim.lr, config_.optim.warmup_steps,
-                             config_.optim.min_lr_ratio, stage_lrs);
-  }
+  optim::LrSchedule lr_schedule() const override { return make_lr_schedule(config_); }
   std::pair<std::string, double> lr_setting() const override {
     const StageConfig& s = config_.stages[size_t(current_stage_)];
     if (s.lr) return {detail::concat("stages.", current_stage_, ".lr"), *s.lr};
@@ -171,8 +169,17 @@ class PretrainTask final : public TrainingTask {
   }
 
   void begin_phase(const TrainingState& state, MetricsLog& metrics) override {
-    const StageConfig& stage = config_.stages[size_t(state.stage)];
+    const ResolvedStage& stage = stages_[size_t(state.stage)];
     current_stage_ = state.stage;
+    step_in_stage_ = state.step_in_stage;
+    for (const BatchLevel& level : stage.warm_up)
+      if (level.batch % (stage.micro_batch_size * world_size_) != 0)
+        throw InputError(detail::concat(config_.source, ": stages[", state.stage,
+                                        "].batch_warmup_start: the warm-up batch ", level.batch,
+                                        " does not split into micro-batches of ",
+                                        stage.micro_batch_size, " over ", world_size_, " ranks"));
+    // The RoPE base only changes the rotation tables, never a parameter.
+    model_->set_rope_base(stage.rope_base);
     loader_.reset();  // its buffers go before the next stage's are made
     data::LoaderOptions lo;
     lo.max_seq_len = stage.max_seq_len;
@@ -180,32 +187,53 @@ class PretrainTask final : public TrainingTask {
     lo.seed = config_.run.seed;
     lo.rank = rank_;
     lo.world_size = world_size_;
-    lo.masking = masking_options(config_.data);
+    lo.masking = masking_options(config_.data, stage);
     lo.prefetch_batches = int(config_.data.prefetch_batches);
-    loader_ = std::make_unique<data::Loader>(train_shards_, vocab_, lo, state.loader);
+    loader_ =
+        std::make_unique<data::Loader>(shards(stage.shard_dir).train, vocab_, lo, state.loader);
+    metrics.clear_progress();
+    const distributed::BatchSplit split = split_batch(state.stage);
+    spdlog::info("stage {}/{}{}: {}, {} rank(s) x {} x {} sequences, {} sequences per epoch",
+                 state.stage + 1, stages_.size(),
+                 state.step_in_stage > 0 ? fmt::format(" (resumed at step {})", state.step_in_stage)
+                                         : std::string(),
+                 describe_stage(stage), world_size_, split.micro_batches, split.micro_batch_size,
+                 loader_->num_sequences());
     if (state.step_in_stage == 0) {
-      metrics.clear_progress();
-      spdlog::info(
-          "stage {}/{}: max_seq_len {}, batch {} ({} rank(s) x {} x {}), {} steps, {} sequences "
-          "per epoch",
-          state.stage + 1, config_.stages.size(), stage.max_seq_len, stage.batch_size, world_size_,
-          split_batch(state.stage).micro_batches, split_batch(state.stage).micro_batch_size,
-          stage.steps, loader_->num_sequences());
-      metrics.write({{"type", "stage"},
-                     {"stage", state.stage + 1},
-                     {"global_step", state.global_step},
-                     {"max_seq_len", stage.max_seq_len},
-                     {"batch_size", stage.batch_size},
-                     {"steps", stage.steps}});
+      nlohmann::json record = {{"type", "stage"},
+                               {"stage", state.stage + 1},
+                               {"global_step", state.global_step},
+                               {"max_seq_len", stage.max_seq_len},
+                               {"batch_size", stage.batch_size},
+                               {"steps", stage.steps},
+                               {"lr", stage.lr},
+                               {"weight_decay", stage.weight_decay},
+                               {"mask_prob", stage.mask_prob},
+                               {"rope_base", stage.rope_base}};
+      if (stage.tokens) record["tokens"] = *stage.tokens;
+      if (!stage.warm_up.empty()) {
+        record["batch_warmup_start"] = stage.warm_up.front().batch;
+        record["batch_warmup_steps"] = stage.warm_up.back().end_step;
+        // (end step, batch) levels, so `roformer plot` counts tokens exactly.
+        nlohmann::json levels = nlohmann::json::array();
+        for (const BatchLevel& l : stage.warm_up) levels.push_back({l.end_step, l.batch});
+        record["batch_warmup"] = levels;
+      }
+      metrics.write(record);
     }
   }
 
   std::vector<int64_t> fetch() override {
-    const PhasePlan p = plan(current_stage_);
+    const ResolvedStage& stage = stages_[size_t(current_stage_)];
+    // The batch-size warm-up draws fewer micro-batches of the same shape: no
+    // new kernels, and the loader cursor stays exact for resume.
+    const int64_t micro_batches =
+        stage.batch_at(step_in_stage_) / world_size_ / split_batch(current_stage_).micro_batch_size;
+    ++step_in_stage_;
     batches_.clear();
     inputs_.clear();
     std::vector<int64_t> units;
-    for (int64_t i = 0; i < p.micro_batches; ++i) {
+    for (int64_t i = 0; i < micro_batches; ++i) {
       batches_.push_back(loader_->next());
       units.push_back(batches_.back().num_masked);
       // Queued on the side stream: the copies overlap the previous step's tail.
@@ -222,6 +250,7 @@ class PretrainTask final : public TrainingTask {
     StepStats s;
     s.tokens = b.num_tokens;
     s.slots = b.batch_size * b.seq_len;
+    s.flops = mlm_training_flops(config_.model, b.seq_len, b.num_tokens, b.num_masked);
     if (b.num_masked == 0) return s;
     MlmOutput out;
     if (uses_token_stream(config_.data, config_.model, config_.run.device)) {
@@ -255,6 +284,17 @@ class PretrainTask final : public TrainingTask {
                  MetricsLog& metrics) override {
     const StageConfig& stage = config_.stages[size_t(state.stage)];
     const Eval ev = evaluate_and_log(state, metrics);
+    if (config_.log.eval_every_length) {
+      // Every other length once, at the first stage that runs it.
+      std::vector<int64_t> done = {stage.max_seq_len};
+      for (const ResolvedStage& other : stages_) {
+        if (std::find(done.begin(), done.end(), other.max_seq_len) != done.end()) continue;
+        done.push_back(other.max_seq_len);
+        model_->set_rope_base(other.rope_base);
+        evaluate_and_log(state, metrics, &other);
+      }
+      model_->set_rope_base(stages_[size_t(state.stage)].rope_base);
+    }
     const MemoryUsage mem = memory_usage();
     summaries_.push_back({state.stage, stage.max_seq_len, stage.batch_size, stage.steps,
                           training.window_loss, training.window_accuracy, ev.loss, ev.accuracy,
@@ -305,8 +345,18 @@ class PretrainTask final : public TrainingTask {
   // The stage's global batch over this run's ranks; throws naming the stage.
   distributed::BatchSplit split_batch(int64_t stage) const {
     const StageConfig& s = config_.stages[size_t(stage)];
-    return distributed::split_batch(s.batch_size, s.micro_batch_size, world_size_,
-                                    detail::concat(config_.source, ": stages[", stage, "]"));
+    const std::string where = detail::concat(config_.source, ": stages[", stage, "]");
+    const distributed::BatchSplit split =
+        distributed::split_batch(s.batch_size, s.micro_batch_size, world_size_, where);
+    // A warm-up level runs fewer micro-batches of the same shape on every rank.
+    for (const BatchLevel& level : stages_[size_t(stage)].warm_up)
+      if (level.batch % (int64_t(world_size_) * split.micro_batch_size) != 0)
+        throw InputError(detail::concat(
+            where, ": batch_warmup level of ", level.batch, " sequences does not split into ",
+            world_size_, " rank(s) x whole micro-batches of ", split.micro_batch_size,
+            " (make batch_warmup_start a multiple of ",
+            int64_t(world_size_) * split.micro_batch_size, ")"));
+    return split;
   }
 
  private:
@@ -317,17 +367,18 @@ class PretrainTask final : public TrainingTask {
 
   // Validation at the stage's length over a fixed, unshuffled set of batches,
   // shared out over the ranks (batch i on rank i mod world size) and summed.
-  Eval evaluate(const StageConfig& stage) const {
+  Eval evaluate(const ResolvedStage& stage) const {
     Eval r;
-    if (val_shards_.empty() || config_.log.eval_batches <= 0) return r;
+    const data::ShardSet& val_shards = shards(stage.shard_dir).validation;
+    if (val_shards.empty() || config_.log.eval_batches <= 0) return r;
     data::LoaderOptions o;
     o.max_seq_len = stage.max_seq_len;
     o.batch_size = stage.micro_batch_size;
     o.seed = config_.run.seed + 7;  // fixed masks: every evaluation sees the same task
     o.shuffle = false;
-    o.masking = masking_options(config_.data);
+    o.masking = masking_options(config_.data, stage);
     o.prefetch_batches = 0;
-    data::Loader val(val_shards_, vocab_, o);
+    data::Loader val(val_shards, vocab_, o);
     NoGradGuard no_grad;
     double loss_sum = 0;
     int64_t correct = 0;
@@ -363,8 +414,10 @@ class PretrainTask final : public TrainingTask {
     return r;
   }
 
-  Eval evaluate_and_log(const TrainingState& state, MetricsLog& metrics) const {
-    const StageConfig& stage = config_.stages[size_t(state.stage)];
+  // Validation at the current stage's settings, or at `other` stage's.
+  Eval evaluate_and_log(const TrainingState& state, MetricsLog& metrics,
+                        const ResolvedStage* other = nullptr) const {
+    const ResolvedStage& stage = other ? *other : stages_[size_t(state.stage)];
     const Eval ev = evaluate(stage);
     if (ev.masked > 0) {
       metrics.clear_progress();
@@ -383,14 +436,35 @@ class PretrainTask final : public TrainingTask {
     return ev;
   }
 
+  struct Shards {
+    data::ShardSet train, validation;
+  };
+  // The shards of a stage's shard_dir, opened once.
+  const Shards& shards(const std::string& dir) const {
+    if (auto it = shards_.find(dir); it != shards_.end()) return it->second;
+    const std::vector<std::string> train_paths = data::list_shards(dir, "train");
+    if (train_paths.empty())
+      throw InputError(
+          "no training shards in " + dir + " (run `roformer prepare --config " + config_.source +
+          "` first" + (dir == config_.data.shard_dir ? ")" : ", with data.shard_dir=" + dir + ")"));
+    Shards s;
+    s.train = data::open_shards(train_paths, &identity_);
+    const std::vector<std::string> val_paths = data::list_shards(dir, "validation");
+    if (!val_paths.empty()) s.validation = data::open_shards(val_paths, &identity_);
+    return shards_.emplace(dir, std::move(s)).first->second;
+  }
+
   const Config& config_;
   Communicator& comm_;
   int rank_, world_size_;
   std::shared_ptr<const data::Vocab> vocab_;
-  data::ShardSet train_shards_, val_shards_;
+  data::TokenizerIdentity identity_;
+  std::vector<ResolvedStage> stages_;
+  mutable std::map<std::string, Shards> shards_;
   std::unique_ptr<RoFormerForMaskedLM> model_;
   std::unique_ptr<data::Loader> loader_;
   int64_t current_stage_ = 0;
+  int64_t step_in_stage_ = 0;  // of the next fetch()
   std::vector<data::Batch> batches_;
   std::vector<BatchTensors> inputs_;  // batches_ on the model's device
   // Mutable: evaluate() is const but uploads its batches too.

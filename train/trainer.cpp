@@ -13,13 +13,16 @@
 
 #include "core/allocator.h"
 #include "core/flat_parameters.h"
+#include "core/ops.h"
 #include "optim/adamw.h"
+#include "optim/grad_norm.h"
 #include "train/communicator.h"
 #include "train/distributed/gradient_reducer.h"
 #include "train/metrics.h"
 #include "train/run_device.h"
 #include "train/run_directory.h"
 #include "train/signals.h"
+#include "train/telemetry.h"
 
 namespace roformer {
 
@@ -36,18 +39,21 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 // Sums of a log window or a whole phase.
 struct Totals {
-  double loss = 0, gnorm = 0, tokens = 0, slots = 0;
+  double loss = 0, gnorm = 0, clipped_gnorm = 0, tokens = 0, slots = 0, flops = 0;
+  double data_wait_s = 0;
   int64_t finite_steps = 0, units = 0, correct = 0;
-  void add(double step_loss, double step_gnorm, const StepStats& s) {
+  void add(double step_loss, double step_gnorm, double scale, const StepStats& s) {
     if (std::isfinite(step_loss)) {
       loss += step_loss;
       gnorm += step_gnorm;
+      clipped_gnorm += step_gnorm * scale;
       ++finite_steps;
     }
     units += s.units;
     correct += s.correct;
     tokens += double(s.tokens);
     slots += double(s.slots);
+    flops += s.flops;
   }
   double packing_efficiency() const { return slots > 0 ? tokens / slots : 1.0; }
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
@@ -237,16 +243,28 @@ TrainerResult Trainer::run() {
 
   const auto run_start = Clock::now();
   double tokens_this_run = 0;
+  const double peak = peak_tflops(config_, omp_get_max_threads());
   const int64_t n_phases = task_.num_phases();
   for (; state.stage < n_phases && !task_.stop_early(); ++state.stage) {
     const PhasePlan plan = task_.plan(state.stage);
     if (!policy.within_phase) state.step_in_stage = 0;
     allocator_for(Device::cpu()).reset_peak();
     if (!device.is_cpu()) reset_device_peak(device);
+    adamw.set_weight_decay(std::isfinite(plan.weight_decay) ? plan.weight_decay
+                                                            : config_.optim.weight_decay);
     task_.begin_phase(state, metrics);
     Totals window, whole;
     auto window_start = Clock::now();
     double window_comm_start = reducer ? reducer->blocked_seconds() : 0.0;
+    // Where the phase stands: in tokens when it was given in tokens.
+    auto position = [&](bool aligned) {
+      if (plan.token_budget > 0)
+        return fmt::format("tokens {}/{}",
+                           format_count(task_.phase_tokens(state.stage, state.step_in_stage)),
+                           format_count(plan.token_budget));
+      return aligned ? fmt::format("step {:>5}/{}", state.step_in_stage, plan.steps)
+                     : fmt::format("step {}/{}", state.step_in_stage, plan.steps);
+    };
     PhaseTraining training;
 
     while (state.step_in_stage < plan.steps) {
@@ -254,7 +272,9 @@ TrainerResult Trainer::run() {
 
       // Forward and backward: the loss is the mean over every unit of the
       // global batch, so each micro-batch weighs in by its share of them.
+      const auto fetch_start = Clock::now();
       const std::vector<int64_t> units = task_.fetch();
+      window.data_wait_s += seconds_since(fetch_start);
       int64_t global_units = 0;
       for (int64_t u : units) global_units += u;
       global_units = comm.sum(global_units);
@@ -270,17 +290,22 @@ TrainerResult Trainer::run() {
         step.correct += s.correct;
         step.tokens += s.tokens;
         step.slots += s.slots > 0 ? s.slots : s.tokens;
+        step.flops += s.flops;
       }
       // Before any other collective: a rank without a backward this step starts
       // its buckets here, a rank with one may have started them already.
       if (reducer) reducer->finish();
       step.units = global_units;
+      // This step's global batch: every rank draws as many micro-batches.
+      const int64_t last_batch_rows =
+          int64_t(units.size()) * plan.micro_batch_size * comm.world_size();
       {
-        double d[1] = {step.loss_sum};
+        double d[2] = {step.loss_sum, step.flops};
         int64_t n[3] = {step.correct, step.tokens, step.slots};
         comm.all_reduce_sum(d);
         comm.all_reduce_sum(n);
         step.loss_sum = d[0];
+        step.flops = d[1];
         step.correct = n[0];
         step.tokens = n[1];
         step.slots = n[2];
@@ -288,6 +313,8 @@ TrainerResult Trainer::run() {
       const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
       const double gnorm = optim::global_grad_norm(params);
       const double lr = schedule.at(state.global_step);
+      const double clip = optim::clip_scale(gnorm, config_.optim.clip_grad_norm);
+      double update_ratio = NAN;
       if (comm.any(!std::isfinite(loss) || !std::isfinite(gnorm))) {
         ++state.nonfinite_skipped;
         ++state.nonfinite_in_a_row;
@@ -321,15 +348,27 @@ TrainerResult Trainer::run() {
         }
       } else {
         state.nonfinite_in_a_row = 0;
-        adamw.step(lr, optim::clip_scale(gnorm, config_.optim.clip_grad_norm));
+        // The update/weight ratio is measured on the steps that are logged:
+        // a copy of the weights before the update, on the CPU only.
+        const bool logged = config_.log.every_steps > 0 &&
+                            ((state.global_step + 1) % config_.log.every_steps == 0 ||
+                             state.step_in_stage + 1 == plan.steps);
+        Tensor before;
+        if (logged && adamw.flat().device().is_cpu()) before = adamw.flat().data().clone();
+        adamw.step(lr, clip);
+        if (before.defined()) {
+          const double w = std::sqrt(optim::sum_of_squares(adamw.flat().data()));
+          const double u = std::sqrt(optim::sum_of_squares(sub(adamw.flat().data(), before)));
+          update_ratio = w > 0 ? u / w : NAN;
+        }
       }
       adamw.zero_grad();
       ++state.global_step;
       ++state.step_in_stage;
       state.loader = task_.cursor();
       tokens_this_run += double(step.tokens);
-      window.add(loss, gnorm, step);
-      whole.add(loss, gnorm, step);
+      window.add(loss, gnorm, clip, step);
+      whole.add(loss, gnorm, clip, step);
 
       // --- log ------------------------------------------------------------------------
       const bool phase_done = state.step_in_stage == plan.steps;
@@ -340,46 +379,67 @@ TrainerResult Trainer::run() {
         const double elapsed = seconds_since(run_start);
         training.window_loss = window.mean_loss();
         training.window_accuracy = window.units ? window.accuracy() : 0.0;
-        // ETA from this run's token rate and the tokens the remaining steps hold.
-        double remaining = double(plan.steps - state.step_in_stage) * double(plan.tokens_per_step);
+        // ETA from this run's token rate and the tokens the remaining steps
+        // hold (in a phase given in tokens, its budget left).
+        double remaining = task_.phase_tokens(state.stage, plan.steps) -
+                           task_.phase_tokens(state.stage, state.step_in_stage);
         for (int64_t p = state.stage + 1; p < n_phases; ++p)
-          remaining += double(task_.plan(p).steps) * double(task_.plan(p).tokens_per_step);
+          remaining += task_.phase_tokens(p, task_.plan(p).steps);
         const double rate = tokens_this_run / std::max(elapsed, 1e-9);
         const double eta = remaining * 0.8 / std::max(rate, 1e-9);
         const double tok_s = window.tokens / std::max(secs, 1e-9);
         const double mean_gnorm = window.gnorm / double(window.finite_steps);
+        const double mean_clipped = window.clipped_gnorm / double(window.finite_steps);
+        const double mfu =
+            window.flops > 0 ? window.flops / std::max(secs, 1e-9) / (peak * 1e12) : NAN;
+        const double wait_share = window.data_wait_s / std::max(secs, 1e-9);
         int64_t total_steps = 0;
         for (int64_t p = 0; p < n_phases; ++p) total_steps += task_.plan(p).steps;
         const MemoryUsage mem = memory_usage();
+        // A phase given in tokens counts its progress in tokens.
+        const std::string progress = position(true);
         metrics.clear_progress();
         spdlog::info(
-            "{} {}/{} step {:>5}/{} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
-            "gnorm {:.3f} | {:.0f} tok/s, fill {:.0f}% | {:.0f} MB | {} elapsed, ETA {}",
-            phase, state.stage + 1, n_phases, state.step_in_stage, plan.steps, state.global_step,
-            total_steps, training.window_loss,
-            task_.accuracy_key() == "mlm_accuracy" ? "mlm acc" : "acc",
-            100 * training.window_accuracy, lr, mean_gnorm, tok_s,
-            100 * window.packing_efficiency(), mem.allocated_mb + mem.cached_mb,
-            format_duration(elapsed), format_duration(eta));
+            "{} {}/{} {} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
+            "gnorm {:.3f} (clipped {:.3f}) | upd/w {:.1e} | {:.0f} tok/s, fill {:.0f}% | MFU "
+            "{:.1f}% | data wait {:.0f}% | {:.0f} MB | {} elapsed, ETA {} ({} tokens left)",
+            phase, state.stage + 1, n_phases, progress, state.global_step, total_steps,
+            training.window_loss, task_.accuracy_key() == "mlm_accuracy" ? "mlm acc" : "acc",
+            100 * training.window_accuracy, lr, mean_gnorm, mean_clipped, update_ratio, tok_s,
+            100 * window.packing_efficiency(), 100 * mfu, 100 * wait_share,
+            mem.allocated_mb + mem.cached_mb, format_duration(elapsed), format_duration(eta),
+            format_count(remaining));
         char loss_exact[64];
         std::snprintf(loss_exact, sizeof loss_exact, "%.9g", loss);
-        nlohmann::json record = {{"type", "train"},
-                                 {phase, state.stage + 1},
-                                 {"step_in_" + phase, state.step_in_stage},
-                                 {"global_step", state.global_step},
-                                 {"loss", training.window_loss},
-                                 {"last_step_loss", loss_exact},
-                                 {task_.accuracy_key(), training.window_accuracy},
-                                 {"lr", lr},
-                                 {"grad_norm", mean_gnorm},
-                                 {"tokens_per_s", tok_s},
-                                 {"packing_efficiency", window.packing_efficiency()},
-                                 {"elapsed_s", elapsed},
-                                 {"eta_s", eta},
-                                 {"skipped_steps", state.nonfinite_skipped},
-                                 {"allocated_mb", mem.allocated_mb},
-                                 {"cached_mb", mem.cached_mb},
-                                 {"peak_rss_mb", mem.peak_rss_mb}};
+        auto number = [](double v) {
+          return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+        };
+        nlohmann::json record = {
+            {"type", "train"},
+            {phase, state.stage + 1},
+            {"step_in_" + phase, state.step_in_stage},
+            {"global_step", state.global_step},
+            {"tokens_in_" + phase, task_.phase_tokens(state.stage, state.step_in_stage)},
+            {"loss", training.window_loss},
+            {"last_step_loss", loss_exact},
+            {task_.accuracy_key(), training.window_accuracy},
+            {"lr", lr},
+            {"batch_size", last_batch_rows},
+            {"grad_norm", mean_gnorm},
+            {"grad_norm_clipped", mean_clipped},
+            {"update_ratio", number(update_ratio)},
+            {"tokens_per_s", tok_s},
+            {"packing_efficiency", window.packing_efficiency()},
+            {"mfu", number(mfu)},
+            {"peak_tflops", peak},
+            {"data_wait_s", window.data_wait_s},
+            {"elapsed_s", elapsed},
+            {"eta_s", eta},
+            {"eta_tokens", remaining},
+            {"skipped_steps", state.nonfinite_skipped},
+            {"allocated_mb", mem.allocated_mb},
+            {"cached_mb", mem.cached_mb},
+            {"peak_rss_mb", mem.peak_rss_mb}};
         if (reducer) {
           // Communication not hidden behind backward: its share of the window.
           const double blocked = reducer->blocked_seconds() - window_comm_start;
@@ -392,8 +452,8 @@ TrainerResult Trainer::run() {
         window = {};
         window_start = Clock::now();
       } else {
-        metrics.progress(fmt::format("{} {}/{} step {}/{} loss {:.4f}", phase, state.stage + 1,
-                                     n_phases, state.step_in_stage, plan.steps, loss));
+        metrics.progress(fmt::format("{} {}/{} {} loss {:.4f}", phase, state.stage + 1, n_phases,
+                                     position(false), loss));
       }
 
       // --- evaluate, checkpoint -------------------------------------------------------

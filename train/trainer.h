@@ -39,7 +39,9 @@ struct PhasePlan {
   int64_t steps = 0;             // optimizer steps
   int64_t micro_batches = 1;     // forward/backward passes per step on this rank
   int64_t micro_batch_size = 0;  // sequences per micro-batch (rows of the global batch)
-  int64_t tokens_per_step = 0;   // an upper bound, for the ETA
+  int64_t tokens_per_step = 0;   // an upper bound, for the ETA (at the full batch)
+  double weight_decay = NAN;     // this phase's AdamW weight decay (NaN: optim.weight_decay)
+  double token_budget = 0;       // > 0: the phase was given in tokens (progress says so)
 };
 
 // Sums over micro-batches (and, after reduction, over ranks).
@@ -50,6 +52,7 @@ struct StepStats {
   int64_t tokens = 0;   // non-padding tokens
   int64_t slots =
       0;  // the slots of the padded rows (packing efficiency = tokens / slots); 0: tokens
+  double flops = 0;  // model FLOPs of forward + backward (for MFU; 0: unknown)
 };
 
 // Training loss and accuracy of a phase, for its summary.
@@ -83,6 +86,11 @@ class TrainingTask {
   virtual std::string phase_name() const = 0;  // "stage", "epoch"
   virtual int64_t num_phases() const = 0;
   virtual PhasePlan plan(int64_t phase) const = 0;
+  // Nominal tokens of the phase's first `steps` steps (for the ETA and the
+  // progress in tokens): steps x tokens_per_step unless the batch varies.
+  virtual double phase_tokens(int64_t phase, int64_t steps) const {
+    return double(steps) * double(plan(phase).tokens_per_step);
+  }
   virtual CheckpointPolicy checkpoint_policy() const = 0;
   virtual std::string accuracy_key() const = 0;  // "mlm_accuracy", "accuracy"
   // The learning-rate schedule over global steps, and the key and value of

@@ -67,15 +67,34 @@ optim:
   weight_decay: 0.1
   decay_bias_and_norm: true
   clip_grad_norm: 0
-  schedule: cosine
-  warmup_steps: 7
+  schedule: wsd
+  warmup_steps: 2
   min_lr_ratio: 0.1
+  decay_shape: 1-sqrt
+  decay_fraction: 0.5
+  decay_tokens: 100
   max_nonfinite_in_a_row: 0
 stages:
   - {max_seq_len: 16, batch_size: 8, steps: 2, micro_batch_size: 4, lr: 0.001, warmup_steps: 1}
   - {max_seq_len: 32, batch_size: 6, steps: 3}
+  - max_seq_len: 16
+    batch_size: 8
+    tokens: 300
+    micro_batch_size: 2
+    batch_warmup_start: 4
+    batch_warmup_tokens: 100
+    schedule: wsd
+    warmup_steps: 1
+    decay_shape: cosine
+    decay_tokens: 32
+    min_lr_ratio: 0.5
+    weight_decay: 0.2
+    mask_prob: 0.4
+    rope_base: 160000
+    shard_dir: shards/long
 checkpoint: {every_steps: 0, keep_last: 0, keep_stage_ends: false}
-log: {every_steps: 1, eval_every_steps: 0, eval_batches: 0, progress: never}
+log: {every_steps: 1, eval_every_steps: 0, eval_batches: 0, eval_every_length: true,
+      progress: never, peak_tflops: 12.5}
 finetune:
   task: triplet
   train_file: train.jsonl
@@ -137,11 +156,18 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.data.split_seed, 18446744073709551615u);
   EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
   EXPECT_DOUBLE_EQ(c.optim.betas[1], 0.98);
-  EXPECT_EQ(c.optim.schedule, optim::DecayKind::cosine);
+  EXPECT_EQ(c.optim.schedule, optim::DecayKind::wsd);
+  EXPECT_EQ(c.optim.decay_shape, optim::DecayShape::one_minus_sqrt);
   EXPECT_EQ(c.stages[0].lr, 0.001);
   EXPECT_EQ(c.stages[0].warmup_steps, 1);
   EXPECT_EQ(c.stages[1].micro_batch_size, 6);
-  EXPECT_EQ(c.total_steps(), 5);
+  // 300 tokens: warm-up steps at 4 and 6 sequences of 16 (160 tokens), then
+  // ceil(140 / 128) = 2 full steps.
+  EXPECT_EQ(c.stages[2].steps, 4);
+  EXPECT_EQ(c.stages[2].schedule, optim::DecayKind::wsd);
+  EXPECT_EQ(c.stages[2].rope_base, 160000.0);
+  EXPECT_EQ(c.total_steps(), 9);
+  EXPECT_EQ(c.log.peak_tflops, 12.5);
   ASSERT_TRUE(c.finetune.has_value());
   EXPECT_EQ(c.finetune->task, FinetuneTask::kTriplet);
   EXPECT_EQ(c.finetune->labels, (std::vector<std::string>{"0", "1", "null"}));
@@ -326,10 +352,13 @@ TEST(ConfigSchema, DescribesRanges) {
 
 TEST(ConfigSchema, EverySectionListsItsKeys) {
   using namespace config_schema;
-  EXPECT_EQ(section_keys("optim").size(), 10u);
-  EXPECT_EQ(section_keys("stages"),
-            (std::vector<std::string_view>{"max_seq_len", "batch_size", "steps", "micro_batch_size",
-                                           "lr", "warmup_steps"}));
+  EXPECT_EQ(section_keys("optim").size(), 13u);
+  EXPECT_EQ(
+      section_keys("stages"),
+      (std::vector<std::string_view>{
+          "max_seq_len", "batch_size", "steps", "tokens", "micro_batch_size", "batch_warmup_start",
+          "batch_warmup_tokens", "lr", "warmup_steps", "schedule", "decay_shape", "decay_fraction",
+          "decay_tokens", "min_lr_ratio", "weight_decay", "mask_prob", "rope_base", "shard_dir"}));
   EXPECT_EQ(section_keys("model").size(), 19u);
   EXPECT_TRUE(section_keys("nonsense").empty());
 }

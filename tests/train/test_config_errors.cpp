@@ -85,7 +85,8 @@ const std::vector<BadConfig>& bad_configs() {
        "stages:\n  - {max_seq_len: 128, batch_size: 32, steps: 10}\n"
        "  - max_seq_len: 64\n    batch_size: 64\n",
        {},
-       "bad.yaml:3:5: stages[1].steps: required key is missing"},
+       "bad.yaml:3:5: stages[1].steps: required key is missing: a stage lasts `steps` optimizer "
+       "steps or `tokens` tokens"},
       {"missing_required_finetune_key",
        "finetune:\n  train_file: train.jsonl\n",
        {},

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "train/config_stages.h"
 
 namespace roformer {
 namespace {
@@ -75,6 +76,33 @@ TEST(ShippedConfigs, TinyIsTheCpuDefaultWithThePaperShape) {
   EXPECT_GT(len(4), len(0));
   EXPECT_LT(len(5), len(4));
   EXPECT_GT(len(5), len(2));
+}
+
+TEST(ShippedConfigs, ModernBertLikeScheduleHasItsShape) {
+  // 1024 -> 8192 with the RoPE base raised 10k -> 160k, a batch warm-up in
+  // the first stage, one WSD schedule decaying (1 - sqrt) over the last 50B tokens.
+  const Config c = load_config(kConfigs / "modernbert_like.yaml");
+  ASSERT_EQ(c.stages.size(), 2u);
+  const ResolvedStage short_stage = resolve_stage(c, 0), long_stage = resolve_stage(c, 1);
+  EXPECT_EQ(short_stage.max_seq_len, 1024);
+  EXPECT_EQ(long_stage.max_seq_len, 8192);
+  EXPECT_EQ(short_stage.rope_base, 10000.0);
+  EXPECT_EQ(long_stage.rope_base, 160000.0);
+  EXPECT_EQ(short_stage.mask_prob, 0.3);
+  ASSERT_FALSE(short_stage.warm_up.empty());
+  EXPECT_EQ(short_stage.warm_up.front().batch, 768);
+  EXPECT_EQ(short_stage.batch_at(short_stage.warm_up.back().end_step), 4608);
+  EXPECT_EQ(c.optim.schedule, optim::DecayKind::wsd);
+  EXPECT_EQ(c.optim.decay_shape, optim::DecayShape::one_minus_sqrt);
+  const optim::LrSchedule lr = make_lr_schedule(c);
+  const int64_t total = c.total_steps();
+  EXPECT_DOUBLE_EQ(lr.at(1000), 8e-4);                    // stable, stage 1
+  EXPECT_DOUBLE_EQ(lr.at(c.stages[0].steps + 10), 3e-4);  // stable, stage 2
+  EXPECT_LT(lr.at(total - 1000), 3e-4);                   // decaying
+  EXPECT_DOUBLE_EQ(lr.at(total - 1), 0.0);                // to zero
+  // The decay spans the last 5e10 tokens: ceil(5e10 / (72 x 8192)) steps.
+  EXPECT_DOUBLE_EQ(lr.at(total - 84772 - 1), 3e-4);
+  EXPECT_LT(lr.at(total - 84772), 3e-4);
 }
 
 }  // namespace

@@ -74,6 +74,26 @@ TEST_F(Plot, ReadsTokensStagesAndTheLastRecordOfAStep) {
   EXPECT_DOUBLE_EQ(c.validation_accuracy[0].y, 0.25);
 }
 
+TEST_F(Plot, CountsTokensThroughABatchWarmup) {
+  // Batch 2 for 3 steps, 4 for 2, then 8 (length 32): step 4 has seen
+  // 3 x 64 + 1 x 128 tokens, step 7 3 x 64 + 2 x 128 + 2 x 256.
+  const fs::path run = dir_ / "warm";
+  fs::create_directories(run);
+  std::ofstream m(run / "metrics.jsonl");
+  m << R"({"type":"stage","stage":1,"global_step":0,"max_seq_len":32,"batch_size":8,"steps":9,)"
+    << R"("batch_warmup":[[3,2],[5,4]]})"
+    << "\n";
+  m << R"({"type":"train","global_step":4,"loss":3.0,"lr":0.001})"
+    << "\n";
+  m << R"({"type":"train","global_step":7,"loss":2.0,"lr":0.001})"
+    << "\n";
+  m.close();
+  const RunCurves c = read_run_curves(run);
+  ASSERT_EQ(c.train_loss.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.train_loss[0].x, 3 * 64.0 + 128.0);
+  EXPECT_DOUBLE_EQ(c.train_loss[1].x, 3 * 64.0 + 2 * 128.0 + 2 * 256.0);
+}
+
 TEST_F(Plot, DamageIsNamedWithFileAndLine) {
   const fs::path run = make_run("b", 9.0);
   {

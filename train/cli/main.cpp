@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "train/cli/command.h"
 #include "train/config.h"
+#include "train/config_stages.h"
 
 #ifndef ROFORMER_VERSION
 #define ROFORMER_VERSION "unknown"
@@ -144,7 +145,10 @@ int run_main(int argc, char** argv) {
       if (!invocation.config)
         throw roformer::InputError(
             fmt::format("{}: --print-config needs --config FILE", command.name()));
-      std::cout << roformer::to_yaml(*invocation.config) << std::flush;
+      std::cout << roformer::to_yaml(*invocation.config);
+      if (!invocation.config->stages.empty())
+        std::cout << roformer::describe_stages_as_comments(*invocation.config);
+      std::cout << std::flush;
       check_stdout();
       return 0;
     }
