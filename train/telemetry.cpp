@@ -14,7 +14,7 @@ double mlm_training_flops(const ModelConfig& m, int64_t seq_len, int64_t tokens,
 
 double peak_tflops(const Config& c, int threads) {
   if (c.log.peak_tflops > 0) return c.log.peak_tflops;
-  if (c.run.device == DeviceType::cuda) return c.run.precision == Precision::kBf16 ? 989.0 : 67.0;
+  if (c.run.device.is_cuda()) return c.run.precision == Precision::kBf16 ? 989.0 : 67.0;
   double per_cycle = 32;  // 2 FMA units x 8 f32 lanes x 2
 #if defined(__x86_64__) || defined(__i386__)
   if (__builtin_cpu_supports("avx512f")) per_cycle = 64;

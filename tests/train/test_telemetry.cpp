@@ -33,12 +33,12 @@ TEST(Telemetry, PeakIsTheConfigValueOrADeviceDefault) {
   c.log.peak_tflops = 123.5;
   EXPECT_EQ(peak_tflops(c, 8), 123.5);
   c.log.peak_tflops = 0;
-  c.run.device = DeviceType::cuda;
+  c.run.device = Device::cuda();
   c.run.precision = Precision::kBf16;
   EXPECT_EQ(peak_tflops(c, 8), 989.0);
   c.run.precision = Precision::kF32;
   EXPECT_EQ(peak_tflops(c, 8), 67.0);
-  c.run.device = DeviceType::cpu;
+  c.run.device = Device::cpu();
   // 2 cores x (32 or 64) FLOPs a cycle x 2.5 GHz.
   const double cpu = peak_tflops(c, 2);
   EXPECT_TRUE(cpu == 2 * 32 * 2.5e-3 || cpu == 2 * 64 * 2.5e-3) << cpu;
