@@ -68,6 +68,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // core/philox.h for the context's next site. Identity (no site taken) when
 // !training or p == 0.
 Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx);
+// The same on a token stream (unpadded batch): x [T, features], tokens [T, 2]
+// i64 of (row, position): token t draws what element (row, position) of a
+// padded [B, S, features] input would.
+Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx, const Tensor& tokens);
 // weight[ids]: ids (i32/i64) of any shape -> [..., dim]. Backward scatter-adds
 // rows in a fixed order (deterministic). An id out of range is raised at the
 // next sync point (see check_kernel_errors), naming the id and its position.
@@ -100,6 +104,17 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 // recomputes the probabilities. f32 (oneDNN) and f64 (loops).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                  double dropout_p, bool training, DropoutContext& ctx, double scale);
+// Variable-length softmax attention on a token stream (core/ops/attention.cpp):
+// q, k [T, H, D], v [T, H, Dv] (strided views fine); segments [N, 4] i64 of
+// (first token, length, row, position of the first token in its row), in
+// increasing, non-overlapping token order. Each token attends only to the
+// tokens of its own segment (a sequence, or one document of a packed row);
+// tokens in no segment get zeros. Dropout draws follow the padded op's rule
+// with sequence ctx.first_sequence + row and the row position as the query
+// position, so an unpadded sequence draws the masks its padded row would.
+// Returns [T, H, Dv] contiguous. f32 and f64 (loops).
+Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
+                        double dropout_p, bool training, DropoutContext& ctx, double scale);
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

@@ -78,4 +78,33 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_ma
   return context.transpose(1, 2).reshape({B, S, H * Dh});
 }
 
+Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& layout,
+                                      bool training, DropoutContext& ctx) const {
+  if (config_.attention != AttentionKind::kSoftmax)
+    throw Error(detail::concat("RoFormerSelfAttention: unpadded batches need model.attention: ",
+                               "softmax (set data.unpadded: false for linear attention)"));
+  const int64_t T = hidden.size(0);
+  const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
+  // [T, hidden] -> [T, H, Dh] views of the projections (no copies).
+  Tensor q = query_.forward(hidden).view({T, H, Dh});
+  Tensor k = key_.forward(hidden).view({T, H, Dh});
+  Tensor v = value_.forward(hidden).view({T, H, Dh});
+  if (config_.position == PositionEncoding::kRope) {
+    RF_PROFILE("rope");
+    // rope() rotates x [..., S, D] at positions [S]: the stream seen as [H, T, Dh].
+    auto rotate = [&](const Tensor& x) {
+      return rope(x.transpose(0, 1), layout.positions, config_.rope_base, config_.rope_layout)
+          .transpose(0, 1);
+    };
+    q = rotate(q);
+    k = rotate(k);
+    if (config_.rotary_value) v = rotate(v);
+  }
+  RF_PROFILE("attention");
+  const Tensor context =
+      varlen_attention(q, k, v, layout.segments, config_.attention_probs_dropout_prob, training,
+                       ctx, 1.0 / std::sqrt(double(Dh)));
+  return context.view({T, H * Dh});
+}
+
 }  // namespace roformer

@@ -6,6 +6,7 @@
 #include "core/ops.h"
 #include "layers/basic.h"
 #include "layers/model_config.h"
+#include "layers/token_layout.h"
 
 namespace roformer {
 
@@ -28,6 +29,10 @@ class RoFormerSelfAttention : public Module {
   // positions [S] i64 -> context [B, S, hidden] (before the output dense).
   Tensor forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
                  bool training, DropoutContext& ctx) const;
+  // Token stream: hidden [T, hidden] -> context [T, hidden], each token
+  // attending to its own document (softmax attention only).
+  Tensor forward(const Tensor& hidden, const TokenLayout& layout, bool training,
+                 DropoutContext& ctx) const;
 
   const Linear& query() const { return query_; }
   const Linear& key() const { return key_; }

@@ -72,10 +72,11 @@ void LayerNorm::init_own(Generator&) {
   bias_.zero_();
 }
 
-Tensor Dropout::forward(const Tensor& x, bool training, DropoutContext& ctx) const {
+Tensor Dropout::forward(const Tensor& x, bool training, DropoutContext& ctx,
+                        const Tensor& tokens) const {
   if (!training || p_ == 0.0) return x;
   RF_PROFILE("dropout");
-  return dropout(x, p_, training, ctx);
+  return tokens.defined() ? dropout(x, p_, training, ctx, tokens) : dropout(x, p_, training, ctx);
 }
 
 }  // namespace roformer

@@ -61,7 +61,10 @@ class LayerNorm : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double p) : p_(p) {}
-  Tensor forward(const Tensor& x, bool training, DropoutContext& ctx) const;
+  // tokens: [T, 2] (row, position) of a token-stream x [T, ...] (TokenLayout),
+  // undefined for a padded x [B, S, ...].
+  Tensor forward(const Tensor& x, bool training, DropoutContext& ctx,
+                 const Tensor& tokens = Tensor()) const;
   double p() const { return p_; }
 
  private:

@@ -78,6 +78,29 @@ Tensor RoFormerEmbeddings::forward(const Tensor& ids, const Tensor& token_types,
   return dropout_.forward(layer_norm_.forward(x), training, ctx);
 }
 
+Tensor RoFormerEmbeddings::forward(const Tensor& ids, const Tensor& token_types,
+                                   const TokenLayout& layout, bool training,
+                                   DropoutContext& ctx) const {
+  if (ids.dim() != 1 || ids.size(0) != layout.num_tokens)
+    throw Error(detail::concat("RoFormerEmbeddings: expected input_ids [T] with T = ",
+                               layout.num_tokens, " (the layout's tokens), got ", ids.desc()));
+  Tensor x = word_embeddings_.forward(ids);
+  {
+    const Tensor types = token_types.defined()
+                             ? token_types
+                             : Tensor::zeros({layout.num_tokens}, DType::i32, ids.device());
+    const Tensor type_emb = token_type_embeddings_.forward(types);
+    RF_PROFILE("add");
+    x = add(x, type_emb);
+  }
+  if (position_embeddings_) {
+    const Tensor pos = position_embeddings_->forward(layout.positions);  // [T, E]
+    RF_PROFILE("add");
+    x = add(x, pos);
+  }
+  return dropout_.forward(layer_norm_.forward(x), training, ctx, layout.tokens);
+}
+
 // --- encoder layer -------------------------------------------------------------------
 
 RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_t in_features)
@@ -89,8 +112,8 @@ RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_
 }
 
 Tensor RoFormerResidualOutput::forward(const Tensor& x, const Tensor& residual, bool training,
-                                       DropoutContext& ctx) const {
-  const Tensor y = dropout_.forward(dense_.forward(x), training, ctx);
+                                       DropoutContext& ctx, const Tensor& dropout_tokens) const {
+  const Tensor y = dropout_.forward(dense_.forward(x), training, ctx, dropout_tokens);
   Tensor sum_xy;
   {
     RF_PROFILE("add");
@@ -118,6 +141,14 @@ Tensor RoFormerLayer::forward(const Tensor& hidden, const Tensor& key_mask, cons
   const Tensor attended = attention_output_.forward(context, hidden, training, ctx);
   const Tensor inner = gelu_profiled(intermediate_dense_.forward(attended));
   return output_.forward(inner, attended, training, ctx);
+}
+
+Tensor RoFormerLayer::forward(const Tensor& hidden, const TokenLayout& layout, bool training,
+                              DropoutContext& ctx) const {
+  const Tensor context = self_.forward(hidden, layout, training, ctx);
+  const Tensor attended = attention_output_.forward(context, hidden, training, ctx, layout.tokens);
+  const Tensor inner = gelu_profiled(intermediate_dense_.forward(attended));
+  return output_.forward(inner, attended, training, ctx, layout.tokens);
 }
 
 // --- model -----------------------------------------------------------------------------
@@ -154,6 +185,17 @@ Tensor RoFormerModel::forward(const Tensor& ids, const Tensor& token_types,
   if (embeddings_project_) x = embeddings_project_->forward(x);
   const Tensor positions = Tensor::arange(0, S);
   for (const auto& layer : layers_) x = layer->forward(x, attention_mask, positions, training, ctx);
+  return x;
+}
+
+Tensor RoFormerModel::forward(const Tensor& ids, const Tensor& token_types,
+                              const TokenLayout& layout, bool training, DropoutContext& ctx) const {
+  if (token_types.defined() && token_types.shape() != ids.shape())
+    throw Error(detail::concat("RoFormerModel: token_type_ids ", token_types.desc(),
+                               " do not match input_ids ", ids.desc()));
+  Tensor x = embeddings_.forward(ids, token_types, layout, training, ctx);
+  if (embeddings_project_) x = embeddings_project_->forward(x);
+  for (const auto& layer : layers_) x = layer->forward(x, layout, training, ctx);
   return x;
 }
 
@@ -205,7 +247,21 @@ RoFormerForMaskedLM::RoFormerForMaskedLM(const ModelConfig& config, uint64_t see
 MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
                                            const Tensor& attention_mask, const Tensor& labels,
                                            bool training, DropoutContext& ctx) const {
-  const std::vector<int64_t> label = host_ints(labels, input_ids.shape(), "labels");
+  const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, training, ctx);
+  return mlm_loss(hidden.reshape({-1, hidden.size(-1)}), labels, input_ids.shape());
+}
+
+MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
+                                           const TokenLayout& layout, const Tensor& labels,
+                                           bool training, DropoutContext& ctx) const {
+  return mlm_loss(roformer_.forward(input_ids, token_type_ids, layout, training, ctx), labels,
+                  input_ids.shape());
+}
+
+// Loss over the rows of hidden_rows [N, hidden] (flat token order) whose label != -100.
+MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labels,
+                                        const Shape& ids) const {
+  const std::vector<int64_t> label = host_ints(labels, ids, "labels");
   std::vector<int64_t> rows, targets;
   for (size_t i = 0; i < label.size(); ++i) {
     if (label[i] == -100) continue;
@@ -216,15 +272,18 @@ MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor
     rows.push_back(int64_t(i));
     targets.push_back(label[i]);
   }
-  const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, training, ctx);
   MlmOutput out;
   out.num_masked = int64_t(rows.size());
   if (rows.empty()) {
     out.loss = mul(sum(hidden), 0.0);
     return out;
   }
-  const Tensor logits =
-      head_.logits(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}));  // [M, V]
+  Tensor selected;
+  {
+    RF_PROFILE("index_select");
+    selected = index_select(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}));
+  }
+  const Tensor logits = head_.forward(selected);  // [M, V]
   const Tensor target = Tensor::from_vector(targets, {int64_t(targets.size())});
   {
     RF_PROFILE("cross_entropy");
@@ -257,8 +316,13 @@ RoFormerClassificationHead::RoFormerClassificationHead(const ModelConfig& config
 
 Tensor RoFormerClassificationHead::forward(const Tensor& hidden, bool training,
                                            DropoutContext& ctx) const {
-  Tensor x = hidden.select(1, 0);  // the first ([CLS]) token
-  x = dropout_.forward(x, training, ctx);
+  return forward_first_tokens(hidden.select(1, 0), training, ctx);  // the [CLS] tokens
+}
+
+Tensor RoFormerClassificationHead::forward_first_tokens(const Tensor& first_tokens, bool training,
+                                                        DropoutContext& ctx) const {
+  // [N, hidden]: one position per row, so dropout keys row n as the padded head does.
+  Tensor x = dropout_.forward(first_tokens, training, ctx);
   x = gelu_profiled(dense_.forward(x));
   x = dropout_.forward(x, training, ctx);
   return out_proj_.forward(x);
@@ -285,8 +349,25 @@ ClassificationOutput RoFormerForSequenceClassification::forward(const Tensor& in
   const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, training, ctx);
   ClassificationOutput out;
   out.logits = classifier_.forward(hidden, training, ctx);
+  return with_loss(std::move(out), labels);
+}
+
+ClassificationOutput RoFormerForSequenceClassification::forward(const Tensor& input_ids,
+                                                                const Tensor& token_type_ids,
+                                                                const TokenLayout& layout,
+                                                                const Tensor& labels, bool training,
+                                                                DropoutContext& ctx) const {
+  const Tensor hidden = roformer_.forward(input_ids, token_type_ids, layout, training, ctx);
+  ClassificationOutput out;
+  out.logits =
+      classifier_.forward_first_tokens(index_select(hidden, layout.document_firsts), training, ctx);
+  return with_loss(std::move(out), labels);
+}
+
+ClassificationOutput RoFormerForSequenceClassification::with_loss(ClassificationOutput out,
+                                                                  const Tensor& labels) const {
   if (!labels.defined()) return out;
-  const int64_t B = input_ids.size(0);
+  const int64_t B = out.logits.size(0);
   if (labels.dim() != 1 || labels.size(0) != B)
     throw Error(detail::concat("RoFormerForSequenceClassification: labels ", labels.desc(),
                                " do not match the batch of ", B));

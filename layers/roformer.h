@@ -23,6 +23,10 @@ class RoFormerEmbeddings : public Module {
   // ids [B, S] (i32/i64), token_types [B, S] or undefined (all 0) -> [B, S, E].
   Tensor forward(const Tensor& ids, const Tensor& token_types, bool training,
                  DropoutContext& ctx) const;
+  // Token stream: ids [T], token_types [T] or undefined -> [T, E]; absolute
+  // position embeddings (if any) at the layout's positions.
+  Tensor forward(const Tensor& ids, const Tensor& token_types, const TokenLayout& layout,
+                 bool training, DropoutContext& ctx) const;
   const Embedding& word_embeddings() const { return word_embeddings_; }
 
  private:
@@ -37,7 +41,9 @@ class RoFormerEmbeddings : public Module {
 class RoFormerResidualOutput : public Module {
  public:
   RoFormerResidualOutput(const ModelConfig& config, int64_t in_features);
-  Tensor forward(const Tensor& x, const Tensor& residual, bool training, DropoutContext& ctx) const;
+  // dropout_tokens: the layout's [T, 2] keys for a token-stream x (else undefined).
+  Tensor forward(const Tensor& x, const Tensor& residual, bool training, DropoutContext& ctx,
+                 const Tensor& dropout_tokens = Tensor()) const;
 
  private:
   Linear dense_;
@@ -51,6 +57,9 @@ class RoFormerLayer : public Module {
   explicit RoFormerLayer(const ModelConfig& config);
   Tensor forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
                  bool training, DropoutContext& ctx) const;
+  // Token stream: hidden [T, hidden] -> [T, hidden].
+  Tensor forward(const Tensor& hidden, const TokenLayout& layout, bool training,
+                 DropoutContext& ctx) const;
   const RoFormerSelfAttention& self_attention() const { return self_; }
 
  private:
@@ -82,6 +91,11 @@ class RoFormerModel : public Module {
   // (1 = token, 0 = padding) or undefined -> last hidden state [B, S, hidden].
   // Positions are 0..S-1 in every row.
   Tensor forward(const Tensor& ids, const Tensor& token_types, const Tensor& attention_mask,
+                 bool training, DropoutContext& ctx) const;
+  // Unpadded: ids [T] (and token_types [T] or undefined) laid out by `layout`
+  // -> last hidden state [T, hidden]. On the real tokens it equals the padded
+  // forward's output (to float rounding), dropout included.
+  Tensor forward(const Tensor& ids, const Tensor& token_types, const TokenLayout& layout,
                  bool training, DropoutContext& ctx) const;
   const ModelConfig& config() const { return config_; }
   const RoFormerEmbeddings& embeddings() const { return embeddings_; }
@@ -152,6 +166,10 @@ class RoFormerForMaskedLM : public Module {
   MlmOutput forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
                         const Tensor& attention_mask, const Tensor& labels, bool training,
                         DropoutContext& ctx) const;
+  // The same on a token stream: input_ids, token_type_ids, labels [T].
+  MlmOutput forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
+                        const TokenLayout& layout, const Tensor& labels, bool training,
+                        DropoutContext& ctx) const;
   // Prediction (no dropout, no history): logits [N, V] at flat positions
   // rows (b * S + s), or at every position ([B * S, V]) when rows is undefined.
   Tensor mlm_logits(const Tensor& input_ids, const Tensor& token_type_ids,
@@ -162,6 +180,7 @@ class RoFormerForMaskedLM : public Module {
   const RoFormerLMHead& lm_head() const { return head_; }
 
  private:
+  MlmOutput mlm_loss(const Tensor& hidden_rows, const Tensor& labels, const Shape& ids) const;
   class Cls : public Module {
    public:
     explicit Cls(RoFormerLMHead& head) { register_module("predictions", head); }
@@ -178,6 +197,8 @@ class RoFormerClassificationHead : public Module {
   RoFormerClassificationHead(const ModelConfig& config, int64_t num_labels);
   // hidden [B, S, hidden] -> logits [B, num_labels].
   Tensor forward(const Tensor& hidden, bool training, DropoutContext& ctx) const;
+  // first_tokens [N, hidden] (each sequence's [CLS] state) -> logits [N, num_labels].
+  Tensor forward_first_tokens(const Tensor& first_tokens, bool training, DropoutContext& ctx) const;
 
  private:
   Linear dense_, out_proj_;
@@ -198,10 +219,16 @@ class RoFormerForSequenceClassification : public Module {
   ClassificationOutput forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                const Tensor& attention_mask, const Tensor& labels, bool training,
                                DropoutContext& ctx) const;
+  // Token stream: one example per document of `layout` (labels [documents]
+  // or undefined); logits [documents, num_labels] from each document's first token.
+  ClassificationOutput forward(const Tensor& input_ids, const Tensor& token_type_ids,
+                               const TokenLayout& layout, const Tensor& labels, bool training,
+                               DropoutContext& ctx) const;
   int64_t num_labels() const { return num_labels_; }
   const RoFormerModel& roformer() const { return roformer_; }
 
  private:
+  ClassificationOutput with_loss(ClassificationOutput out, const Tensor& labels) const;
   int64_t num_labels_;
   RoFormerModel roformer_;
   RoFormerClassificationHead classifier_;

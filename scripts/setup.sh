@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config git ca-certificates xz-utils
   libdnnl-dev ocl-icd-opencl-dev libhdf5-dev libspdlog-dev libfmt-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libcli11-dev libutf8proc-dev
-  libopenmpi-dev clang-format gnuplot-nox clang)
+  libopenmpi-dev openmpi-bin clang-format gnuplot-nox clang)
 if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
 for arg in "$@"; do
   case $arg in

@@ -1,5 +1,9 @@
 #include "train/communicator.h"
 
+#include <algorithm>
+
+#include "core/error.h"
+
 namespace roformer {
 
 int64_t Communicator::sum(int64_t value) {
@@ -14,6 +18,20 @@ double Communicator::sum(double value) {
 
 bool Communicator::any(bool flag) {
   return sum(int64_t(flag ? 1 : 0)) > 0;
+}
+
+std::string Communicator::broadcast(std::string text, int root) {
+  int64_t size = rank() == root ? int64_t(text.size()) : 0;
+  broadcast(std::as_writable_bytes(std::span<int64_t>(&size, 1)), root);
+  text.resize(size_t(size));
+  broadcast(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
+  return text;
+}
+
+void SingleProcessCommunicator::all_gather(std::span<const float> mine, std::span<float> all) {
+  RF_CHECK(all.size() == mine.size(), "all_gather: ", all.size(), " slots for ", mine.size(),
+           " values");
+  std::copy(mine.begin(), mine.end(), all.begin());
 }
 
 }  // namespace roformer

@@ -2,13 +2,19 @@
 // decision that must be the same on every rank (the loss normaliser, whether
 // a step is skipped, whether to stop) is a reduction through this interface,
 // so the loop reads the same for one process and for many. The single-process
-// implementation is the identity; MPI and NCCL implementations plug in here.
+// implementation is the identity; the MPI one (train/distributed/) plugs in
+// here, and the gradient buckets (distributed/gradient_reducer.h) run on it.
+//
+// Every rank must issue the same collectives in the same order. A collective
+// that cannot complete (a peer died or hangs) throws Error after the
+// communicator's timeout instead of waiting forever.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 namespace roformer {
 
@@ -20,14 +26,27 @@ class Communicator {
   // In place: every rank ends with the element-wise sum over all ranks.
   virtual void all_reduce_sum(std::span<double> values) = 0;
   virtual void all_reduce_sum(std::span<int64_t> values) = 0;
+  virtual void all_reduce_sum(std::span<float> values) = 0;
   // In place: every rank ends with `root`'s bytes.
   virtual void broadcast(std::span<std::byte> bytes, int root) = 0;
   virtual void barrier() = 0;
+  // `all` ([world_size * mine.size()]) ends with every rank's `mine`, in rank order.
+  virtual void all_gather(std::span<const float> mine, std::span<float> all) = 0;
 
-  // Conveniences built on the reductions above.
+  // Overlapped reductions: start_all_reduce_sum() begins an in-place sum and
+  // returns at once (the memory must stay untouched until wait_started());
+  // progress() lets started ones advance. Implementations without overlap
+  // reduce at once.
+  virtual void start_all_reduce_sum(std::span<float> values) { all_reduce_sum(values); }
+  virtual void progress() {}
+  virtual void wait_started() {}
+
+  // Conveniences built on the operations above.
   int64_t sum(int64_t value);
   double sum(double value);
   bool any(bool flag);  // true on every rank when it is true on one
+  // Every rank ends with `root`'s string.
+  std::string broadcast(std::string text, int root);
 };
 
 // One process: rank 0 of 1; reductions and broadcasts leave values as they are.
@@ -37,8 +56,10 @@ class SingleProcessCommunicator final : public Communicator {
   int world_size() const override { return 1; }
   void all_reduce_sum(std::span<double>) override {}
   void all_reduce_sum(std::span<int64_t>) override {}
+  void all_reduce_sum(std::span<float>) override {}
   void broadcast(std::span<std::byte>, int) override {}
   void barrier() override {}
+  void all_gather(std::span<const float> mine, std::span<float> all) override;
 };
 
 }  // namespace roformer

@@ -137,6 +137,9 @@ std::vector<std::string_view> section_keys(std::string_view section) {
   } else if (section == "log") {
     LogConfig c;
     visit_log(lister, c);
+  } else if (section == "distributed") {
+    DistributedConfig c;
+    visit_distributed(lister, c);
   } else if (section == "finetune") {
     FinetuneConfig c;
     visit_finetune(lister, c);
@@ -676,6 +679,15 @@ void validate(const Context& ctx, const Config& c) {
                             "got {} + {}",
                             c.data.mask_token_prob, c.data.random_token_prob)});
 
+  if (c.data.packing) {
+    const char* why = !c.data.unpadded ? "needs data.unpadded: true (packed rows are token streams)"
+                      : c.model.attention != AttentionKind::kSoftmax
+                          ? "needs model.attention: softmax"
+                      : c.run.device != DeviceType::cpu ? "runs on the CPU only so far (run.device)"
+                                                        : nullptr;
+    if (why) fail_issue(ctx, "data", {{"packing"}, fmt::format("data.packing: {}", why)});
+  }
+
   const bool absolute = c.model.position == PositionEncoding::kAbsolute;
   for (size_t i = 0; i < c.stages.size(); ++i) {
     const StageConfig& s = c.stages[i];
@@ -778,6 +790,8 @@ Config read_config(Context& ctx, const YAML::Node& root) {
   read_section(ctx, top, "checkpoint", c.checkpoint,
                [](MapReader& r, CheckpointConfig& k) { visit_checkpoint(r, k); });
   read_section(ctx, top, "log", c.log, [](MapReader& r, LogConfig& l) { visit_log(r, l); });
+  read_section(ctx, top, "distributed", c.distributed,
+               [](MapReader& r, DistributedConfig& d) { visit_distributed(r, d); });
   if (has_finetune) {
     FinetuneConfig f;
     read_section(ctx, top, "finetune", f, [](MapReader& r, FinetuneConfig& ft) {
@@ -858,7 +872,8 @@ int64_t Config::total_steps() const {
 
 bool Config::operator==(const Config& o) const {
   return run == o.run && model == o.model && data == o.data && optim == o.optim &&
-         stages == o.stages && checkpoint == o.checkpoint && log == o.log && finetune == o.finetune;
+         stages == o.stages && checkpoint == o.checkpoint && log == o.log &&
+         distributed == o.distributed && finetune == o.finetune;
 }
 
 Config parse_config_string(std::string_view yaml, std::string source_name,
@@ -911,6 +926,8 @@ std::string to_yaml(const Config& c) {
   write_section(out, "checkpoint", c.checkpoint,
                 [](Writer& w, const CheckpointConfig& s) { visit_checkpoint(w, s); });
   write_section(out, "log", c.log, [](Writer& w, const LogConfig& s) { visit_log(w, s); });
+  write_section(out, "distributed", c.distributed,
+                [](Writer& w, const DistributedConfig& s) { visit_distributed(w, s); });
   if (c.finetune)
     write_section(out, "finetune", *c.finetune,
                   [](Writer& w, const FinetuneConfig& s) { visit_finetune(w, s); });

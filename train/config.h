@@ -78,8 +78,19 @@ struct DataConfig {
   bool whole_word_masking = false;
   data::InvalidUtf8 invalid_utf8 = data::InvalidUtf8::error;
   int64_t prefetch_batches = 2;
+  // Micro-batches as token streams (layers/token_layout.h): no padding is
+  // computed (softmax attention on the CPU; otherwise rows are padded).
+  bool unpadded = true;
+  bool packing = false;                   // short documents share a row (needs unpadded)
+  bool packing_restart_positions = true;  // each packed document's positions start at 0
   bool operator==(const DataConfig&) const = default;
 };
+
+// Whether micro-batches run as token streams: data.unpadded, where the
+// token-stream path exists (softmax attention, CPU kernels).
+inline bool uses_token_stream(const DataConfig& d, const ModelConfig& m, DeviceType device) {
+  return d.unpadded && m.attention == AttentionKind::kSoftmax && device == DeviceType::cpu;
+}
 
 // The tokenizer the data section describes (casing, pre-tokenizer).
 inline data::TokenizerOptions tokenizer_options(const DataConfig& d) {
@@ -131,6 +142,14 @@ struct LogConfig {
   bool operator==(const LogConfig&) const = default;
 };
 
+// Data parallelism (docs/distributed.md); used only when a launcher starts
+// more than one rank.
+struct DistributedConfig {
+  double bucket_mb = 25;   // gradient all-reduce bucket size, MiB
+  double timeout_s = 120;  // a collective waiting longer throws (a peer died or hangs)
+  bool operator==(const DistributedConfig&) const = default;
+};
+
 struct FinetuneConfig {
   FinetuneTask task = FinetuneTask::kClassification;
   std::string train_file;
@@ -161,6 +180,7 @@ struct Config {
   std::vector<StageConfig> stages;  // required unless the config has a finetune section
   CheckpointConfig checkpoint;
   LogConfig log;
+  DistributedConfig distributed;
   std::optional<FinetuneConfig> finetune;
 
   // Where the config came from ("configs/tiny.yaml"), for messages. Not part

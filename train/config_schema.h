@@ -100,6 +100,9 @@ void visit_data(V& v, D& c) {
   v.field("whole_word_masking", c.whole_word_masking);
   v.field("invalid_utf8", c.invalid_utf8);
   v.field("prefetch_batches", c.prefetch_batches, Opt{.range = kNonNegative});
+  v.field("unpadded", c.unpadded);
+  v.field("packing", c.packing);
+  v.field("packing_restart_positions", c.packing_restart_positions);
 }
 
 template <class V, class O>
@@ -141,6 +144,12 @@ void visit_log(V& v, L& c) {
   v.field("progress", c.progress);
 }
 
+template <class V, class D>
+void visit_distributed(V& v, D& c) {
+  v.field("bucket_mb", c.bucket_mb, Opt{.range = kPositive});
+  v.field("timeout_s", c.timeout_s, Opt{.range = kPositive});
+}
+
 template <class V, class F>
 void visit_finetune(V& v, F& c) {
   v.field("task", c.task, Opt{.required = true});
@@ -171,8 +180,8 @@ struct KeyLister {
 };
 
 // Top-level sections in file order; "stages" is a list, "finetune" optional.
-inline constexpr std::string_view kSections[] = {"run",    "model",      "data", "optim",
-                                                 "stages", "checkpoint", "log",  "finetune"};
+inline constexpr std::string_view kSections[] = {
+    "run", "model", "data", "optim", "stages", "checkpoint", "log", "distributed", "finetune"};
 
 // The keys of each mapping section ("stages" lists the keys of one entry).
 std::vector<std::string_view> section_keys(std::string_view section);

@@ -15,11 +15,14 @@
 
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "data/token_batch.h"
 #include "data/tokenizer.h"
 #include "layers/roformer.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "train/checkpoint.h"
+#include "train/communicator.h"
+#include "train/distributed/batch_split.h"
 #include "train/hf_convert.h"
 #include "train/metrics.h"
 #include "train/run_precision.h"
@@ -49,6 +52,8 @@ struct TaskNet {
   int32_t pad_id;
   int64_t max_seq_len;  // rows are padded to a bucketed length up to this
   std::unique_ptr<RoFormerForSequenceClassification> model;
+  // Token-stream batches (data.unpadded, data.packing): set by the caller.
+  bool unpadded = false, packing = false, restart_positions = true;
 
   TaskNet(const ModelConfig& config, FinetuneTask t, int64_t labels, uint64_t seed, int64_t max_len)
       : task(t),
@@ -58,12 +63,47 @@ struct TaskNet {
         model(std::make_unique<RoFormerForSequenceClassification>(
             config, t == FinetuneTask::kTriplet ? 1 : labels, seed)) {}
 
-  // Logits [B, num_labels] of the examples.
-  Tensor logits(const std::vector<const EncodedExample*>& batch, bool training,
-                DropoutContext& ctx) const {
+  void set_stream(const Config& config) {
+    unpadded = uses_token_stream(config.data, config.model, config.run.device);
+    packing = config.data.packing;
+    restart_positions = config.data.packing_restart_positions;
+  }
+
+  // Logits [B, num_labels] of the examples; *slots (if given): the slots of
+  // the padded rows (packing efficiency = real tokens / slots).
+  Tensor logits(const std::vector<const EncodedExample*>& batch, bool training, DropoutContext& ctx,
+                int64_t* slots = nullptr) const {
     std::vector<const data::Encoding*> rows;  // triplets: (A,B), (A,C) interleaved
     for (const EncodedExample* ex : batch)
       for (const auto& part : ex->parts) rows.push_back(&part);
+    const Tensor scores = unpadded ? stream_logits(rows, training, ctx, slots)
+                                   : padded_logits(rows, training, ctx, slots);
+    if (task == FinetuneTask::kTriplet) return triplet_scores(scores);
+    return scores;
+  }
+
+  // Each part a document of a token stream (rows of their own, or packed).
+  Tensor stream_logits(const std::vector<const data::Encoding*>& rows, bool training,
+                       DropoutContext& ctx, int64_t* slots) const {
+    std::vector<data::TokenSource> docs;
+    for (const auto* r : rows) docs.push_back({r->input_ids, r->token_type_ids, {}});
+    const data::TokenBatch tb = data::make_token_batch(docs, packing, max_seq_len);
+    if (slots) *slots = tb.padded_slots;
+    const Shape shape{tb.num_tokens};
+    const Tensor logits =
+        model
+            ->forward(Tensor::from_vector(tb.input_ids, shape),
+                      Tensor::from_vector(tb.token_type_ids, shape),
+                      TokenLayout::of_rows(tb.rows, restart_positions), Tensor(), training, ctx)
+            .logits;
+    if (!packing) return logits;  // documents in input order
+    std::vector<int64_t> stream_index(tb.order.size());
+    for (size_t d = 0; d < tb.order.size(); ++d) stream_index[size_t(tb.order[d])] = int64_t(d);
+    return index_select(logits, Tensor::from_vector(stream_index, {int64_t(stream_index.size())}));
+  }
+
+  Tensor padded_logits(const std::vector<const data::Encoding*>& rows, bool training,
+                       DropoutContext& ctx, int64_t* slots) const {
     int64_t S = 0;
     for (const auto* r : rows) S = std::max<int64_t>(S, int64_t(r->input_ids.size()));
     S = data::bucketed_length(S, max_seq_len);
@@ -76,11 +116,11 @@ struct TaskNet {
         types[size_t(i * S) + j] = rows[size_t(i)]->token_type_ids[j];
         mask[size_t(i * S) + j] = 1;
       }
-    const ClassificationOutput out =
-        model->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
-                       Tensor::from_vector(mask, {R, S}), Tensor(), training, ctx);
-    if (task == FinetuneTask::kTriplet) return triplet_scores(out.logits);
-    return out.logits;
+    if (slots) *slots = R * S;
+    return model
+        ->forward(Tensor::from_vector(ids, {R, S}), Tensor::from_vector(types, {R, S}),
+                  Tensor::from_vector(mask, {R, S}), Tensor(), training, ctx)
+        .logits;
   }
 };
 
@@ -240,15 +280,21 @@ fs::path resolve_task_checkpoint(const fs::path& path) {
 class FinetuneTraining final : public TrainingTask {
  public:
   FinetuneTraining(const Config& config, const EncodedTask& train, const EncodedTask* val,
-                   TaskNet& net, fs::path best_path)
+                   TaskNet& net, fs::path best_path, int rank, int world_size)
       : config_(config),
         spec_(*config.finetune),
         train_(train),
         val_(val),
         net_(net),
         best_path_(std::move(best_path)) {
+    rank_ = rank;
+    world_size_ = world_size;
     const int64_t n = int64_t(train_.examples.size());
     steps_per_epoch_ = (n + spec_.batch_size - 1) / spec_.batch_size;
+    // Data parallelism: each rank takes its contiguous share of every batch.
+    per_rank_ = distributed::split_batch(spec_.batch_size, spec_.batch_size, world_size_,
+                                         config.source + ": finetune")
+                    .per_rank;
     warmup_ = std::llround(spec_.warmup_ratio * double(steps_per_epoch_ * spec_.epochs));
   }
 
@@ -282,7 +328,7 @@ class FinetuneTraining final : public TrainingTask {
   std::string phase_name() const override { return "epoch"; }
   int64_t num_phases() const override { return spec_.epochs; }
   PhasePlan plan(int64_t) const override {
-    return {steps_per_epoch_, 1, spec_.batch_size, spec_.batch_size * spec_.max_seq_len};
+    return {steps_per_epoch_, 1, per_rank_, spec_.batch_size * spec_.max_seq_len};
   }
   CheckpointPolicy checkpoint_policy() const override {
     return {false, false, std::max<int64_t>(config_.checkpoint.keep_last, 1), false};
@@ -308,19 +354,21 @@ class FinetuneTraining final : public TrainingTask {
   std::vector<int64_t> fetch() override {
     const int64_t n = int64_t(train_.examples.size());
     batch_.clear();
-    for (int64_t i = step_ * spec_.batch_size; i < std::min(n, (step_ + 1) * spec_.batch_size); ++i)
+    const int64_t first = step_ * spec_.batch_size + rank_ * per_rank_;
+    for (int64_t i = first; i < std::min(n, first + per_rank_); ++i)
       batch_.push_back(&train_.examples[order_[size_t(i)]]);
     ++step_;
     return {int64_t(batch_.size())};
   }
 
   StepStats forward_backward(size_t, double inv_global_units, DropoutContext dropout) override {
-    const Tensor logits = net_.logits(batch_, true, dropout);
+    if (batch_.empty()) return {};  // the epoch's last batch may not reach this rank
+    StepStats s;
+    const Tensor logits = net_.logits(batch_, true, dropout, &s.slots);
     const Tensor labels = labels_of(batch_);
     const Tensor loss = cross_entropy(logits, labels);
     const double n = double(batch_.size());
     mul(loss, n * inv_global_units).backward();
-    StepStats s;
     s.units = int64_t(batch_.size());
     const double l = loss.item();
     s.loss_sum = l * n;
@@ -378,7 +426,7 @@ class FinetuneTraining final : public TrainingTask {
       at_end.stage = epoch + 1;
       at_end.step_in_stage = 0;
       at_end.stage_results = save_extra();
-      save_model(best_path_, net_, config_, at_end, nullptr);
+      if (rank_ == 0) save_model(best_path_, net_, config_, at_end, nullptr);
     }
   }
   bool stop_early() const override { return stopped_early_; }
@@ -405,6 +453,8 @@ class FinetuneTraining final : public TrainingTask {
   const EncodedTask* val_;
   TaskNet& net_;
   fs::path best_path_;
+  int rank_ = 0, world_size_ = 1;
+  int64_t per_rank_ = 0;
   int64_t steps_per_epoch_ = 0, warmup_ = 0;
   // The epoch in progress.
   uint64_t data_seed_ = 0;
@@ -562,6 +612,7 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   // --- model, optimizer, schedule ---------------------------------------------------
   TaskNet net(config.model, spec.task, int64_t(spec.labels.size()), config.run.seed,
               spec.max_seq_len);
+  net.set_stream(config);
   if (init) {
     std::vector<std::string> missing;
     std::set<std::string> have;
@@ -582,7 +633,9 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
     spdlog::info("no finetune.init_checkpoint: training from random weights (no pretraining)");
   }
   const fs::path best_path = fs::path(config.run.dir) / "best.h5";
-  FinetuneTraining task(config, train, val ? &*val : nullptr, net, best_path);
+  const int rank = options.communicator ? options.communicator->rank() : 0;
+  FinetuneTraining task(config, train, val ? &*val : nullptr, net, best_path, rank,
+                        options.communicator ? options.communicator->world_size() : 1);
   const int64_t total_steps = task.plan(0).steps * spec.epochs;
   spdlog::info("fine-tuning {} parameters for {} epochs ({} steps, {} warm-up) in {}",
                net.model->num_parameters(), spec.epochs, total_steps, task.warmup_steps(),
@@ -592,6 +645,12 @@ FinetuneResult run_finetune(const Config& input_config, const FinetuneOptions& o
   FinetuneResult result;
   if (run.interrupted) {
     result.interrupted = true;
+    result.epochs_done = run.state.stage;
+    return result;
+  }
+  // Rank 0 evaluates the best model and reports; the other ranks are done.
+  if (rank != 0) {
+    result.finished = true;
     result.epochs_done = run.state.stage;
     return result;
   }
@@ -646,6 +705,7 @@ TaskModel::TaskModel(const fs::path& checkpoint) : impl_(std::make_unique<Impl>(
   impl_->net = std::make_unique<TaskNet>(impl_->config.model, spec.task,
                                          int64_t(spec.labels.size()), 0, spec.max_seq_len);
   impl_->net->model->load_state_dict(data.parameters);
+  impl_->net->set_stream(impl_->config);
   impl_->net->model->eval();
 }
 

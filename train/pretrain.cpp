@@ -11,10 +11,12 @@
 #include "core/ops.h"
 #include "data/loader.h"
 #include "data/prepare.h"
+#include "data/token_batch.h"
 #include "data/tokenizer.h"
 #include "data/vocab.h"
 #include "layers/roformer.h"
 #include "train/communicator.h"
+#include "train/distributed/batch_split.h"
 #include "train/metrics.h"
 #include "train/run_precision.h"
 
@@ -32,6 +34,22 @@ BatchTensors to_tensors(const data::Batch& b) {
           Tensor::from_vector<int32_t>(b.token_type_ids, shape),
           Tensor::from_vector<int32_t>(b.attention_mask, shape),
           Tensor::from_vector<int32_t>(b.labels, shape)};
+}
+
+// The real tokens of a padded batch (rows are [CLS] ... [SEP] then padding),
+// one document per row, packed into shared rows when `packing`.
+data::TokenBatch unpad(const data::Batch& b, bool packing, int64_t max_seq_len) {
+  std::vector<data::TokenSource> docs;
+  for (int64_t r = 0; r < b.batch_size; ++r) {
+    const size_t first = size_t(r * b.seq_len);
+    size_t len = 0;
+    while (len < size_t(b.seq_len) && b.attention_mask[first + len] != 0) ++len;
+    if (len == 0) continue;
+    docs.push_back({std::span(b.input_ids).subspan(first, len),
+                    std::span(b.token_type_ids).subspan(first, len),
+                    std::span(b.labels).subspan(first, len)});
+  }
+  return data::make_token_batch(docs, packing, max_seq_len);
 }
 
 data::MaskingOptions masking_options(const DataConfig& d) {
@@ -65,8 +83,8 @@ double number_or_nan(const nlohmann::json& row, const char* key) {
 // Masked-LM pretraining through the config's stages.
 class PretrainTask final : public TrainingTask {
  public:
-  PretrainTask(const Config& config, int rank, int world_size)
-      : config_(config), rank_(rank), world_size_(world_size) {
+  PretrainTask(const Config& config, Communicator& comm)
+      : config_(config), comm_(comm), rank_(comm.rank()), world_size_(comm.world_size()) {
     vocab_ = std::make_shared<const data::Vocab>(data::Vocab::load(config.data.vocab));
     if (vocab_->size() > config.model.vocab_size)
       throw InputError(detail::concat(config.source, ": model.vocab_size is ",
@@ -116,10 +134,11 @@ class PretrainTask final : public TrainingTask {
   int64_t num_phases() const override { return int64_t(config_.stages.size()); }
   PhasePlan plan(int64_t phase) const override {
     const StageConfig& s = config_.stages[size_t(phase)];
+    const distributed::BatchSplit split = split_batch(phase);
     PhasePlan p;
     p.steps = s.steps;
-    p.micro_batch_size = s.micro_batch_size;
-    p.micro_batches = s.batch_size / s.micro_batch_size / world_size_;
+    p.micro_batch_size = split.micro_batch_size;
+    p.micro_batches = split.micro_batches;
     p.tokens_per_step = s.batch_size * s.max_seq_len;
     return p;
   }
@@ -146,7 +165,7 @@ class PretrainTask final : public TrainingTask {
     loader_.reset();  // its buffers go before the next stage's are made
     data::LoaderOptions lo;
     lo.max_seq_len = stage.max_seq_len;
-    lo.batch_size = stage.micro_batch_size;
+    lo.batch_size = split_batch(state.stage).micro_batch_size;
     lo.seed = config_.run.seed;
     lo.rank = rank_;
     lo.world_size = world_size_;
@@ -156,10 +175,11 @@ class PretrainTask final : public TrainingTask {
     if (state.step_in_stage == 0) {
       metrics.clear_progress();
       spdlog::info(
-          "stage {}/{}: max_seq_len {}, batch {} ({} x {}), {} steps, {} sequences per epoch",
-          state.stage + 1, config_.stages.size(), stage.max_seq_len, stage.batch_size,
-          stage.batch_size / stage.micro_batch_size, stage.micro_batch_size, stage.steps,
-          loader_->num_sequences());
+          "stage {}/{}: max_seq_len {}, batch {} ({} rank(s) x {} x {}), {} steps, {} sequences "
+          "per epoch",
+          state.stage + 1, config_.stages.size(), stage.max_seq_len, stage.batch_size, world_size_,
+          split_batch(state.stage).micro_batches, split_batch(state.stage).micro_batch_size,
+          stage.steps, loader_->num_sequences());
       metrics.write({{"type", "stage"},
                      {"stage", state.stage + 1},
                      {"global_step", state.global_step},
@@ -184,9 +204,23 @@ class PretrainTask final : public TrainingTask {
     const data::Batch& b = batches_[i];
     StepStats s;
     s.tokens = b.num_tokens;
+    s.slots = b.batch_size * b.seq_len;
     if (b.num_masked == 0) return s;
-    const BatchTensors t = to_tensors(b);
-    const MlmOutput out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
+    MlmOutput out;
+    if (uses_token_stream(config_.data, config_.model, config_.run.device)) {
+      const data::TokenBatch tb =
+          unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
+      s.slots = tb.padded_slots;
+      const TokenLayout layout =
+          TokenLayout::of_rows(tb.rows, config_.data.packing_restart_positions);
+      const Shape shape{tb.num_tokens};
+      out = model_->forward_mlm(Tensor::from_vector(tb.input_ids, shape),
+                                Tensor::from_vector(tb.token_type_ids, shape), layout,
+                                Tensor::from_vector(tb.labels, shape), true, dropout);
+    } else {
+      const BatchTensors t = to_tensors(b);
+      out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
+    }
     mul(out.loss, double(out.num_masked) * inv_global_units).backward();
     s.units = out.num_masked;
     s.loss_sum = out.loss.item() * double(out.num_masked);
@@ -251,13 +285,21 @@ class PretrainTask final : public TrainingTask {
 
   const std::vector<StageSummary>& summaries() const { return summaries_; }
 
+  // The stage's global batch over this run's ranks; throws naming the stage.
+  distributed::BatchSplit split_batch(int64_t stage) const {
+    const StageConfig& s = config_.stages[size_t(stage)];
+    return distributed::split_batch(s.batch_size, s.micro_batch_size, world_size_,
+                                    detail::concat(config_.source, ": stages[", stage, "]"));
+  }
+
  private:
   struct Eval {
     double loss = NAN, accuracy = NAN;
     int64_t masked = 0;
   };
 
-  // Validation at the stage's length over a fixed, unshuffled set of batches.
+  // Validation at the stage's length over a fixed, unshuffled set of batches,
+  // shared out over the ranks (batch i on rank i mod world size) and summed.
   Eval evaluate(const StageConfig& stage) const {
     Eval r;
     if (val_shards_.empty() || config_.log.eval_batches <= 0) return r;
@@ -275,8 +317,10 @@ class PretrainTask final : public TrainingTask {
     data::LoaderState at;
     const int64_t n = std::min<int64_t>(config_.log.eval_batches, val.batches_per_epoch());
     for (int64_t i = 0; i < n; ++i) {
-      const data::Batch b = val.batch_at(at);
+      const data::LoaderState here = at;
       at = val.advance(at);
+      if (i % world_size_ != rank_) continue;
+      const data::Batch b = val.batch_at(here);
       if (b.num_masked == 0) continue;
       const BatchTensors t = to_tensors(b);
       DropoutContext unused;
@@ -284,6 +328,15 @@ class PretrainTask final : public TrainingTask {
       loss_sum += out.loss.item() * double(out.num_masked);
       correct += out.num_correct;
       r.masked += out.num_masked;
+    }
+    if (world_size_ > 1) {
+      double d[1] = {loss_sum};
+      int64_t c[2] = {correct, r.masked};
+      comm_.all_reduce_sum(d);
+      comm_.all_reduce_sum(c);
+      loss_sum = d[0];
+      correct = c[0];
+      r.masked = c[1];
     }
     if (r.masked > 0) {
       r.loss = loss_sum / double(r.masked);
@@ -313,6 +366,7 @@ class PretrainTask final : public TrainingTask {
   }
 
   const Config& config_;
+  Communicator& comm_;
   int rank_, world_size_;
   std::shared_ptr<const data::Vocab> vocab_;
   data::ShardSet train_shards_, val_shards_;
@@ -352,11 +406,10 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
   const RunPrecision precision(config);
   SingleProcessCommunicator single;
   Communicator& comm = options.communicator ? *options.communicator : single;
-  if (comm.world_size() != 1)
-    throw InputError("data-parallel training (world size > 1) is not available in this build");
   if (config.run.threads > 0) omp_set_num_threads(int(config.run.threads));
 
-  PretrainTask task(config, comm.rank(), comm.world_size());
+  PretrainTask task(config, comm);
+  for (size_t i = 0; i < config.stages.size(); ++i) task.split_batch(int64_t(i));  // fail early
   Trainer trainer(config, task, options);
   const TrainerResult r = trainer.run();
   PretrainResult result;

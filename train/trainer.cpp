@@ -7,12 +7,15 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/flat_parameters.h"
 #include "optim/adamw.h"
 #include "train/communicator.h"
+#include "train/distributed/gradient_reducer.h"
 #include "train/metrics.h"
 #include "train/run_directory.h"
 #include "train/signals.h"
@@ -32,7 +35,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 // Sums of a log window or a whole phase.
 struct Totals {
-  double loss = 0, gnorm = 0, tokens = 0;
+  double loss = 0, gnorm = 0, tokens = 0, slots = 0;
   int64_t finite_steps = 0, units = 0, correct = 0;
   void add(double step_loss, double step_gnorm, const StepStats& s) {
     if (std::isfinite(step_loss)) {
@@ -43,7 +46,9 @@ struct Totals {
     units += s.units;
     correct += s.correct;
     tokens += double(s.tokens);
+    slots += double(s.slots);
   }
+  double packing_efficiency() const { return slots > 0 ? tokens / slots : 1.0; }
   double mean_loss() const { return finite_steps ? loss / double(finite_steps) : NAN; }
   double accuracy() const { return units ? double(correct) / double(units) : NAN; }
 };
@@ -118,6 +123,14 @@ TrainerResult Trainer::run() {
         {p.name, p.tensor, config_.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
   optim::AdamW adamw(params, {config_.optim.betas[0], config_.optim.betas[1], config_.optim.eps,
                               config_.optim.weight_decay});
+  // Data parallelism: gradients are summed over ranks in buckets during backward.
+  std::unique_ptr<distributed::GradientReducer> reducer;
+  if (comm.world_size() > 1) {
+    std::vector<Tensor> tensors;
+    for (const optim::NamedParameter& p : params) tensors.push_back(p.tensor);
+    reducer = std::make_unique<distributed::GradientReducer>(
+        FlatParameters::of(tensors), comm, int64_t(config_.distributed.bucket_mb * kMiB));
+  }
   const optim::LrSchedule schedule = task_.lr_schedule();
   const CheckpointPolicy policy = task_.checkpoint_policy();
   const std::string phase = task_.phase_name();
@@ -128,7 +141,14 @@ TrainerResult Trainer::run() {
   // Dropout draws from (seed, step, sequence): nothing of it is saved.
   const uint64_t dropout_seed = config_.run.seed * 0x9E3779B97F4A7C15ull + 1;
   state.rng_seed = dropout_seed;
-  if (auto latest = run_dir.checkpoint_to_resume(options_.restart)) {
+  // Rank 0 chooses the checkpoint (and renames unreadable ones); every rank loads it.
+  std::optional<fs::path> latest;
+  if (writer) latest = run_dir.checkpoint_to_resume(options_.restart);
+  if (comm.world_size() > 1) {
+    const std::string chosen = comm.broadcast(latest ? latest->string() : std::string(), 0);
+    if (!chosen.empty()) latest = fs::path(chosen);
+  }
+  if (latest) {
     CheckpointData ckpt = load_checkpoint(*latest, true);
     const Config saved = parse_config_string(ckpt.config_yaml, latest->string());
     task_.check_resume(saved, latest->string(), ckpt.state);
@@ -157,7 +177,15 @@ TrainerResult Trainer::run() {
   auto save = [&](bool phase_end) {
     state.stage_end = phase_end;
     state.stage_results = task_.save_extra();
-    if (!writer) return;
+    const fs::path path =
+        run_dir.checkpoints() /
+        checkpoint_file_name(state.global_step, phase_end && policy.mark_phase_ends
+                                                    ? std::optional<int64_t>(state.stage)
+                                                    : std::nullopt);
+    if (!writer) {
+      result.last_checkpoint = path;
+      return;
+    }
     CheckpointData data;
     data.state = state;
     data.parameters = model.named_parameters();
@@ -166,11 +194,6 @@ TrainerResult Trainer::run() {
     data.optimizer_step = adamw.step_count();
     data.config_yaml = task_.config_yaml();
     data.created_by = task_.created_by();
-    const fs::path path =
-        run_dir.checkpoints() /
-        checkpoint_file_name(state.global_step, phase_end && policy.mark_phase_ends
-                                                    ? std::optional<int64_t>(state.stage)
-                                                    : std::nullopt);
     const auto t0 = Clock::now();
     std::function<void()> hook;
     if (options_.before_checkpoint_commit)
@@ -199,6 +222,7 @@ TrainerResult Trainer::run() {
     task_.begin_phase(state, metrics);
     Totals window, whole;
     auto window_start = Clock::now();
+    double window_comm_start = reducer ? reducer->blocked_seconds() : 0.0;
     PhaseTraining training;
 
     while (state.step_in_stage < plan.steps) {
@@ -213,25 +237,30 @@ TrainerResult Trainer::run() {
       const double inv_units = global_units > 0 ? 1.0 / double(global_units) : 0.0;
       StepStats step;
       for (size_t i = 0; i < units.size(); ++i) {
-        const int64_t row0 =
-            (int64_t(comm.rank()) * int64_t(units.size()) + int64_t(i)) * plan.micro_batch_size;
+        // The loader's order: micro-batch i of every rank, then i + 1 (distributed/batch_split.h).
+        const int64_t row0 = (int64_t(i) * comm.world_size() + comm.rank()) * plan.micro_batch_size;
+        if (reducer && i + 1 == units.size()) reducer->arm();
         const StepStats s =
             task_.forward_backward(i, inv_units, {dropout_seed, uint64_t(state.global_step), row0});
         step.loss_sum += s.loss_sum;
         step.correct += s.correct;
         step.tokens += s.tokens;
+        step.slots += s.slots > 0 ? s.slots : s.tokens;
       }
+      // Before any other collective: a rank without a backward this step starts
+      // its buckets here, a rank with one may have started them already.
+      if (reducer) reducer->finish();
       step.units = global_units;
       {
         double d[1] = {step.loss_sum};
-        int64_t n[2] = {step.correct, step.tokens};
+        int64_t n[3] = {step.correct, step.tokens, step.slots};
         comm.all_reduce_sum(d);
         comm.all_reduce_sum(n);
         step.loss_sum = d[0];
         step.correct = n[0];
         step.tokens = n[1];
+        step.slots = n[2];
       }
-      // (Data parallelism: the gradient all-reduce goes here, before the norm.)
       const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
       const double gnorm = optim::global_grad_norm(params);
       const double lr = schedule.at(state.global_step);
@@ -301,30 +330,40 @@ TrainerResult Trainer::run() {
         metrics.clear_progress();
         spdlog::info(
             "{} {}/{} step {:>5}/{} | global {:>6}/{} | loss {:.4f} | {} {:5.2f}% | lr {:.2e} | "
-            "gnorm {:.3f} | {:.0f} tok/s | {:.0f} MB | {} elapsed, ETA {}",
+            "gnorm {:.3f} | {:.0f} tok/s, fill {:.0f}% | {:.0f} MB | {} elapsed, ETA {}",
             phase, state.stage + 1, n_phases, state.step_in_stage, plan.steps, state.global_step,
             total_steps, training.window_loss,
             task_.accuracy_key() == "mlm_accuracy" ? "mlm acc" : "acc",
-            100 * training.window_accuracy, lr, mean_gnorm, tok_s, mem.allocated_mb + mem.cached_mb,
+            100 * training.window_accuracy, lr, mean_gnorm, tok_s,
+            100 * window.packing_efficiency(), mem.allocated_mb + mem.cached_mb,
             format_duration(elapsed), format_duration(eta));
         char loss_exact[64];
         std::snprintf(loss_exact, sizeof loss_exact, "%.9g", loss);
-        metrics.write({{"type", "train"},
-                       {phase, state.stage + 1},
-                       {"step_in_" + phase, state.step_in_stage},
-                       {"global_step", state.global_step},
-                       {"loss", training.window_loss},
-                       {"last_step_loss", loss_exact},
-                       {task_.accuracy_key(), training.window_accuracy},
-                       {"lr", lr},
-                       {"grad_norm", mean_gnorm},
-                       {"tokens_per_s", tok_s},
-                       {"elapsed_s", elapsed},
-                       {"eta_s", eta},
-                       {"skipped_steps", state.nonfinite_skipped},
-                       {"allocated_mb", mem.allocated_mb},
-                       {"cached_mb", mem.cached_mb},
-                       {"peak_rss_mb", mem.peak_rss_mb}});
+        nlohmann::json record = {{"type", "train"},
+                                 {phase, state.stage + 1},
+                                 {"step_in_" + phase, state.step_in_stage},
+                                 {"global_step", state.global_step},
+                                 {"loss", training.window_loss},
+                                 {"last_step_loss", loss_exact},
+                                 {task_.accuracy_key(), training.window_accuracy},
+                                 {"lr", lr},
+                                 {"grad_norm", mean_gnorm},
+                                 {"tokens_per_s", tok_s},
+                                 {"packing_efficiency", window.packing_efficiency()},
+                                 {"elapsed_s", elapsed},
+                                 {"eta_s", eta},
+                                 {"skipped_steps", state.nonfinite_skipped},
+                                 {"allocated_mb", mem.allocated_mb},
+                                 {"cached_mb", mem.cached_mb},
+                                 {"peak_rss_mb", mem.peak_rss_mb}};
+        if (reducer) {
+          // Communication not hidden behind backward: its share of the window.
+          const double blocked = reducer->blocked_seconds() - window_comm_start;
+          record["comm_blocked_s"] = blocked;
+          record["comm_share"] = blocked / std::max(secs, 1e-9);
+          window_comm_start = reducer->blocked_seconds();
+        }
+        metrics.write(record);
         window = {};
         window_start = Clock::now();
       } else {

@@ -48,6 +48,8 @@ struct StepStats {
   int64_t units = 0;    // masked tokens (MLM) or examples (classification)
   int64_t correct = 0;  // predictions equal to the label
   int64_t tokens = 0;   // non-padding tokens
+  int64_t slots =
+      0;  // the slots of the padded rows (packing efficiency = tokens / slots); 0: tokens
 };
 
 // Training loss and accuracy of a phase, for its summary.

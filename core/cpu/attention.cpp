@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -124,17 +125,17 @@ void run(const HeadGemm& g, const void* a, const void* b, void* c) {
 
 // --- elementwise helpers ---------------------------------------------------------
 
-// Keep bits for the n keys of one query row (batch row b, head h, query i)
+// Keep bits for the n keys of one query row (sequence, query position, head)
 // by the shared dropout rule (core/philox.h): key j is word j % 4 of counter
-// block dropout_block(j / 4, i, sequence, site, h); keep when the 24-bit
-// uniform is >= p (threshold = ceil(p 2^24)).
-void draw_keep_bits(const AttentionArgs& args, int64_t b, int64_t h, int64_t i, int64_t n,
-                    uint32_t threshold, uint32_t* words) {
+// block dropout_block(j / 4, position, sequence, site, head); keep when the
+// 24-bit uniform is >= p (threshold = ceil(p 2^24)). draw_keep_bits: batch
+// row b, head h, query i of the padded layout.
+void draw_keep_row(const DropoutKey& site, uint32_t sequence, uint32_t position, uint32_t head,
+                   int64_t n, uint32_t threshold, uint32_t* words) {
   thread_local std::vector<uint32_t> draws;
   if (int64_t(draws.size()) < n + 64) draws.resize(size_t(n + 64));
-  const PhiloxKey key = dropout_key(args.dropout.seed, args.dropout.step);
-  const PhiloxCounter block = dropout_block(
-      0, uint32_t(i), uint32_t(args.dropout.first_sequence + b), args.dropout.site, uint32_t(h));
+  const PhiloxKey key = dropout_key(site.seed, site.step);
+  const PhiloxCounter block = dropout_block(0, position, sequence, site.site, head);
   for (int64_t j = 0; j < n; j += 64)
     philox_16_blocks(uint32_t(j / 4), block[1], block[2], block[3], key, &draws[size_t(j)]);
   const uint32_t* u = draws.data();
@@ -146,6 +147,12 @@ void draw_keep_bits(const AttentionArgs& args, int64_t b, int64_t h, int64_t i, 
     for (int t = 0; t < len; ++t) bits |= uint32_t((uw[t] >> 8) >= threshold) << t;
     words[w] = bits;
   }
+}
+
+void draw_keep_bits(const AttentionArgs& args, int64_t b, int64_t h, int64_t i, int64_t n,
+                    uint32_t threshold, uint32_t* words) {
+  draw_keep_row(args.dropout, uint32_t(args.dropout.first_sequence + b), uint32_t(i), uint32_t(h),
+                n, threshold, words);
 }
 
 // --- row kernels (vectorised) -------------------------------------------------------
@@ -582,6 +589,244 @@ void attention_backward(Stream, const AttentionParams& params, KT q, KT k, KT v,
     backward_loop<double>(args, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
   } else {
     throw Error(detail::concat("attention: no CPU kernel for ", args.q.desc()));
+  }
+}
+
+// --- variable-length attention over a token stream ---------------------------------
+//
+// One work item per (segment, head), dynamically scheduled (segments differ
+// in length); each item's rows and its dk/dv rows belong to it alone, so the
+// result does not depend on the thread count. Scores are computed row by row
+// with vectorised dot products and axpys: segments are short (the padding the
+// token stream removes was most of the work), and one loop nest serves f32
+// and f64 (the gradient checks).
+
+namespace {
+
+struct Segment {
+  int64_t start, length, row, position;
+};
+
+std::vector<Segment> read_segments(const View& segments) {
+  RF_CHECK(segments.dim() == 2 && segments.shape()[1] == 4 && segments.dtype() == DType::i64,
+           "attention_varlen kernel: expected segments [N, 4] i64, got ", segments.desc());
+  std::vector<Segment> out(size_t(segments.shape()[0]));
+  const int64_t* p = static_cast<const int64_t*>(segments.data());
+  const int64_t s0 = segments.strides()[0], s1 = segments.strides()[1];
+  for (size_t n = 0; n < out.size(); ++n) {
+    const int64_t* r = p + int64_t(n) * s0;
+    out[n] = {r[0], r[s1], r[2 * s1], r[3 * s1]};
+  }
+  return out;
+}
+
+// Token-stream operands: [T, H, D] with unit last stride.
+template <class T>
+T* token_ptr(const View& t, int64_t token, int64_t h) {
+  return static_cast<T*>(t.data()) + token * t.strides()[0] + h * t.strides()[1];
+}
+
+template <class T>
+T simd_dot(const T* __restrict a, const T* __restrict b, int64_t n) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t c = 0; c < n; ++c) acc += a[c] * b[c];
+  return acc;
+}
+
+template <class T>
+void simd_axpy(T alpha, const T* __restrict x, T* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) y[c] += alpha * x[c];
+}
+
+template <class T>
+T exp_of(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return vexp(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
+struct VarlenGeometry {
+  int64_t T, H, D, Dv, W;
+  VarlenGeometry(const View& q, const View& k, const View& v, const std::vector<Segment>& segs) {
+    RF_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.strides()[2] == 1 &&
+                 k.strides()[2] == 1 && v.strides()[2] == 1,
+             "attention_varlen kernel: expected q, k, v [T, H, D] with unit last stride, got ",
+             q.desc(), ", ", k.desc(), ", ", v.desc());
+    T = q.shape()[0];
+    H = q.shape()[1];
+    D = q.shape()[2];
+    Dv = v.shape()[2];
+    int64_t longest = 0;
+    for (const Segment& s : segs) longest = std::max(longest, s.length);
+    W = keep_words(longest);
+  }
+};
+
+// The segment's rows of head h of a [T, H, D] operand, transposed into
+// out [D, L]: a query row's scores (or a gradient row's products with V) are
+// then D axpys over the keys, which vectorise without horizontal sums.
+template <class T>
+void transpose_head(const View& x, int64_t start, int64_t L, int64_t h, int64_t D,
+                    std::vector<T>& out) {
+  out.resize(size_t(D * L));
+  for (int64_t j = 0; j < L; ++j) {
+    const T* row = token_ptr<const T>(x, start + j, h);
+    for (int64_t c = 0; c < D; ++c) out[size_t(c * L + j)] = row[c];
+  }
+}
+
+// x[0..L) = scale * (a . columns of xt [D, L]).
+template <class T>
+void row_products(const T* a, const std::vector<T>& xt, int64_t D, int64_t L, T scale, T* x) {
+  std::fill(x, x + L, T(0));
+  for (int64_t c = 0; c < D; ++c) simd_axpy(a[c], xt.data() + c * L, x, L);
+  if (scale != T(1))
+    for (int64_t j = 0; j < L; ++j) x[j] *= scale;
+}
+
+template <class T>
+void varlen_forward(const AttentionParams& params, const View& q, const View& k, const View& v,
+                    const std::vector<Segment>& segs, const View& out, const View& lse,
+                    const View& keep_bits) {
+  const VarlenGeometry g(q, k, v, segs);
+  const bool drop = params.dropout_p > 0.0;
+  const uint32_t threshold = dropout_threshold(params.dropout_p);
+  const T inv_keep = drop ? T(1.0 / (1.0 - params.dropout_p)) : T(1);
+  const T scale = T(params.scale);
+  T* plse = lse.data_as<T>();
+  uint32_t* all_bits = drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  const int64_t items = int64_t(segs.size()) * g.H;
+  RegionErrors errors;
+#pragma omp parallel
+  {
+    std::vector<T> x, kt;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item)
+      errors.guard([&] {
+        const Segment& s = segs[size_t(item / g.H)];
+        const int64_t h = item % g.H, L = s.length;
+        x.resize(size_t(L));
+        transpose_head(k, s.start, L, h, g.D, kt);
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t t = s.start + i;
+          row_products(token_ptr<const T>(q, t, h), kt, g.D, L, scale, x.data());
+          T m = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < L; ++j) m = std::max(m, x[size_t(j)]);
+          T total = 0;
+          for (int64_t j = 0; j < L; ++j) {
+            x[size_t(j)] = exp_of(x[size_t(j)] - m);
+            total += x[size_t(j)];
+          }
+          plse[t * g.H + h] = m + std::log(total);
+          uint32_t* bits = nullptr;
+          if (drop) {
+            bits = all_bits + (t * g.H + h) * g.W;
+            draw_keep_row(params.dropout, uint32_t(params.dropout.first_sequence + s.row),
+                          uint32_t(s.position + i), uint32_t(h), L, threshold, bits);
+          }
+          T* oi = token_ptr<T>(out, t, h);
+          std::fill(oi, oi + g.Dv, T(0));
+          const T inv_total = T(1) / total;
+          for (int64_t j = 0; j < L; ++j) {
+            T p = x[size_t(j)] * inv_total;
+            if (drop) p *= ((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0);
+            if (p != T(0)) simd_axpy(p, token_ptr<const T>(v, s.start + j, h), oi, g.Dv);
+          }
+        }
+      });
+  }
+  errors.rethrow();
+}
+
+template <class T>
+void varlen_backward(const AttentionParams& params, const View& q, const View& k, const View& v,
+                     const std::vector<Segment>& segs, const View& out, const View& lse,
+                     const View& keep_bits, const View& grad_out, const View& grad_q,
+                     const View& grad_k, const View& grad_v) {
+  const VarlenGeometry g(q, k, v, segs);
+  const bool drop = params.dropout_p > 0.0;
+  const T inv_keep = drop ? T(1.0 / (1.0 - params.dropout_p)) : T(1);
+  const T scale = T(params.scale);
+  const T* plse = lse.data_as<T>();
+  const uint32_t* all_bits =
+      drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  const int64_t items = int64_t(segs.size()) * g.H;
+  RegionErrors errors;
+#pragma omp parallel
+  {
+    std::vector<T> kt, vt, p, dp;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item)
+      errors.guard([&] {
+        const Segment& s = segs[size_t(item / g.H)];
+        const int64_t h = item % g.H, L = s.length;
+        transpose_head(k, s.start, L, h, g.D, kt);
+        transpose_head(v, s.start, L, h, g.Dv, vt);
+        p.resize(size_t(L));
+        dp.resize(size_t(L));
+        for (int64_t j = 0; j < L; ++j) {
+          T* dkj = token_ptr<T>(grad_k, s.start + j, h);
+          T* dvj = token_ptr<T>(grad_v, s.start + j, h);
+          std::fill(dkj, dkj + g.D, T(0));
+          std::fill(dvj, dvj + g.Dv, T(0));
+        }
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t t = s.start + i;
+          T* dqi = token_ptr<T>(grad_q, t, h);
+          std::fill(dqi, dqi + g.D, T(0));
+          const T* qi = token_ptr<const T>(q, t, h);
+          const T* goi = token_ptr<const T>(grad_out, t, h);
+          const T Di = simd_dot(goi, token_ptr<const T>(out, t, h), g.Dv);  // dO_i . O_i
+          const T row_lse = plse[t * g.H + h];
+          const uint32_t* bits = drop ? all_bits + (t * g.H + h) * g.W : nullptr;
+          row_products(qi, kt, g.D, L, scale, p.data());    // scores
+          row_products(goi, vt, g.Dv, L, T(1), dp.data());  // dPd_ij = dO_i . v_j
+          for (int64_t j = 0; j < L; ++j) {
+            const T pj = exp_of(p[size_t(j)] - row_lse);
+            const T z = drop ? (((bits[j >> 5] >> (j & 31)) & 1u) ? inv_keep : T(0)) : T(1);
+            const T ds = pj * (dp[size_t(j)] * z - Di) * scale;
+            simd_axpy(ds, token_ptr<const T>(k, s.start + j, h), dqi, g.D);
+            simd_axpy(ds, qi, token_ptr<T>(grad_k, s.start + j, h), g.D);
+            if (pj * z != T(0)) simd_axpy(pj * z, goi, token_ptr<T>(grad_v, s.start + j, h), g.Dv);
+          }
+        }
+      });
+  }
+  errors.rethrow();
+}
+
+}  // namespace
+
+void attention_varlen_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT segments,
+                              KT out, KT lse, KT keep_bits) {
+  const View vq(q), vk(k), vv(v);
+  const std::vector<Segment> segs = read_segments(View(segments));
+  if (vq.dtype() == DType::f32) {
+    varlen_forward<float>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits));
+  } else if (vq.dtype() == DType::f64) {
+    varlen_forward<double>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits));
+  } else {
+    throw Error(detail::concat("attention_varlen: no CPU kernel for ", vq.desc()));
+  }
+}
+
+void attention_varlen_backward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT segments,
+                               KT out, KT lse, KT keep_bits, KT grad_out, KT grad_q, KT grad_k,
+                               KT grad_v) {
+  const View vq(q), vk(k), vv(v);
+  const std::vector<Segment> segs = read_segments(View(segments));
+  if (vq.dtype() == DType::f32) {
+    varlen_backward<float>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits),
+                           View(grad_out), View(grad_q), View(grad_k), View(grad_v));
+  } else if (vq.dtype() == DType::f64) {
+    varlen_backward<double>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits),
+                            View(grad_out), View(grad_q), View(grad_k), View(grad_v));
+  } else {
+    throw Error(detail::concat("attention_varlen: no CPU kernel for ", vq.desc()));
   }
 }
 

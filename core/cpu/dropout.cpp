@@ -11,6 +11,28 @@
 
 namespace roformer::kernels::cpu {
 
+namespace {
+
+// One token (sequence, position): its features are whole counter blocks,
+// their words drawn 16 blocks (64 features) at a time.
+template <class T, class A>
+void drop_token(const T* __restrict xt, T* __restrict ot, int64_t features, uint32_t sequence,
+                uint32_t position, const DropoutKey& key, const PhiloxKey& pkey, uint32_t threshold,
+                A scale) {
+  const int64_t blocks = (features + 3) / 4;
+  thread_local std::vector<uint32_t> words;
+  if (int64_t(words.size()) < blocks * 4 + 64) words.resize(size_t(blocks * 4 + 64));
+  const PhiloxCounter block = dropout_block(0, position, sequence, key.site, 0);
+  for (int64_t b = 0; b < blocks; b += 16)
+    philox_16_blocks(uint32_t(b), block[1], block[2], block[3], pkey, &words[size_t(b * 4)]);
+  const uint32_t* w = words.data();
+#pragma omp simd
+  for (int64_t f = 0; f < features; ++f)
+    ot[f] = (w[f] >> 8) >= threshold ? T(A(xt[f]) * scale) : T(0.0f);
+}
+
+}  // namespace
+
 void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {
   const View x(x_kt), out(out_kt);
   RF_CHECK(x.dim() == 3 && x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape(),
@@ -20,29 +42,45 @@ void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {
   const int64_t rows = x.shape()[0], positions = x.shape()[1], features = x.shape()[2];
   const PhiloxKey pkey = dropout_key(key.seed, key.step);
   const uint32_t threshold = dropout_threshold(p);
-  const int64_t blocks = (features + 3) / 4;
   dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const A scale = A(1.0 / (1.0 - p));
     const T* px = static_cast<const T*>(x.data());
     T* po = static_cast<T*>(out.data());
-    // One token (row, position) per task: its features are whole counter blocks.
-    // The token's words come 16 blocks (64 features) at a time.
     parallel_rows(rows * positions, features, [&](int64_t token) {
       const int64_t r = token / positions, s = token % positions;
-      const uint32_t sequence = uint32_t(key.first_sequence + r);
-      const T* xt = px + token * features;
-      T* ot = po + token * features;
-      thread_local std::vector<uint32_t> words;
-      if (int64_t(words.size()) < blocks * 4 + 64) words.resize(size_t(blocks * 4 + 64));
-      const PhiloxCounter block = dropout_block(0, uint32_t(s), sequence, key.site, 0);
-      for (int64_t b = 0; b < blocks; b += 16)
-        philox_16_blocks(uint32_t(b), block[1], block[2], block[3], pkey, &words[size_t(b * 4)]);
-      const uint32_t* w = words.data();
-#pragma omp simd
-      for (int64_t f = 0; f < features; ++f)
-        ot[f] = (w[f] >> 8) >= threshold ? T(A(xt[f]) * scale) : T(0.0f);
+      drop_token(px + token * features, po + token * features, features,
+                 uint32_t(key.first_sequence + r), uint32_t(s), key, pkey, threshold, scale);
+    });
+  });
+}
+
+void dropout_tokens(Stream, KT x_kt, KT out_kt, KT tokens_kt, double p, const DropoutKey& key) {
+  const View x(x_kt), out(out_kt), tokens(tokens_kt);
+  RF_CHECK(x.dim() == 2 && x.is_contiguous() && out.is_contiguous() && x.shape() == out.shape() &&
+               tokens.dim() == 2 && tokens.shape()[0] == x.shape()[0] && tokens.shape()[1] == 2 &&
+               tokens.dtype() == DType::i64,
+           "dropout_tokens kernel: expected contiguous x and out [T, features] and tokens [T, 2] "
+           "i64, got ",
+           x.desc(), ", ", out.desc(), ", ", tokens.desc());
+  if (x.numel() == 0) return;
+  const int64_t T = x.shape()[0], features = x.shape()[1];
+  const PhiloxKey pkey = dropout_key(key.seed, key.step);
+  const uint32_t threshold = dropout_threshold(p);
+  const int64_t* ids = static_cast<const int64_t*>(tokens.data());
+  const int64_t s0 = tokens.strides()[0], s1 = tokens.strides()[1];
+  dispatch_floating(x.dtype(), "dropout", [&](auto tag) {
+    using T_ = decltype(tag);
+    using A = acc_t<T_>;
+    const A scale = A(1.0 / (1.0 - p));
+    const T_* px = static_cast<const T_*>(x.data());
+    T_* po = static_cast<T_*>(out.data());
+    // The draws dropout() gives element (row, position, feature).
+    parallel_rows(T, features, [&](int64_t t) {
+      drop_token(px + t * features, po + t * features, features,
+                 uint32_t(key.first_sequence + ids[t * s0]), uint32_t(ids[t * s0 + s1]), key, pkey,
+                 threshold, scale);
     });
   });
 }

@@ -104,6 +104,9 @@ struct AttentionParams {
   /* --- dropout (core/cpu/dropout.cpp) ------------------------------------------------- */ \
   /* x, out contiguous [rows, positions, features]; row r is sequence key.first_sequence+r.*/  \
   X(dropout, void(Stream, KT x, KT out, double p, const DropoutKey& key))                       \
+  /* Token-stream dropout: x, out contiguous [T, features]; tokens [T, 2] i64 (row, position):*/\
+  /* token t is sequence key.first_sequence + row at that position (the rule above). */          \
+  X(dropout_tokens, void(Stream, KT x, KT out, KT tokens, double p, const DropoutKey& key))     \
   /* --- gathers (core/cpu/gather.cpp): table [N, R], ids (i32/i64) of any shape ----------- */\
   /* out [ids..., R] = table[ids]; a bad id gives a zero row and is reported at `site`. */     \
   X(gather_rows, void(Stream, KT table, KT ids, int32_t site, KT out))                          \
@@ -130,7 +133,19 @@ struct AttentionParams {
                             KT key_mask, KT out, KT lse, KT keep_bits))                         \
   X(attention_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,           \
                              KT key_mask, KT out, KT lse, KT keep_bits, KT grad_out,            \
-                             KT grad_q, KT grad_k, KT grad_v))
+                             KT grad_q, KT grad_k, KT grad_v))                          \
+  /* --- variable-length attention over a token stream (core/cpu/attention.cpp) ------------- */\
+  /* q [T, H, D], k [T, H, D], v [T, H, Dv] (unit last stride); segments [N, 4] i64, host */    \
+  /* memory: (first token, length, row, position of the first token in its row); a token */     \
+  /* attends only to its own segment's tokens; dropout: sequence first_sequence + row, query */  \
+  /* position = row position. out [T, H, Dv] and lse [T, H] of tokens in no segment are not */  \
+  /* written; keep_bits [T, H, ceil(longest segment / 32)] i32 when dropout_p > 0. */           \
+  X(attention_varlen_forward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,     \
+                                   KT segments, KT out, KT lse, KT keep_bits))                 \
+  /* grad_q, grad_k, grad_v rows of tokens in no segment are not written. */                   \
+  X(attention_varlen_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,    \
+                                    KT segments, KT out, KT lse, KT keep_bits, KT grad_out,    \
+                                    KT grad_q, KT grad_k, KT grad_v))
 // clang-format on
 
 // The C++ function type of each kernel: signature::<name>.

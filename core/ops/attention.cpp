@@ -1,7 +1,9 @@
 // Fused softmax attention: one autograd node whose backward recomputes the
 // probabilities from q, k and the saved row log-sum-exp instead of keeping
 // [B, H, S, S] tensors alive between forward and backward.
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
@@ -90,6 +92,84 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());
     launch::attention_backward(g.device(), params, sq.get(), sk.get(), sv.get(), smask.get(),
                                so.get(), lse, bits, grad_out, dq, dk, dv);
+    return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
+  });
+}
+
+// --- variable-length attention on a token stream ---------------------------------------
+
+namespace {
+
+// Host copy of the segment table, checked: in order, inside [0, T), not
+// overlapping. Returns the longest length.
+int64_t checked_segments(const Tensor& segments, int64_t T) {
+  if (segments.dim() != 2 || segments.size(1) != 4 || segments.dtype() != DType::i64)
+    throw Error(detail::concat("varlen_attention: expected segments [N, 4] i64 (first token, ",
+                               "length, row, row position), got ", segments.desc()));
+  const std::vector<int64_t> s = segments.to_vector<int64_t>();
+  int64_t end = 0, longest = 0;
+  for (size_t n = 0; n < s.size() / 4; ++n) {
+    const int64_t start = s[4 * n], len = s[4 * n + 1], row = s[4 * n + 2], pos = s[4 * n + 3];
+    if (start < end || len < 0 || start + len > T || row < 0 || pos < 0)
+      throw Error(detail::concat("varlen_attention: segment ", n, " (first token ", start,
+                                 ", length ", len, ", row ", row, ", position ", pos,
+                                 ") is out of order, overlaps or leaves the ", T, " tokens"));
+    end = start + len;
+    longest = std::max(longest, len);
+  }
+  return longest;
+}
+
+}  // namespace
+
+Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
+                        double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  const Device device = kernel_device("varlen_attention", {&q, &k, &v, &segments});
+  if (q.dim() != 3 || k.shape() != q.shape() || v.dim() != 3 || v.size(0) != q.size(0) ||
+      v.size(1) != q.size(1))
+    throw Error(detail::concat("varlen_attention: expected q, k [T, H, D] and v [T, H, Dv], got ",
+                               q.desc(), ", ", k.desc(), ", ", v.desc()));
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype() ||
+      (q.dtype() != DType::f32 && q.dtype() != DType::f64))
+    throw Error(detail::concat("varlen_attention: expected f32 or f64 q, k, v of one dtype, got ",
+                               q.desc(), ", ", k.desc(), ", ", v.desc()));
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    throw Error(
+        detail::concat("varlen_attention: dropout probability must be in [0, 1), got ", dropout_p));
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Dv = v.size(2);
+  const int64_t longest = checked_segments(segments, T);
+  const bool drop = training && dropout_p > 0.0;
+  kernels::AttentionParams params;
+  params.scale = scale;
+  params.dropout_p = drop ? dropout_p : 0.0;
+  if (drop) {
+    if (H > kDropoutMaxHeads)
+      throw Error(detail::concat("varlen_attention: dropout supports at most ", kDropoutMaxHeads,
+                                 " heads, got ", q.desc()));
+    params.dropout = ctx.next_site_key();
+  }
+  const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
+               vd = unit_last_stride(v.detach());
+  const Tensor seg = segments.detach();
+  // Rows of tokens in no segment are left to the zero fill.
+  Tensor out = Tensor::zeros({T, H, Dv}, q.dtype(), device);
+  const Tensor lse = Tensor::empty({T, H}, q.dtype(), device);
+  const Tensor bits =
+      drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
+  if (T == 0 || longest == 0) return out;
+  launch::attention_varlen_forward(device, params, qd, kd, vd, seg, out, lse, bits);
+  if (!needs_grad({&q, &k, &v})) return out;
+
+  const SavedTensor sq(qd, "varlen_attention"), sk(kd, "varlen_attention"),
+      sv(vd, "varlen_attention"), so(out, "varlen_attention");
+  const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
+  return record("varlen_attention", out, {&q, &k, &v}, [=](const Tensor& g) {
+    const Tensor grad_out = unit_last_stride(g);
+    Tensor dq = Tensor::zeros({T, H, D}, g.dtype(), g.device());
+    Tensor dk = Tensor::zeros({T, H, D}, g.dtype(), g.device());
+    Tensor dv = Tensor::zeros({T, H, Dv}, g.dtype(), g.device());
+    launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
+                                      so.get(), lse, bits, grad_out, dq, dk, dv);
     return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
   });
 }

@@ -32,4 +32,31 @@ Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx) {
   });
 }
 
+Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx,
+               const Tensor& tokens) {
+  const Device device = kernel_device("dropout", {&x, &tokens});
+  if (!is_floating(x.dtype()))
+    throw Error(detail::concat("dropout: expected a floating tensor, got ", x.desc()));
+  if (!(p >= 0.0 && p < 1.0))
+    throw Error(detail::concat("dropout: p must be in [0, 1), got ", p, " for ", x.desc()));
+  if (x.dim() < 1 || tokens.dim() != 2 || tokens.size(0) != x.size(0) || tokens.size(1) != 2 ||
+      tokens.dtype() != DType::i64)
+    throw Error(detail::concat("dropout: expected tokens [T, 2] i64 for x [T, ...], got x ",
+                               x.desc(), " and tokens ", tokens.desc()));
+  if (!training || p == 0.0) return x;
+  const DropoutKey key = ctx.next_site_key();
+  const int64_t T = x.size(0), features = T > 0 ? x.numel() / T : 0;
+  const Shape flat{T, features};
+  const Tensor xc = x.detach().contiguous();
+  const Tensor ids = tokens.detach().contiguous();
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
+  launch::dropout_tokens(device, xc.view(flat), out.view(flat), ids, p, key);
+  return record("dropout", out, {&x}, [=](const Tensor& g) {
+    const Tensor gc = g.contiguous();
+    Tensor dx = Tensor::empty(gc.shape(), gc.dtype(), gc.device());
+    launch::dropout_tokens(gc.device(), gc.view(flat), dx.view(flat), ids, p, key);
+    return std::vector<Tensor>{dx};
+  });
+}
+
 }  // namespace roformer

@@ -268,6 +268,32 @@ std::vector<OpCase> make_table() {
                .dtypes = {DType::f64, DType::f32},
                .unsupported = kAttentionF32F64Only});
 
+  // Three segments of a 9-token stream (tokens 5 and 8 in none): rows 0, 0, 1.
+  t.push_back({.op = "varlen_attention",
+               .name = "varlen_attention_segments",
+               .inputs = {in({9, 2, 4}, contiguous, -2.0, 2.0), in({9, 2, 4}, strided, -2.0, 2.0),
+                          in({9, 2, 3}, transposed),
+                          fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4}))},
+               .build =
+                   [](const X& x) {
+                     DropoutContext ctx{0, 0, 0};
+                     return varlen_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.5);
+                   },
+               .dtypes = {DType::f64, DType::f32},
+               .unsupported = {{DType::bf16, "varlen_attention: expected f32 or f64"}}});
+  t.push_back(
+      {.op = "varlen_attention",
+       .name = "varlen_attention_dropout",
+       .inputs = {in({40, 2, 4}, contiguous, -2.0, 2.0), in({40, 2, 4}, contiguous, -2.0, 2.0),
+                  in({40, 2, 4}), fixed(i64({0, 35, 0, 0, 35, 5, 1, 0}, {2, 4}))},
+       .build =
+           [](const X& x) {
+             DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
+             return varlen_attention(x[0], x[1], x[2], x[3], 0.2, true, ctx, 0.5);
+           },
+       .dtypes = {DType::f64, DType::f32},
+       .unsupported = {{DType::bf16, "varlen_attention: expected f32 or f64"}}});
+
   // --- structure -----------------------------------------------------------------------------
   t.push_back({.op = "concat",
                .name = "concat_transposed_and_contiguous",

@@ -141,6 +141,19 @@ const std::vector<BadConfig>& bad_configs() {
        {},
        "bad.yaml:3:22: data.random_token_prob: data.mask_token_prob + data.random_token_prob "
        "must be at most 1, got 0.9 + 0.2"},
+      {"packing_without_unpadded",
+       std::string("data:\n  unpadded: false\n  packing: true\n") + kStages,
+       {},
+       "bad.yaml:3:12: data.packing: data.packing: needs data.unpadded: true (packed rows are "
+       "token streams)"},
+      {"packing_with_linear_attention",
+       std::string("model:\n  attention: linear\ndata:\n  packing: true\n") + kStages,
+       {},
+       "bad.yaml:4:12: data.packing: data.packing: needs model.attention: softmax"},
+      {"packing_not_a_bool",
+       std::string("data:\n  packing: sometimes\n") + kStages,
+       {},
+       "bad.yaml:2:12: data.packing: expected true or false, got \"sometimes\""},
       {"betas_wrong_length",
        std::string("optim:\n  betas: [0.9]\n") + kStages,
        {},
@@ -161,7 +174,7 @@ const std::vector<BadConfig>& bad_configs() {
        "- a\n- b\n",
        {},
        "bad.yaml:1:1: expected a mapping of sections (run, model, data, optim, stages, "
-       "checkpoint, log, finetune), got a list"},
+       "checkpoint, log, distributed, finetune), got a list"},
       {"absolute_position_seq_len_beyond_table",
        "model:\n  position: absolute\n  max_position_embeddings: 512\n"
        "stages:\n  - {max_seq_len: 1024, batch_size: 8, steps: 10}\n",

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include "train/cli/command.h"
+#include "train/cli/launched_run.h"
 #include "train/cli/trainer_options.h"
 #include "train/finetune.h"
 #include "train/preflight.h"
@@ -21,11 +22,19 @@ class FinetuneCommand : public roformer::cli::Command {
                  "are kept, renamed *.unreadable)");
   }
   int run(const roformer::cli::Invocation& inv) override {
-    roformer::preflight_finetune(*inv.config);
+    roformer::cli::LaunchedRun launched(*inv.config);
+    return launched.run([&] { return run_rank(inv, launched.communicator()); });
+  }
+
+ private:
+  int run_rank(const roformer::cli::Invocation& inv, roformer::Communicator* comm) {
+    if (!comm || comm->rank() == 0) roformer::preflight_finetune(*inv.config);
     const roformer::StopRequest stop;
-    const roformer::FinetuneOptions options =
+    roformer::FinetuneOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);
+    options.communicator = comm;
     const roformer::FinetuneResult r = roformer::run_finetune(*inv.config, options);
+    if (comm && comm->rank() != 0) return r.interrupted ? 130 : 0;
     if (r.interrupted) {
       spdlog::warn("interrupted; resume with: {}", options.resume_command);
       return 130;
@@ -38,7 +47,6 @@ class FinetuneCommand : public roformer::cli::Command {
     return 0;
   }
 
- private:
   bool restart_ = false;
 };
 

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "train/cli/command.h"
+#include "train/cli/launched_run.h"
 #include "train/cli/trainer_options.h"
 #include "train/preflight.h"
 #include "train/pretrain.h"
@@ -26,11 +27,19 @@ class PretrainCommand : public roformer::cli::Command {
                  "are kept, renamed *.unreadable)");
   }
   int run(const roformer::cli::Invocation& inv) override {
-    roformer::preflight_pretrain(*inv.config);
+    roformer::cli::LaunchedRun launched(*inv.config);
+    return launched.run([&] { return run_rank(inv, launched.communicator()); });
+  }
+
+ private:
+  int run_rank(const roformer::cli::Invocation& inv, roformer::Communicator* comm) {
+    if (!comm || comm->rank() == 0) roformer::preflight_pretrain(*inv.config);
     roformer::StopRequest stop;
-    const roformer::PretrainOptions options =
+    roformer::PretrainOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);
+    options.communicator = comm;
     const roformer::PretrainResult r = roformer::run_pretrain(*inv.config, options);
+    if (comm && comm->rank() != 0) return 0;
     if (r.interrupted) {
       std::cerr << "roformer: interrupted; checkpoint "
                 << (r.last_checkpoint.empty() ? std::string("(none yet)")
@@ -44,7 +53,6 @@ class PretrainCommand : public roformer::cli::Command {
     return 0;
   }
 
- private:
   bool restart_ = false;
 };
 

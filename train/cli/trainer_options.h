@@ -5,15 +5,19 @@
 // ROFORMER_TEST_KILL_AT_STEP=N (SIGKILL before global step N) and
 // ROFORMER_TEST_KILL_DURING_CHECKPOINT=N (SIGKILL inside the step-N
 // checkpoint write, before its rename) into the options' callbacks, for
-// tests/train/resume_test.sh, and ROFORMER_TEST_CPU_BF16=0|1 into the CPU
+// tests/train/resume_test.sh; ROFORMER_TEST_CPU_BF16=0|1 into the CPU
 // bf16 probe's override (a CPU without or with bf16 dot products, for
-// tests/train/precision_test.sh).
+// tests/train/precision_test.sh); and, for tests/distributed/, the failures
+// of one rank: ROFORMER_TEST_FAIL_AT_STEP=N (throws before global step N)
+// and ROFORMER_TEST_HANG_AT_STEP=N (SIGSTOP: a rank that neither dies nor
+// answers).
 #pragma once
 
 #include <csignal>
 #include <cstdlib>
 #include <string>
 
+#include "core/error.h"
 #include "core/precision.h"
 #include "train/cli/command.h"
 #include "train/trainer.h"
@@ -40,10 +44,19 @@ inline TrainerOptions trainer_options(const Invocation& inv, const std::string& 
   for (const std::string& kv : inv.overrides) o.resume_command += " " + shell_quote(kv);
   if (const char* bf16 = std::getenv("ROFORMER_TEST_CPU_BF16"))
     set_cpu_bf16_probe_override(std::string(bf16) != "0");
-  if (const char* at = std::getenv("ROFORMER_TEST_KILL_AT_STEP")) {
-    const long long step = std::atoll(at);
-    o.before_step = [step](int64_t global_step) {
-      if (global_step == step) std::raise(SIGKILL);
+  const char* kill_at = std::getenv("ROFORMER_TEST_KILL_AT_STEP");
+  const char* fail_at = std::getenv("ROFORMER_TEST_FAIL_AT_STEP");
+  const char* hang_at = std::getenv("ROFORMER_TEST_HANG_AT_STEP");
+  if (kill_at || fail_at || hang_at) {
+    const long long kill = kill_at ? std::atoll(kill_at) : -1;
+    const long long fail = fail_at ? std::atoll(fail_at) : -1;
+    const long long hang = hang_at ? std::atoll(hang_at) : -1;
+    o.before_step = [kill, fail, hang](int64_t global_step) {
+      if (global_step == kill) std::raise(SIGKILL);
+      if (global_step == hang) std::raise(SIGSTOP);
+      if (global_step == fail)
+        throw Error(detail::concat("injected failure before global step ", global_step,
+                                   " (ROFORMER_TEST_FAIL_AT_STEP)"));
     };
   }
   if (const char* at = std::getenv("ROFORMER_TEST_KILL_DURING_CHECKPOINT")) {

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Data parallelism on one CPU machine: 2 MPI ranks x 1 thread against 1
+# process x 2 threads, the same global batch (configs/tiny.yaml's first
+# stage, 128 x 32) for STEPS steps, alternated ROUNDS times so a drifting
+# machine affects both alike. Prints each run's tokens/s (steady state: the
+# first log window is dropped) and, for the 2-rank runs, the share of the
+# step the gradient all-reduce kept rank 0 waiting (metrics.jsonl's
+# comm_share: communication not hidden behind backward, load imbalance
+# included). Figures: docs/performance.md, "Data parallelism on CPU".
+# Usage: bench/distributed_cpu.sh [ROFORMER_BINARY] [STEPS] [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+roformer=${1:-build/roformer}
+steps=${2:-30}
+rounds=${3:-3}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+args=(--config configs/tiny.yaml "stages=[{max_seq_len: 128, batch_size: 32, steps: $steps}]"
+      checkpoint.every_steps=0 log.every_steps=5 log.eval_every_steps=0 log.eval_batches=0
+      log.progress=never)
+
+# mean of a metrics.jsonl key over the train records after the first
+mean() {
+  python3 -c "
+import json, sys
+rows = [json.loads(l) for l in open('$1') if '\"train\"' in l][1:]
+print('%.4g' % (sum(r.get('$2', 0) for r in rows) / max(len(rows), 1)))"
+}
+
+printf "%-5s %-22s %10s %10s\n" round run tokens/s comm_share
+for r in $(seq 1 "$rounds"); do
+  mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1 "$roformer" pretrain "${args[@]}" \
+    run.threads=1 "run.dir=$work/mpi$r" >/dev/null 2>&1
+  OMP_NUM_THREADS=2 "$roformer" pretrain "${args[@]}" run.threads=2 "run.dir=$work/omp$r" \
+    >/dev/null 2>&1
+  printf "%-5s %-22s %10s %10s\n" "$r" "2 ranks x 1 thread" "$(mean "$work/mpi$r/metrics.jsonl" tokens_per_s)" \
+    "$(mean "$work/mpi$r/metrics.jsonl" comm_share)"
+  printf "%-5s %-22s %10s %10s\n" "$r" "1 rank x 2 threads" "$(mean "$work/omp$r/metrics.jsonl" tokens_per_s)" "-"
+done

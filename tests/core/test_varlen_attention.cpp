@@ -1,0 +1,209 @@
+// Variable-length attention on a token stream and token-stream dropout:
+// packed attention equals each document's attention run on its own (forward
+// and gradients), no token sees another document, the draws equal the padded
+// op's, f64 finite differences, and the errors.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/ops.h"
+#include "gradcheck.h"
+#include "tests/test_support.h"
+
+namespace roformer {
+namespace {
+
+using testing::all_close;
+using testing::error_of;
+using testing::gradcheck;
+using testing::random_f64;
+
+constexpr int64_t kH = 2, kD = 8;
+
+// Segments [N, 4] of documents laid end to end in one row (positions run on).
+Tensor packed_row(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> s;
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    s.insert(s.end(), {start, len, 0, start});
+    start += len;
+  }
+  return Tensor::from_vector(s, {int64_t(lengths.size()), 4});
+}
+
+Tensor stream(int64_t T, uint64_t seed, DType dtype) {
+  NoGradGuard no_grad;
+  return random_f64({T, kH, kD}, seed, -2.0, 2.0).to(dtype).set_requires_grad(true);
+}
+
+// A document's tokens [len, H, D] as the padded op's [1, H, len, D] view.
+Tensor as_heads(const Tensor& x, int64_t start, int64_t len) {
+  return x.narrow(0, start, len).unsqueeze(0).transpose(1, 2);
+}
+
+class VarlenAttention : public ::testing::TestWithParam<DType> {};
+
+TEST_P(VarlenAttention, PackedEqualsEachDocumentAloneForwardAndGradients) {
+  const DType dtype = GetParam();
+  const std::vector<int64_t> lengths{5, 1, 9, 3};
+  const int64_t T = 18;
+  const Tensor q = stream(T, 1, dtype), k = stream(T, 2, dtype), v = stream(T, 3, dtype);
+  const Tensor r = random_f64({T, kH, kD}, 4).to(dtype);
+  DropoutContext ctx;
+  const Tensor packed = varlen_attention(q, k, v, packed_row(lengths), 0.0, false, ctx, 0.3);
+  sum(mul(packed, r)).backward();
+  const Tensor gq = q.grad().clone(), gk = k.grad().clone(), gv = v.grad().clone();
+  for (const Tensor* t : {&q, &k, &v}) t->zero_grad();
+
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    const Tensor alone = attention(as_heads(q, start, len), as_heads(k, start, len),
+                                   as_heads(v, start, len), Tensor(), 0.0, false, ctx, 0.3);
+    parts.push_back(alone.transpose(1, 2).squeeze(0));  // [len, H, D]
+    start += len;
+  }
+  const Tensor separate = concat(parts, 0);
+  sum(mul(separate, r)).backward();
+  const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+  EXPECT_TRUE(all_close(packed, separate, tol, tol));
+  EXPECT_TRUE(all_close(gq, q.grad(), tol, tol));
+  EXPECT_TRUE(all_close(gk, k.grad(), tol, tol));
+  EXPECT_TRUE(all_close(gv, v.grad(), tol, tol));
+}
+
+TEST_P(VarlenAttention, NoTokenAttendsAcrossADocumentBoundary) {
+  const DType dtype = GetParam();
+  const std::vector<int64_t> lengths{4, 6, 5};
+  const int64_t T = 15;
+  const Tensor q = stream(T, 11, dtype), k = stream(T, 12, dtype), v = stream(T, 13, dtype);
+  DropoutContext ctx{3, 1, 0};
+  const Tensor segments = packed_row(lengths);
+  const Tensor before = varlen_attention(q, k, v, segments, 0.1, true, ctx, 0.4);
+  // Change every q, k, v of the middle document (tokens 4..9).
+  NoGradGuard no_grad;
+  auto perturbed = [&](const Tensor& x) {
+    Tensor y = x.detach().clone();
+    y.narrow(0, 4, 6).copy_(random_f64({6, kH, kD}, 99).to(dtype));
+    return y;
+  };
+  DropoutContext same{3, 1, 0};
+  const Tensor after =
+      varlen_attention(perturbed(q), perturbed(k), perturbed(v), segments, 0.1, true, same, 0.4);
+  const std::vector<double> a = before.to_vector<double>(), b = after.to_vector<double>();
+  const int64_t per_token = kH * kD;
+  int64_t middle_changed = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t e = 0; e < per_token; ++e) {
+      const size_t i = size_t(t * per_token + e);
+      if (t >= 4 && t < 10) {
+        middle_changed += a[i] != b[i];
+      } else {
+        ASSERT_EQ(a[i], b[i]) << "token " << t << " of another document changed";
+      }
+    }
+  EXPECT_GT(middle_changed, 0) << "the perturbation did not reach the middle document";
+}
+
+TEST_P(VarlenAttention, UnpaddedSequencesDrawThePaddedRowsDropout) {
+  // Rows of lengths 7 and 4 padded to 8: the same masks and outputs.
+  const DType dtype = GetParam();
+  const int64_t S = 8;
+  const std::vector<int64_t> lengths{7, 4};
+  const Tensor q = stream(2 * S, 21, dtype), k = stream(2 * S, 22, dtype),
+               v = stream(2 * S, 23, dtype);
+  auto padded_heads = [&](const Tensor& x) { return x.view({2, S, kH, kD}).transpose(1, 2); };
+  std::vector<int32_t> mask(size_t(2 * S), 0);
+  std::vector<int64_t> index, segs;
+  for (int64_t b = 0; b < 2; ++b) {
+    segs.insert(segs.end(), {int64_t(index.size()), lengths[size_t(b)], b, 0});
+    for (int64_t s = 0; s < lengths[size_t(b)]; ++s) {
+      mask[size_t(b * S + s)] = 1;
+      index.push_back(b * S + s);
+    }
+  }
+  DropoutContext padded_ctx{5, 2, 6};
+  const Tensor padded = attention(padded_heads(q), padded_heads(k), padded_heads(v),
+                                  Tensor::from_vector(mask, {2, S}), 0.3, true, padded_ctx, 0.35)
+                            .transpose(1, 2)
+                            .reshape({2 * S, kH, kD});
+  const Tensor rows = Tensor::from_vector(index, {int64_t(index.size())});
+  DropoutContext stream_ctx{5, 2, 6};
+  const Tensor unpadded =
+      varlen_attention(index_select(q, rows), index_select(k, rows), index_select(v, rows),
+                       Tensor::from_vector(segs, {2, 4}), 0.3, true, stream_ctx, 0.35);
+  const double tol = dtype == DType::f64 ? 1e-12 : 1e-5;
+  EXPECT_TRUE(all_close(unpadded, index_select(padded, rows), tol, tol));
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, VarlenAttention, ::testing::Values(DType::f32, DType::f64));
+
+TEST(VarlenAttention, FiniteDifferenceGradientsF64WithDropoutAndAGap) {
+  // Token 6 is in no segment: its gradient must be zero.
+  const Tensor segments =
+      Tensor::from_vector<int64_t>({0, 4, 0, 0, 4, 2, 0, 4, 7, 3, 1, 0}, {3, 4});
+  auto f = [&](const std::vector<Tensor>& x) {
+    DropoutContext ctx{9, 0, 1};
+    return varlen_attention(x[0], x[1], x[2], segments, 0.25, true, ctx, 0.5);
+  };
+  EXPECT_TRUE(gradcheck(
+      f, {random_f64({10, 2, 3}, 31), random_f64({10, 2, 3}, 32), random_f64({10, 2, 5}, 33)}));
+}
+
+TEST(VarlenAttention, TokensInNoSegmentGetZeros) {
+  const Tensor q = random_f64({5, 1, 2}, 41);
+  DropoutContext ctx;
+  const Tensor out = varlen_attention(q, q, q, Tensor::from_vector<int64_t>({0, 3, 0, 0}, {1, 4}),
+                                      0.0, false, ctx, 1.0);
+  const std::vector<double> o = out.to_vector<double>();
+  for (size_t i = 6; i < 10; ++i) EXPECT_EQ(o[i], 0.0);
+  EXPECT_NE(o[0], 0.0);
+}
+
+TEST(VarlenAttention, ErrorsNameTheSegmentAndShapes) {
+  const Tensor q = random_f64({6, 1, 2}, 51);
+  DropoutContext ctx;
+  auto run = [&](std::vector<int64_t> s) {
+    return error_of([&] {
+      varlen_attention(q, q, q, Tensor::from_vector(s, {int64_t(s.size() / 4), 4}), 0.0, false, ctx,
+                       1.0);
+    });
+  };
+  EXPECT_NE(run({0, 4, 0, 0, 3, 2, 0, 3}).find("segment 1 (first token 3, length 2"),
+            std::string::npos);
+  EXPECT_NE(run({0, 7, 0, 0}).find("leaves the 6 tokens"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              varlen_attention(q, q.view({6, 2, 1}), q, Tensor::zeros({0, 4}, DType::i64), 0.0,
+                               false, ctx, 1.0);
+            }).find("expected q, k [T, H, D]"),
+            std::string::npos);
+}
+
+TEST(TokenDropout, DrawsWhatThePaddedRowsDraw) {
+  // Rows of lengths 3 and 5 padded to 5, features 6.
+  const int64_t S = 5, F = 6;
+  const Tensor x = random_f64({2, S, F}, 61).to(DType::f32);
+  std::vector<int64_t> index, tokens;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t s = 0; s < (b == 0 ? 3 : 5); ++s) {
+      index.push_back(b * S + s);
+      tokens.insert(tokens.end(), {b, s});
+    }
+  const int64_t T = int64_t(index.size());
+  DropoutContext padded_ctx{8, 4, 10};
+  const Tensor padded = dropout(x, 0.4, true, padded_ctx).reshape({2 * S, F});
+  DropoutContext stream_ctx{8, 4, 10};
+  const Tensor rows = Tensor::from_vector(index, {T});
+  const Tensor unpadded = dropout(index_select(x.reshape({2 * S, F}), rows), 0.4, true, stream_ctx,
+                                  Tensor::from_vector(tokens, {T, 2}));
+  EXPECT_TRUE(all_close(unpadded, index_select(padded, rows), 0.0, 0.0));
+  EXPECT_EQ(stream_ctx.next_site, padded_ctx.next_site);
+  auto f = [&](const std::vector<Tensor>& in) {
+    DropoutContext ctx{8, 4, 10};
+    return dropout(in[0], 0.4, true, ctx, Tensor::from_vector(tokens, {T, 2}));
+  };
+  EXPECT_TRUE(gradcheck(f, {random_f64({T, F}, 62)}));
+}
+
+}  // namespace
+}  // namespace roformer

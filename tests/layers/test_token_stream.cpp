@@ -1,0 +1,174 @@
+// The unpadded (token-stream) model against the padded one: the same hidden
+// states on the real tokens, the same MLM and classification losses and
+// gradients, dropout included (the masks are keyed by (row, position) in both
+// layouts); packed documents equal the same documents in rows of their own.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "core/ops.h"
+#include "layers/roformer.h"
+#include "layers/token_layout.h"
+#include "tests/test_support.h"
+
+namespace roformer {
+namespace {
+
+ModelConfig config_with(PositionEncoding position, bool rotary_value) {
+  ModelConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 24;
+  c.max_position_embeddings = 40;
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.2;
+  c.position = position;
+  c.rotary_value = rotary_value;
+  return c;
+}
+
+// Rows of the given lengths: ids, types and labels, padded to S and unpadded.
+struct Batch {
+  int64_t B, S, T = 0;
+  std::vector<int64_t> lengths;
+  std::vector<int32_t> ids, types, mask, labels;  // [B, S]
+  std::vector<int32_t> s_ids, s_types, s_labels;  // [T]
+  std::vector<int64_t> real;                      // flat padded index of each token
+  Batch(std::vector<int64_t> lens, int64_t S_) : B(int64_t(lens.size())), S(S_), lengths(lens) {
+    ids.assign(size_t(B * S), 0);
+    types.assign(size_t(B * S), 0);
+    mask.assign(size_t(B * S), 0);
+    labels.assign(size_t(B * S), -100);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < lengths[size_t(b)]; ++s) {
+        const size_t i = size_t(b * S + s);
+        ids[i] = int32_t(1 + (b * 7 + s * 3) % 60);
+        types[i] = s > lengths[size_t(b)] / 2 ? 1 : 0;
+        mask[i] = 1;
+        labels[i] = (s % 3 == 1) ? int32_t((s * 5 + b) % 61) : -100;
+        s_ids.push_back(ids[i]);
+        s_types.push_back(types[i]);
+        s_labels.push_back(labels[i]);
+        real.push_back(int64_t(i));
+        ++T;
+      }
+  }
+  Tensor padded(const std::vector<int32_t>& v) const { return Tensor::from_vector(v, {B, S}); }
+  Tensor stream(const std::vector<int32_t>& v) const { return Tensor::from_vector(v, {T}); }
+};
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector<double>(), vb = b.to_vector<double>();
+  EXPECT_EQ(va.size(), vb.size());
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::abs(va[i] - vb[i]));
+  return m;
+}
+
+class TokenStreamModel : public ::testing::TestWithParam<std::tuple<PositionEncoding, bool>> {};
+
+TEST_P(TokenStreamModel, UnpaddedEqualsPaddedOnRealTokensWithDropout) {
+  const auto [position, rotary_value] = GetParam();
+  const ModelConfig config = config_with(position, rotary_value);
+  const Batch batch({9, 3, 14, 1}, 16);
+  const TokenLayout layout = TokenLayout::of_lengths(batch.lengths);
+  RoFormerForMaskedLM model(config, 17);
+
+  DropoutContext padded_ctx{5, 3, 8};
+  const MlmOutput padded =
+      model.forward_mlm(batch.padded(batch.ids), batch.padded(batch.types),
+                        batch.padded(batch.mask), batch.padded(batch.labels), true, padded_ctx);
+  padded.loss.backward();
+  const std::vector<NamedTensor> params = model.named_parameters();
+  std::vector<Tensor> padded_grads;
+  for (const auto& p : params) padded_grads.push_back(p.tensor.grad().clone());
+  model.zero_grad();
+
+  DropoutContext stream_ctx{5, 3, 8};
+  const MlmOutput unpadded =
+      model.forward_mlm(batch.stream(batch.s_ids), batch.stream(batch.s_types), layout,
+                        batch.stream(batch.s_labels), true, stream_ctx);
+  unpadded.loss.backward();
+  EXPECT_EQ(unpadded.num_masked, padded.num_masked);
+  EXPECT_EQ(stream_ctx.next_site, padded_ctx.next_site);
+  EXPECT_NEAR(unpadded.loss.item(), padded.loss.item(), 1e-5 * std::abs(padded.loss.item()));
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_LT(max_abs_diff(params[i].tensor.grad(), padded_grads[i]), 2e-5) << params[i].name;
+
+  // The hidden states themselves, without dropout.
+  DropoutContext unused;
+  const Tensor hp = model.roformer().forward(batch.padded(batch.ids), batch.padded(batch.types),
+                                             batch.padded(batch.mask), false, unused);
+  const Tensor hs = model.roformer().forward(batch.stream(batch.s_ids), batch.stream(batch.s_types),
+                                             layout, false, unused);
+  const Tensor real = Tensor::from_vector(batch.real, {batch.T});
+  EXPECT_LT(max_abs_diff(hs, index_select(hp.reshape({batch.B * batch.S, -1}), real)), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Positions, TokenStreamModel,
+                         ::testing::Values(std::make_tuple(PositionEncoding::kRope, false),
+                                           std::make_tuple(PositionEncoding::kRope, true),
+                                           std::make_tuple(PositionEncoding::kAbsolute, false)));
+
+TEST(TokenStreamClassifier, UnpaddedEqualsPaddedLossAndLogits) {
+  const ModelConfig config = config_with(PositionEncoding::kRope, false);
+  const Batch batch({5, 12, 2}, 12);
+  RoFormerForSequenceClassification model(config, 3, 23);
+  const Tensor labels = Tensor::from_vector<int64_t>({2, 0, 1}, {3});
+  DropoutContext padded_ctx{1, 0, 4};
+  const ClassificationOutput padded =
+      model.forward(batch.padded(batch.ids), batch.padded(batch.types), batch.padded(batch.mask),
+                    labels, true, padded_ctx);
+  DropoutContext stream_ctx{1, 0, 4};
+  const ClassificationOutput unpadded =
+      model.forward(batch.stream(batch.s_ids), batch.stream(batch.s_types),
+                    TokenLayout::of_lengths(batch.lengths), labels, true, stream_ctx);
+  EXPECT_LT(max_abs_diff(unpadded.logits, padded.logits), 1e-5);
+  EXPECT_NEAR(unpadded.loss.item(), padded.loss.item(), 1e-5);
+}
+
+TEST(TokenStreamClassifier, PackedDocumentsEqualDocumentsInRowsOfTheirOwn) {
+  // Without dropout and with positions restarting, a document's logits do not
+  // depend on what shares its row.
+  ModelConfig config = config_with(PositionEncoding::kRope, true);
+  const Batch batch({4, 6, 3, 5}, 6);
+  RoFormerForSequenceClassification model(config, 2, 29);
+  DropoutContext unused;
+  const ClassificationOutput alone =
+      model.forward(batch.stream(batch.s_ids), batch.stream(batch.s_types),
+                    TokenLayout::of_lengths(batch.lengths), Tensor(), false, unused);
+  const ClassificationOutput packed =
+      model.forward(batch.stream(batch.s_ids), batch.stream(batch.s_types),
+                    TokenLayout::of_rows({{4, 6}, {3, 5}}, true), Tensor(), false, unused);
+  EXPECT_LT(max_abs_diff(packed.logits, alone.logits), 1e-5);
+  // Positions running on through the row rotate the values (rotary_value):
+  // the second document of each row then differs.
+  const ClassificationOutput running =
+      model.forward(batch.stream(batch.s_ids), batch.stream(batch.s_types),
+                    TokenLayout::of_rows({{4, 6}, {3, 5}}, false), Tensor(), false, unused);
+  EXPECT_GT(max_abs_diff(running.logits, alone.logits), 1e-6);
+}
+
+TEST(TokenLayout, OffsetsPositionsAndKeys) {
+  const TokenLayout l = TokenLayout::of_rows({{2, 3}, {1}}, false);
+  EXPECT_EQ(l.num_tokens, 6);
+  EXPECT_EQ(l.row_starts, (std::vector<int64_t>{0, 5, 6}));
+  EXPECT_EQ(l.document_starts, (std::vector<int64_t>{0, 2, 5, 6}));
+  EXPECT_EQ(l.segments.to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 2, 0, 0, 2, 3, 0, 2, 5, 1, 1, 0}));
+  EXPECT_EQ(l.positions.to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3, 4, 0}));
+  EXPECT_EQ(TokenLayout::of_rows({{2, 3}, {1}}, true).positions.to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 1, 0, 1, 2, 0}));
+  EXPECT_EQ(l.tokens.to_vector<int64_t>(),
+            (std::vector<int64_t>{0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 1, 0}));
+  EXPECT_NE(testing::error_of([] {
+              TokenLayout::of_rows({{2, 0}});
+            }).find("row 0 has a document of length 0"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace roformer

@@ -1,0 +1,87 @@
+#include "train/distributed/gradient_reducer.h"
+
+#include <chrono>
+
+#include "core/autograd.h"
+#include "core/error.h"
+
+namespace roformer::distributed {
+
+GradientReducer::GradientReducer(std::shared_ptr<FlatParameters> flat, Communicator& comm,
+                                 int64_t bucket_bytes)
+    : flat_(std::move(flat)), comm_(comm) {
+  RF_CHECK(flat_, "GradientReducer: the parameters are not flat");
+  RF_CHECK(flat_->device().is_cpu(), "GradientReducer: the MPI path reduces CPU gradients; ",
+           "parameters are on ", flat_->device().str());
+  const size_t n = flat_->size();
+  bucket_of_.assign(n, 0);
+  ready_.assign(n, 0);
+  // Reverse parameter order; a bucket closes once it holds bucket_bytes.
+  Bucket current;
+  current.end = flat_->padded_numel();
+  for (size_t k = n; k-- > 0;) {
+    current.begin = flat_->offset(k);
+    ++current.params;
+    bucket_of_[k] = buckets_.size();
+    const int64_t bytes = (current.end - current.begin) * int64_t(sizeof(float));
+    if (bytes >= bucket_bytes || k == 0) {
+      if (k == 0) current.begin = 0;
+      buckets_.push_back(current);
+      current = Bucket{};
+      current.end = flat_->offset(k);
+    }
+  }
+  for (Bucket& b : buckets_) b.pending = b.params;
+  flat_->set_grad_ready_hook([this](size_t i) { on_ready(i); });
+}
+
+GradientReducer::~GradientReducer() {
+  flat_->set_grad_ready_hook({});
+}
+
+void GradientReducer::arm() {
+  armed_ = true;
+}
+
+void GradientReducer::on_ready(size_t index) {
+  if (!armed_ || ready_[index]) return;
+  ready_[index] = 1;
+  --buckets_[bucket_of_[index]].pending;
+  start_ready_buckets();
+  comm_.progress();
+}
+
+void GradientReducer::start_ready_buckets() {
+  while (next_ < buckets_.size() && buckets_[next_].pending == 0) start(buckets_[next_++]);
+}
+
+void GradientReducer::start(const Bucket& b) {
+  float* g = flat_->grad().data_as<float>();
+  comm_.start_all_reduce_sum(std::span<float>(g + b.begin, size_t(b.end - b.begin)));
+}
+
+void GradientReducer::finish() {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (next_ < buckets_.size()) start(buckets_[next_++]);
+  comm_.wait_started();
+  // Which parameters got a gradient anywhere: the same set on every rank, so
+  // AdamW updates (and decays) the same parameters everywhere.
+  const size_t n = flat_->size();
+  std::vector<int64_t> has(n);
+  for (size_t i = 0; i < n; ++i) has[i] = flat_->has_grad(i) ? 1 : 0;
+  comm_.all_reduce_sum(std::span<int64_t>(has));
+  for (size_t i = 0; i < n; ++i) {
+    if (has[i] == 0 || flat_->has_grad(i)) continue;
+    TensorImpl& impl = flat_->parameters()[i].impl();
+    impl.grad = impl.grad_slot->buffer.impl_ptr();
+  }
+  flat_->grad().bump_version();
+  blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Ready for the next step.
+  next_ = 0;
+  armed_ = false;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (Bucket& b : buckets_) b.pending = b.params;
+}
+
+}  // namespace roformer::distributed

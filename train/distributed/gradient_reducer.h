@@ -1,0 +1,62 @@
+// Data-parallel gradient reduction over the flat gradient buffer
+// (core/flat_parameters.h). Parameters are grouped into buckets of about
+// `bucket_bytes` in reverse parameter order (the order backward finishes
+// them: the output layers first). During a step's last backward on this
+// rank, each parameter's ready hook marks it done; a bucket whose parameters
+// are all done is all-reduced (non-blocking) while backward goes on.
+//
+// Deterministic: buckets are always started in the same fixed order (bucket
+// k only after bucket k-1, whatever order the hooks fire in), each is one
+// sum over the same ranks, and the loss weights already divide by the global
+// unit count, so the summed gradient is the global batch's mean gradient.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/flat_parameters.h"
+#include "train/communicator.h"
+
+namespace roformer::distributed {
+
+class GradientReducer {
+ public:
+  GradientReducer(std::shared_ptr<FlatParameters> flat, Communicator& comm, int64_t bucket_bytes);
+  ~GradientReducer();  // removes the hooks
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // The next backward is this rank's last of the step: reduce buckets as they fill.
+  void arm();
+  // Starts the buckets not started yet, waits for all, and gives every rank
+  // the same set of parameters with a gradient (one that got none here but
+  // did elsewhere gets the reduced one). Afterwards the gradient buffer holds
+  // the sum over ranks on every rank.
+  void finish();
+
+  size_t num_buckets() const { return buckets_.size(); }
+  // Seconds finish() spent blocked on communication (not hidden by backward), summed.
+  double blocked_seconds() const { return blocked_s_; }
+
+ private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;  // range of the flat gradient buffer
+    int64_t params = 0;          // parameters in it
+    int64_t pending = 0;         // of those, not ready yet in this backward
+  };
+  void on_ready(size_t index);
+  void start_ready_buckets();
+  void start(const Bucket& b);
+
+  std::shared_ptr<FlatParameters> flat_;
+  Communicator& comm_;
+  std::vector<Bucket> buckets_;  // in start order
+  std::vector<size_t> bucket_of_;
+  std::vector<char> ready_;
+  size_t next_ = 0;  // the next bucket to start
+  bool armed_ = false;
+  double blocked_s_ = 0;
+};
+
+}  // namespace roformer::distributed

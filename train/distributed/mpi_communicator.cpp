@@ -1,0 +1,172 @@
+#include "train/distributed/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace roformer::distributed {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string mpi_error_string(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
+  return std::string(text, size_t(length));
+}
+
+}  // namespace
+
+struct MpiCommunicator::State {
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  double timeout_s = 0;
+  bool initialised_here = false;
+  std::vector<MPI_Request> started;  // start_all_reduce_sum() not yet waited for
+
+  void check(int code, const char* what) const {
+    if (code != MPI_SUCCESS)
+      throw Error(detail::concat("MPI ", what, " failed on rank ", rank, " of ", size, ": ",
+                                 mpi_error_string(code)));
+  }
+
+  // Waits for `requests` until the deadline; polls with short sleeps so a
+  // waiting rank leaves the cores to the ones still computing.
+  void wait(std::vector<MPI_Request>& requests, const char* what) {
+    if (requests.empty()) return;
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration<double>(timeout_s);
+    int done = 0;
+    for (int spins = 0;; ++spins) {
+      check(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE), what);
+      if (done) break;
+      if (Clock::now() > deadline)
+        throw Error(detail::concat(
+            "rank ", rank, " of ", size, ": ", what, " did not complete within ", timeout_s,
+            " s (distributed.timeout_s): another rank has died, failed or hangs; see the "
+            "launcher's and the other ranks' messages for which one"));
+      if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    requests.clear();
+  }
+  void wait_one(MPI_Request request, const char* what) {
+    std::vector<MPI_Request> one{request};
+    wait(one, what);
+  }
+};
+
+MpiCommunicator::MpiCommunicator(double timeout_s) : s_(std::make_unique<State>()) {
+  s_->timeout_s = timeout_s;
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      throw Error("MPI_Init_thread failed (is this process started by mpirun or srun?)");
+    s_->initialised_here = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  s_->check(MPI_Comm_dup(MPI_COMM_WORLD, &s_->comm), "MPI_Comm_dup");
+  s_->check(MPI_Comm_set_errhandler(s_->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  s_->check(MPI_Comm_rank(s_->comm, &s_->rank), "MPI_Comm_rank");
+  s_->check(MPI_Comm_size(s_->comm, &s_->size), "MPI_Comm_size");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // A rank unwinding from an error must not wait for peers in MPI_Finalize
+  // (they may be blocked in a collective): the caller aborts instead.
+  if (std::uncaught_exceptions() > 0) return;
+  if (s_->comm != MPI_COMM_NULL) MPI_Comm_free(&s_->comm);
+  if (s_->initialised_here) MPI_Finalize();
+}
+
+int MpiCommunicator::rank() const {
+  return s_->rank;
+}
+int MpiCommunicator::world_size() const {
+  return s_->size;
+}
+
+void MpiCommunicator::all_reduce_sum(std::span<double> values) {
+  MPI_Request r;
+  s_->check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_DOUBLE, MPI_SUM,
+                           s_->comm, &r),
+            "all-reduce (f64)");
+  s_->wait_one(r, "an all-reduce of step statistics");
+}
+
+void MpiCommunicator::all_reduce_sum(std::span<int64_t> values) {
+  MPI_Request r;
+  s_->check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_INT64_T, MPI_SUM,
+                           s_->comm, &r),
+            "all-reduce (i64)");
+  s_->wait_one(r, "an all-reduce of step counts");
+}
+
+void MpiCommunicator::all_reduce_sum(std::span<float> values) {
+  start_all_reduce_sum(values);
+  wait_started();
+}
+
+void MpiCommunicator::broadcast(std::span<std::byte> bytes, int root) {
+  MPI_Request r;
+  s_->check(MPI_Ibcast(bytes.data(), int(bytes.size()), MPI_BYTE, root, s_->comm, &r), "broadcast");
+  s_->wait_one(r, "a broadcast");
+}
+
+void MpiCommunicator::barrier() {
+  MPI_Request r;
+  s_->check(MPI_Ibarrier(s_->comm, &r), "barrier");
+  s_->wait_one(r, "a barrier");
+}
+
+void MpiCommunicator::all_gather(std::span<const float> mine, std::span<float> all) {
+  RF_CHECK(all.size() == mine.size() * size_t(s_->size), "all_gather: ", all.size(), " slots for ",
+           s_->size, " x ", mine.size(), " values");
+  MPI_Request r;
+  s_->check(MPI_Iallgather(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), int(mine.size()),
+                           MPI_FLOAT, s_->comm, &r),
+            "all-gather");
+  s_->wait_one(r, "an all-gather of optimizer state");
+}
+
+void MpiCommunicator::start_all_reduce_sum(std::span<float> values) {
+  MPI_Request r;
+  s_->check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), int(values.size()), MPI_FLOAT, MPI_SUM,
+                           s_->comm, &r),
+            "all-reduce (gradients)");
+  s_->started.push_back(r);
+}
+
+void MpiCommunicator::progress() {
+  if (s_->started.empty()) return;
+  int done = 0;
+  s_->check(MPI_Testall(int(s_->started.size()), s_->started.data(), &done, MPI_STATUSES_IGNORE),
+            "progress of the gradient all-reduce");
+  if (done) s_->started.clear();
+}
+
+void MpiCommunicator::wait_started() {
+  s_->wait(s_->started, "the gradient all-reduce");
+}
+
+void MpiCommunicator::abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort returns only if MPI is broken
+}
+
+std::string MpiCommunicator::host() const {
+  char name[MPI_MAX_PROCESSOR_NAME];
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  return std::string(name, size_t(length));
+}
+
+}  // namespace roformer::distributed
