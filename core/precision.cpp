@@ -1,5 +1,9 @@
 #include "core/precision.h"
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -35,7 +39,14 @@ bool cpu_has_native_bf16() {
   const int pretend = g_probe_override.load();
   if (pretend >= 0) return pretend == 1;
 #if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512bf16") || __builtin_cpu_supports("amx-bf16");
+  // CPUID leaf 7 read directly (clang 14's __builtin_cpu_supports knows
+  // neither feature name): subleaf 1 EAX bit 5 is AVX512-BF16, subleaf 0 EDX
+  // bit 22 AMX-BF16. "avx512f" also checks that the OS saves AVX-512 state.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__builtin_cpu_supports("avx512f") && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+      ((a >> 5) & 1u))
+    return true;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((d >> 22) & 1u);
 #else
   return false;
 #endif
