@@ -193,12 +193,15 @@ class PretrainTask final : public TrainingTask {
         std::make_unique<data::Loader>(shards(stage.shard_dir).train, vocab_, lo, state.loader);
     metrics.clear_progress();
     const distributed::BatchSplit split = split_batch(state.stage);
-    spdlog::info("stage {}/{}{}: {}, {} rank(s) x {} x {} sequences, {} sequences per epoch",
-                 state.stage + 1, stages_.size(),
+    // With several ranks, how the global batch is cut (one rank: the stage line says it).
+    const std::string ranks = world_size_ > 1
+                                  ? fmt::format(", {} rank(s) x {} x {} sequences", world_size_,
+                                                split.micro_batches, split.micro_batch_size)
+                                  : std::string();
+    spdlog::info("stage {}/{}{}: {}{}, {} sequences per epoch", state.stage + 1, stages_.size(),
                  state.step_in_stage > 0 ? fmt::format(" (resumed at step {})", state.step_in_stage)
                                          : std::string(),
-                 describe_stage(stage), world_size_, split.micro_batches, split.micro_batch_size,
-                 loader_->num_sequences());
+                 describe_stage(stage), ranks, loader_->num_sequences());
     if (state.step_in_stage == 0) {
       nlohmann::json record = {{"type", "stage"},
                                {"stage", state.stage + 1},
