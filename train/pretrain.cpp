@@ -513,7 +513,6 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
   result.interrupted = r.interrupted;
   result.last_checkpoint = r.last_checkpoint;
   result.stages = task.summaries();
-  if (r.finished) spdlog::info("stage summary:\n{}", format_stage_table(result.stages));
   return result;
 }
 
