@@ -25,6 +25,26 @@ Tensor unit_last_stride(const Tensor& t) {
   return t.strides().back() == 1 || t.shape().back() <= 1 ? t : t.contiguous();
 }
 
+// The kernel's scale and dropout for `op`: dropout only while training, its
+// probability checked, and its keys drawn from the context's next site.
+kernels::AttentionParams attention_params(const char* op, const Tensor& q, int64_t heads,
+                                          double scale, double dropout_p, bool training,
+                                          DropoutContext& ctx) {
+  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
+    throw Error(detail::concat(op, ": dropout probability must be in [0, 1), got ", dropout_p));
+  const bool drop = training && dropout_p > 0.0;
+  kernels::AttentionParams params;
+  params.scale = scale;
+  params.dropout_p = drop ? dropout_p : 0.0;
+  if (drop) {
+    if (heads > kDropoutMaxHeads)
+      throw Error(detail::concat(op, ": dropout supports at most ", kDropoutMaxHeads,
+                                 " heads, got ", q.desc()));
+    params.dropout = ctx.next_site_key();
+  }
+  return params;
+}
+
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
@@ -48,20 +68,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                                      key_padding_mask.size(1) != Sk))
     throw Error(detail::concat("attention: key_padding_mask ", key_padding_mask.desc(),
                                " does not match [B, Sk] = [", B, ", ", Sk, "]"));
-  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
-    throw Error(
-        detail::concat("attention: dropout probability must be in [0, 1), got ", dropout_p));
-
-  const bool drop = training && dropout_p > 0.0;
-  kernels::AttentionParams params;
-  params.scale = scale;
-  params.dropout_p = drop ? dropout_p : 0.0;
-  if (drop) {
-    if (H > kDropoutMaxHeads)
-      throw Error(detail::concat("attention: dropout supports at most ", kDropoutMaxHeads,
-                                 " heads, got ", q.desc()));
-    params.dropout = ctx.next_site_key();
-  }
+  const kernels::AttentionParams params =
+      attention_params("attention", q, H, scale, dropout_p, training, ctx);
+  const bool drop = params.dropout_p > 0.0;
   // Under bf16 autocast the two products read bf16 q, k, v (kept for
   // backward at half the memory) and the probabilities as bf16; scores,
   // softmax, lse and the output stay f32.
@@ -133,21 +142,11 @@ Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
       (q.dtype() != DType::f32 && q.dtype() != DType::f64))
     throw Error(detail::concat("varlen_attention: expected f32 or f64 q, k, v of one dtype, got ",
                                q.desc(), ", ", k.desc(), ", ", v.desc()));
-  if (!(dropout_p >= 0.0 && dropout_p < 1.0))
-    throw Error(
-        detail::concat("varlen_attention: dropout probability must be in [0, 1), got ", dropout_p));
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Dv = v.size(2);
+  const kernels::AttentionParams params =
+      attention_params("varlen_attention", q, H, scale, dropout_p, training, ctx);
   const int64_t longest = checked_segments(segments, T);
-  const bool drop = training && dropout_p > 0.0;
-  kernels::AttentionParams params;
-  params.scale = scale;
-  params.dropout_p = drop ? dropout_p : 0.0;
-  if (drop) {
-    if (H > kDropoutMaxHeads)
-      throw Error(detail::concat("varlen_attention: dropout supports at most ", kDropoutMaxHeads,
-                                 " heads, got ", q.desc()));
-    params.dropout = ctx.next_site_key();
-  }
+  const bool drop = params.dropout_p > 0.0;
   const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
                vd = unit_last_stride(v.detach());
   const Tensor seg = segments.detach();
