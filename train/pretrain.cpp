@@ -97,6 +97,7 @@ class PretrainTask final : public TrainingTask {
         comm_(comm),
         rank_(comm.rank()),
         world_size_(comm.world_size()),
+        token_stream_(uses_token_stream(config.data, config.model, config.run.device)),
         uploader_(device) {
     vocab_ = std::make_shared<const data::Vocab>(data::Vocab::load(config.data.vocab));
     if (vocab_->size() > config.model.vocab_size)
@@ -241,8 +242,7 @@ class PretrainTask final : public TrainingTask {
       units.push_back(batches_.back().num_masked);
       // Queued on the side stream: the copies overlap the previous step's tail.
       // (Token streams are built from batches_ in forward_backward.)
-      if (!uses_token_stream(config_.data, config_.model, config_.run.device))
-        inputs_.push_back(to_tensors(batches_.back(), uploader_));
+      if (!token_stream_) inputs_.push_back(to_tensors(batches_.back(), uploader_));
     }
     uploader_.publish();
     return units;
@@ -256,7 +256,7 @@ class PretrainTask final : public TrainingTask {
     s.flops = mlm_training_flops(config_.model, b.seq_len, b.num_tokens, b.num_masked);
     if (b.num_masked == 0) return s;
     MlmOutput out;
-    if (uses_token_stream(config_.data, config_.model, config_.run.device)) {
+    if (token_stream_) {
       const data::TokenBatch tb =
           unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
       s.slots = tb.padded_slots;
@@ -460,6 +460,7 @@ class PretrainTask final : public TrainingTask {
   const Config& config_;
   Communicator& comm_;
   int rank_, world_size_;
+  const bool token_stream_;  // micro-batches run as token streams (data.unpadded)
   std::shared_ptr<const data::Vocab> vocab_;
   data::TokenizerIdentity identity_;
   std::vector<ResolvedStage> stages_;
