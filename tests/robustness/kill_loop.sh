@@ -30,14 +30,7 @@ losses "$work/straight/metrics.jsonl" > "$work/straight.txt"
 [[ $(wc -l < "$work/straight.txt") -eq $steps ]] || fail "uninterrupted run logged $(wc -l < "$work/straight.txt") steps"
 
 # Compares every logged loss of run directory $1 with the uninterrupted run.
-compare() {
-  local bad=0
-  while read -r step loss; do
-    want=$(awk -v s="$step" '$1 == s {print $2}' "$work/straight.txt")
-    [[ "$loss" == "$want" ]] || { echo "step $step: loss $loss after kills, $want uninterrupted"; bad=1; }
-  done < <(losses "$1/metrics.jsonl")
-  return $bad
-}
+compare() { same_losses <(losses "$1/metrics.jsonl") "$work/straight.txt"; }
 
 episode=1 in_checkpoint=0
 for ((k = 1; k <= kills; k++)); do

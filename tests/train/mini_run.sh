@@ -34,6 +34,17 @@ mini_config() {
 # exactly as logged (the keys of a record are sorted by name).
 losses() { sed -n 's/.*"global_step":\([0-9]*\),.*"last_step_loss":"\([^"]*\)".*/\1 \2/p' "$1"; }
 
+# same_losses GOT WANT: every "step loss" line of GOT equals WANT's loss at
+# that step, bit for bit; prints each mismatch and fails if there was one.
+same_losses() {
+  local step loss want bad=0
+  while read -r step loss; do
+    want=$(awk -v s="$step" '$1 == s {print $2}' "$2")
+    [[ "$loss" == "$want" ]] || { echo "step $step: loss $loss, uninterrupted $want"; bad=1; }
+  done < "$1"
+  return $bad
+}
+
 # checkpoint_steps DIR: the global steps of the checkpoints in DIR, ascending.
 checkpoint_steps() { ls "$1" | sed -n 's/^ckpt-0*\([0-9][0-9]*\).*\.h5$/\1/p' | sort -n | tr '\n' ' '; }
 

@@ -38,13 +38,7 @@ ls "$work/run/checkpoints" | grep -q '\.tmp' || { echo "expected a half-written 
 losses "$work/run/metrics.jsonl" > "$work/resumed.txt"
 # Every logged step (including steps run twice after a kill) matches the straight run.
 bad=0
-while read -r step loss; do
-  want=$(awk -v s="$step" '$1 == s {print $2}' "$work/straight.txt")
-  if [[ "$loss" != "$want" ]]; then
-    echo "step $step: resumed loss $loss, uninterrupted $want"
-    bad=1
-  fi
-done < "$work/resumed.txt"
+same_losses "$work/resumed.txt" "$work/straight.txt" || bad=1
 covered=$(cut -d' ' -f1 "$work/resumed.txt" | sort -un | wc -l)
 [[ $covered -eq 12 ]] || { echo "resumed runs logged $covered distinct steps, expected 12"; bad=1; }
 ls "$work/run/checkpoints" | grep -q '\.tmp' && { echo "temp checkpoint left behind"; bad=1; }

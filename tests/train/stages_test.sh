@@ -67,13 +67,7 @@ grep -q 'stage 2/2 (resumed at step 1): .*rope_base 160000' "$work/resumed.out" 
 
 losses "$work/run/metrics.jsonl" > "$work/resumed.txt"
 fail=0
-while read -r step loss; do
-  want=$(awk -v s="$step" '$1 == s {print $2}' "$work/straight.txt")
-  if [[ "$loss" != "$want" ]]; then
-    echo "step $step: resumed loss $loss, uninterrupted $want"
-    fail=1
-  fi
-done < "$work/resumed.txt"
+same_losses "$work/resumed.txt" "$work/straight.txt" || fail=1
 [[ $(sort -un "$work/resumed.txt" | awk '{print $1}' | sort -un | wc -l) -eq 13 ]] || { echo "resumed run did not log all 13 steps"; fail=1; }
 [[ $fail -eq 0 ]] || exit 1
 echo "per-stage overrides and batch warm-up: 13 steps bit-identical across two kills"
