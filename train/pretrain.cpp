@@ -109,6 +109,9 @@ class PretrainTask final : public TrainingTask {
       stages_.push_back(resolve_stage(config, i));
       shards(stages_.back().shard_dir);  // every stage's data is checked before training
     }
+    // Every stage's cut over ranks and micro-batches, refused before training if it does not
+    // divide.
+    for (size_t i = 0; i < stages_.size(); ++i) splits_.push_back(split_batch(int64_t(i)));
     model_ = std::make_unique<RoFormerForMaskedLM>(config.model, config.run.seed);
     // Initialised on the host (the same weights on every device), then moved.
     model_->to(device);
@@ -145,7 +148,7 @@ class PretrainTask final : public TrainingTask {
   int64_t num_phases() const override { return int64_t(config_.stages.size()); }
   PhasePlan plan(int64_t phase) const override {
     const ResolvedStage& s = stages_[size_t(phase)];
-    const distributed::BatchSplit split = split_batch(phase);
+    const distributed::BatchSplit& split = splits_[size_t(phase)];
     PhasePlan p;
     p.steps = s.steps;
     p.micro_batch_size = split.micro_batch_size;
@@ -184,7 +187,7 @@ class PretrainTask final : public TrainingTask {
     loader_.reset();  // its buffers go before the next stage's are made
     data::LoaderOptions lo;
     lo.max_seq_len = stage.max_seq_len;
-    lo.batch_size = split_batch(state.stage).micro_batch_size;
+    lo.batch_size = splits_[size_t(state.stage)].micro_batch_size;
     lo.seed = config_.run.seed;
     lo.rank = rank_;
     lo.world_size = world_size_;
@@ -193,7 +196,7 @@ class PretrainTask final : public TrainingTask {
     loader_ =
         std::make_unique<data::Loader>(shards(stage.shard_dir).train, vocab_, lo, state.loader);
     metrics.clear_progress();
-    const distributed::BatchSplit split = split_batch(state.stage);
+    const distributed::BatchSplit& split = splits_[size_t(state.stage)];
     // With several ranks, how the global batch is cut (one rank: the stage line says it).
     const std::string ranks = world_size_ > 1
                                   ? fmt::format(", {} rank(s) x {} x {} sequences", world_size_,
@@ -231,8 +234,8 @@ class PretrainTask final : public TrainingTask {
     const ResolvedStage& stage = stages_[size_t(current_stage_)];
     // The batch-size warm-up draws fewer micro-batches of the same shape: no
     // new kernels, and the loader cursor stays exact for resume.
-    const int64_t micro_batches =
-        stage.batch_at(step_in_stage_) / world_size_ / split_batch(current_stage_).micro_batch_size;
+    const int64_t micro_batches = stage.batch_at(step_in_stage_) / world_size_ /
+                                  splits_[size_t(current_stage_)].micro_batch_size;
     ++step_in_stage_;
     batches_.clear();
     inputs_.clear();
@@ -345,6 +348,7 @@ class PretrainTask final : public TrainingTask {
 
   const std::vector<StageSummary>& summaries() const { return summaries_; }
 
+ private:
   // The stage's global batch over this run's ranks; throws naming the stage.
   distributed::BatchSplit split_batch(int64_t stage) const {
     const StageConfig& s = config_.stages[size_t(stage)];
@@ -362,7 +366,6 @@ class PretrainTask final : public TrainingTask {
     return split;
   }
 
- private:
   struct Eval {
     double loss = NAN, accuracy = NAN;
     int64_t masked = 0;
@@ -464,6 +467,7 @@ class PretrainTask final : public TrainingTask {
   std::shared_ptr<const data::Vocab> vocab_;
   data::TokenizerIdentity identity_;
   std::vector<ResolvedStage> stages_;
+  std::vector<distributed::BatchSplit> splits_;  // per stage, from split_batch
   mutable std::map<std::string, Shards> shards_;
   std::unique_ptr<RoFormerForMaskedLM> model_;
   std::unique_ptr<data::Loader> loader_;
@@ -505,7 +509,6 @@ PretrainResult run_pretrain(const Config& config, const PretrainOptions& options
   if (config.run.threads > 0) omp_set_num_threads(int(config.run.threads));
 
   PretrainTask task(config, device, comm);
-  for (size_t i = 0; i < config.stages.size(); ++i) task.split_batch(int64_t(i));  // fail early
   Trainer trainer(config, task, options);
   const TrainerResult r = trainer.run();
   PretrainResult result;
