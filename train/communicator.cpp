@@ -34,4 +34,18 @@ void SingleProcessCommunicator::all_gather(std::span<const float> mine, std::spa
   std::copy(mine.begin(), mine.end(), all.begin());
 }
 
+void SingleProcessCommunicator::all_gather_in_place(std::span<float> values,
+                                                    std::span<const int64_t> counts) {
+  RF_CHECK(counts.size() == 1 && counts[0] == int64_t(values.size()),
+           "all_gather_in_place: ", values.size(), " values for ", counts.size(), " part(s)");
+}
+
+void SingleProcessCommunicator::gather(std::span<const float> mine, std::span<float> all,
+                                       std::span<const int64_t> counts, int root) {
+  RF_CHECK(root == 0 && counts.size() == 1 && counts[0] == int64_t(mine.size()) &&
+               all.size() == mine.size(),
+           "gather: ", all.size(), " slots for ", mine.size(), " values");
+  std::copy(mine.begin(), mine.end(), all.begin());
+}
+
 }  // namespace roformer

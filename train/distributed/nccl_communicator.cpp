@@ -101,6 +101,16 @@ void NcclCommunicator::all_gather(std::span<const float> mine, std::span<float> 
   s_->mpi->all_gather(mine, all);
 }
 
+void NcclCommunicator::all_gather_in_place(std::span<float> values,
+                                           std::span<const int64_t> counts) {
+  s_->mpi->all_gather_in_place(values, counts);
+}
+
+void NcclCommunicator::gather(std::span<const float> mine, std::span<float> all,
+                              std::span<const int64_t> counts, int root) {
+  s_->mpi->gather(mine, all, counts, root);
+}
+
 void NcclCommunicator::all_reduce_sum(std::span<float> values) {
   if (values.empty()) return;
   cuda::DeviceGuard on(s_->device);

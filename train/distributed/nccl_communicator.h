@@ -37,6 +37,9 @@ class NcclCommunicator final : public Communicator {
   void broadcast(std::span<std::byte> bytes, int root) override;
   void barrier() override;
   void all_gather(std::span<const float> mine, std::span<float> all) override;
+  void all_gather_in_place(std::span<float> values, std::span<const int64_t> counts) override;
+  void gather(std::span<const float> mine, std::span<float> all, std::span<const int64_t> counts,
+              int root) override;
 
   // In place on device memory of this rank's GPU; returns when the sum is done.
   void all_reduce_sum_device(float* values, size_t count);
