@@ -28,6 +28,10 @@ std::string Communicator::broadcast(std::string text, int root) {
   return text;
 }
 
+void Communicator::start_all_reduce_sum_device(float*, size_t, void*) {
+  throw Error("this communicator cannot sum device memory (NCCL is needed)");
+}
+
 void SingleProcessCommunicator::all_gather(std::span<const float> mine, std::span<float> all) {
   RF_CHECK(all.size() == mine.size(), "all_gather: ", all.size(), " slots for ", mine.size(),
            " values");

@@ -50,6 +50,15 @@ class Communicator {
   virtual void progress() {}
   virtual void wait_started() {}
 
+  // Gradients on a GPU. True when start_all_reduce_sum_device sums device
+  // memory in place (NCCL); otherwise the gradient buckets are staged
+  // through host memory and summed with start_all_reduce_sum.
+  virtual bool sums_device_memory() const { return false; }
+  // Starts an in-place sum of `count` floats of this rank's GPU memory, after
+  // the work queued so far on `stream` (a cudaStream_t; null: the default
+  // stream); wait_started() waits for it. Only when sums_device_memory().
+  virtual void start_all_reduce_sum_device(float* values, size_t count, void* stream);
+
   // Conveniences built on the operations above.
   int64_t sum(int64_t value);
   double sum(double value);

@@ -158,7 +158,7 @@ TrainerResult Trainer::run() {
                      distributed::zero_shard(config_.distributed.zero, comm));
   // Data parallelism: gradients are summed over ranks in buckets during backward.
   std::unique_ptr<distributed::GradientReducer> reducer;
-  if (comm.world_size() > 1) {
+  if (options_.communicator) {
     std::vector<Tensor> tensors;
     for (const optim::NamedParameter& p : params) tensors.push_back(p.tensor);
     reducer = std::make_unique<distributed::GradientReducer>(
