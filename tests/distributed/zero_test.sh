@@ -13,8 +13,6 @@ SRC=$2
 source "$SRC/tests/distributed/common.sh"
 write_config
 
-# The newest logged loss of each step (a resumed run logs its rerun steps again).
-last_losses() { losses "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n; }
 # field FILE KEY: KEY's value in the last train record of a metrics.jsonl.
 field() { grep '"type":"train"' "$1" | tail -1 | sed -n "s/.*\"$2\":\(\[[^]]*\]\|[^,}]*\).*/\1/p"; }
 
@@ -49,41 +47,28 @@ awk -v whole="$whole" -v share="$share" -v shares="$shares" -v rss="$rss" 'BEGIN
 grep -q "memory per rank: .*AdamW moments .*ZeRO-1: 1/2" "$work/zero.log" ||
   { echo "no memory line in the log"; cat "$work/zero.log"; exit 1; }
 
-# kill_then_resume NAME FIRST_RANKS FIRST_ZERO THEN_RANKS THEN_ZERO: killed
-# before global step 5 (after the step-4 checkpoint), then resumed to the end.
-kill_then_resume() {
-  local dir=$work/$1
-  local first=("$ROFORMER" pretrain --config "$work/dp.yaml" "run.dir=$dir" "distributed.zero=$3")
-  local then=("$ROFORMER" pretrain --config "$work/dp.yaml" "run.dir=$dir" "distributed.zero=$5")
-  if [[ $2 -eq 1 ]]; then
-    ROFORMER_TEST_KILL_AT_STEP=5 "${first[@]}" >"$work/$1.first.log" 2>&1 &&
-      { echo "$1: the killed run exited 0"; exit 1; }
-  else
-    launch "$2" -x ROFORMER_TEST_KILL_AT_STEP=5 "${first[@]}" >"$work/$1.first.log" 2>&1 &&
-      { echo "$1: the killed run exited 0"; exit 1; }
-  fi
-  [[ -f $dir/checkpoints/ckpt-00000004.h5 ]] || { echo "$1: no step-4 checkpoint"; exit 1; }
-  if [[ $4 -eq 1 ]]; then "${then[@]}" >"$work/$1.log" 2>&1; else launch "$4" "${then[@]}" >"$work/$1.log" 2>&1; fi ||
-    { cat "$work/$1.log"; exit 1; }
-  grep -q "resuming from .*ckpt-00000004.h5" "$work/$1.log" ||
-    { echo "$1: did not resume from step 4"; cat "$work/$1.log"; exit 1; }
-  last_losses "$dir/metrics.jsonl" > "$work/$1.txt"
+# zero NAME FIRST_RANKS FIRST_ZERO THEN_RANKS THEN_ZERO: kill_then_resume with
+# distributed.zero set for each half.
+zero() {
+  first_args=("distributed.zero=$3")
+  then_args=("distributed.zero=$5")
+  kill_then_resume "$1" "$2" "$4"
 }
 
-kill_then_resume same 2 1 2 1
+zero same 2 1 2 1
 cmp "$work/zero.txt" "$work/same.txt" ||
   { echo "ZeRO-1 resume on 2 ranks is not bit-exact"; diff "$work/zero.txt" "$work/same.txt"; exit 1; }
 echo "ZeRO-1 2 -> 2: bit-exact"
 # ZeRO-1 changes no float operation, so switching it on or off on the same
 # world size is bit-exact too: the gathered moments are exactly the whole ones.
-kill_then_resume unshard 2 1 2 0
+zero unshard 2 1 2 0
 cmp "$work/zero.txt" "$work/unshard.txt" ||
   { echo "ZeRO-1 -> plain on 2 ranks is not bit-exact"; diff "$work/zero.txt" "$work/unshard.txt"; exit 1; }
-kill_then_resume shard 2 0 2 1
+zero shard 2 0 2 1
 cmp "$work/zero.txt" "$work/shard.txt" ||
   { echo "plain -> ZeRO-1 on 2 ranks is not bit-exact"; diff "$work/zero.txt" "$work/shard.txt"; exit 1; }
 echo "2 ranks ZeRO-1 <-> plain: bit-exact"
-kill_then_resume shrink 2 1 1 0
+zero shrink 2 1 1 0
 compare "$work/zero.txt" "$work/shrink.txt" 1e-5 "ZeRO-1 2 ranks -> 1 rank"
-kill_then_resume grow 1 0 2 1
+zero grow 1 0 2 1
 compare "$work/zero.txt" "$work/grow.txt" 1e-5 "1 rank -> 2 ranks ZeRO-1"
