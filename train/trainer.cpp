@@ -155,7 +155,7 @@ TrainerResult Trainer::run() {
   optim::AdamW adamw(params,
                      {config_.optim.betas[0], config_.optim.betas[1], config_.optim.eps,
                       config_.optim.weight_decay},
-                     distributed::zero_shard(config_.distributed.zero, comm));
+                     distributed::zero_shard(config_.distributed.zero, comm, device));
   // Data parallelism: gradients are summed over ranks in buckets during backward.
   std::unique_ptr<distributed::GradientReducer> reducer;
   if (options_.communicator) {

@@ -4,9 +4,14 @@
 
 namespace roformer::distributed {
 
-optim::MomentShard zero_shard(int64_t zero, const Communicator& comm) {
+optim::MomentShard zero_shard(int64_t zero, const Communicator& comm, Device device) {
   RF_CHECK(zero == 0 || zero == 1, "distributed.zero: ", zero);
   if (zero == 0) return {};
+  if (!device.is_cpu())
+    throw InputError(
+        "distributed.zero: 1 (ZeRO-1) shards the AdamW moments of CPU ranks only; "
+        "this run trains on " +
+        device.str() + " (set distributed.zero: 0)");
   return {comm.rank(), comm.world_size()};
 }
 

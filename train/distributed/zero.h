@@ -13,8 +13,10 @@
 
 namespace roformer::distributed {
 
-// This rank's share for `distributed.zero` (0: none, 1: sharded over the ranks).
-optim::MomentShard zero_shard(int64_t zero, const Communicator& comm);
+// This rank's share for `distributed.zero` (0: none, 1: sharded over the
+// ranks). Throws InputError for ZeRO-1 with parameters on a GPU (the sharded
+// AdamW pass is CPU-only).
+optim::MomentShard zero_shard(int64_t zero, const Communicator& comm, Device device);
 
 // The floats of each rank's share of the flat buffers, in rank order.
 std::vector<int64_t> shard_sizes(const optim::AdamW& adamw, int world_size);
