@@ -24,10 +24,9 @@ class LaunchedRun {
  public:
   explicit LaunchedRun(const Config& config)
       : launch_(distributed::detect_launch()),
-        config_(config),
-        comm_(distributed::make_communicator(
-            launch_, config.distributed.timeout_s,
-            config_.run.device = distributed::rank_device(config.run.device, launch_))) {
+        config_(on_rank_device(config, launch_)),
+        comm_(distributed::make_communicator(launch_, config.distributed.timeout_s,
+                                             config_.run.device)) {
     if (!comm_) return;
     spdlog::default_logger()->set_pattern(
         fmt::format("[%H:%M:%S.%e] [rank {}/{}] [%^%l%$] %v", comm_->rank(), comm_->world_size()));
@@ -58,6 +57,11 @@ class LaunchedRun {
   }
 
  private:
+  static Config on_rank_device(Config config, const distributed::LaunchInfo& launch) {
+    config.run.device = distributed::rank_device(config.run.device, launch);
+    return config;
+  }
+
   distributed::LaunchInfo launch_;
   Config config_;
   std::unique_ptr<Communicator> comm_;
