@@ -58,7 +58,9 @@
 #                 GEMM and upload tests, one suite at a time
 #
 # More checks (NCCL, ...): write a function and add a `step NAME SECONDS FUNC`
-# line in run_checks, before memcheck.
+# line in run_checks, before memcheck. The build, the bundle, the step
+# bookkeeping and the device step are shared with scripts/gpu_bench.sh, in
+# scripts/gpu_common.sh (BUILD_DIR picks another build directory).
 set -uo pipefail
 if [[ ${1:-} == __lib ]]; then
   cd "$ROOT"  # sourced by step(): ROOT is exported
@@ -66,36 +68,17 @@ else
   cd "$(dirname "$0")/.."
   ROOT=$PWD
 fi
+export STEP_LIB=$ROOT/scripts/gpu_check.sh
+# shellcheck source=scripts/gpu_common.sh
+source "$ROOT/scripts/gpu_common.sh"
 
 mode=${1:-}
-build_dir=${BUILD_DIR:-build-gpu}
 pack_dir=.gpu
 # Programs the check runs; the bundle holds only these.
 BUNDLE_TARGETS=(roformer cuda_tests op_table_tests core_tests layers_tests train_golden_tests)
 
 build() {
-  set -e
-  local pack=${GPU_PACK:-}
-  if [[ -z $pack ]]; then
-    for candidate in ../shared/tools/gpu-pack /work/shared/tools/gpu-pack; do
-      [[ -x $candidate ]] && pack=$candidate && break
-    done
-  fi
-  [[ -n $pack ]] || { echo "gpu_check: gpu-pack not found (set GPU_PACK)" >&2; exit 1; }
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
-  cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DROFORMER_WITH_CUDA=ON -DROFORMER_CUDA_KERNELS=ON -DROFORMER_BUILD_BENCH=OFF \
-    -DROFORMER_NATIVE=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
-  grep -q 'ROFORMER_CUDA_KERNELS:BOOL=ON' "$build_dir/CMakeCache.txt"
-  cmake --build "$build_dir" -j"${JOBS:-2}" --target "${BUNDLE_TARGETS[@]}"
-  local stage
-  stage=$(mktemp -d)
-  for t in "${BUNDLE_TARGETS[@]}"; do
-    find "$build_dir" -name "$t" -type f -perm -u+x -not -path '*/CMakeFiles/*' -exec cp {} "$stage/" \;
-  done
-  "$pack" "$stage" "$pack_dir"
-  rm -rf "$stage"
+  gpu_build_and_pack "$pack_dir" "${BUNDLE_TARGETS[@]}"
   pack_openmpi
   echo "gpu_check: built for sm_90 and packed into $pack_dir/bundle.tar.xz; now, on the GPU machine:"
   echo '  run(command="scripts/gpu_check.sh run", carry=[".gpu"], timeout_s=600)'
@@ -125,67 +108,7 @@ pack_openmpi() {
   echo "gpu_check: OpenMPI packed into $pack_dir/openmpi.tar.xz ($(du -h "$pack_dir/openmpi.tar.xz" | cut -f1))"
 }
 
-# --- bookkeeping ----------------------------------------------------------------------
-
-failed=0
-start_time=$SECONDS
-summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
-note() { echo "$*" >> "$WORK/notes.txt"; }  # a step's key numbers, shown after its line
-pack_logs() { tar czf "$OUT/logs.tar.gz" -C "$WORK" --exclude='*.h5' --exclude='shards' . 2>/dev/null; }
-
-step() {  # step NAME SECONDS FUNCTION: runs under a time limit, logs, records the result
-  local name=$1 limit=$2
-  shift 2
-  local left=$((BUDGET - (SECONDS - start_time) - 15))
-  if ((left < 20)); then
-    summary "SKIP  $name (the ${BUDGET} s budget is spent)"
-    return
-  fi
-  ((limit > left)) && limit=$left
-  : > "$WORK/notes.txt"
-  local t0=$SECONDS rc=0
-  # A function runs in a child bash so `timeout` can stop it with everything it started.
-  timeout --kill-after=10 "$limit" bash -c "source '$ROOT/scripts/gpu_check.sh' __lib; $*" \
-    > "$WORK/$name.log" 2>&1 || rc=$?
-  local took=$((SECONDS - t0))
-  if ((rc == 0)); then
-    summary "ok    $name (${took} s)"
-  elif ((rc == 77)); then
-    summary "SKIP  $name (${took} s): $(tail -n 1 "$WORK/$name.log")"
-  else
-    ((rc == 124 || rc == 137)) && echo "gpu_check: stopped at its ${limit} s limit" >> "$WORK/$name.log"
-    summary "FAIL  $name (${took} s, exit $rc): tail of $name.log"
-    tail -n 12 "$WORK/$name.log" | sed 's/^/      /' | tee -a "$OUT/summary.txt"
-    failed=$((failed + 1))
-  fi
-  [[ -s $WORK/notes.txt ]] && sed 's/^/      /' "$WORK/notes.txt" | tee -a "$OUT/summary.txt"
-  pack_logs
-}
-
 # --- the steps (each runs in its own bash: set -e is fine here) ---------------------
-
-device_info() {
-  nvidia-smi || true
-  nvcc --version 2>/dev/null | tail -1 || true
-  $PYTHON - <<'PY' || true
-import importlib
-for name in ("torch", "transformers", "h5py", "numpy"):
-    try:
-        m = importlib.import_module(name)
-        print(name, getattr(m, "__version__", "?"))
-    except Exception as e:  # noqa: BLE001
-        print(name, "missing:", e)
-try:
-    import torch
-    print("cuda device:", torch.cuda.get_device_name(0))
-except Exception as e:  # noqa: BLE001
-    print("torch.cuda:", e)
-PY
-  local gpu
-  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
-  [[ -n $gpu ]] && note "$gpu"
-  return 0
-}
 
 cuda_tests_step() {
   cuda_tests --gtest_output="xml:$WORK/cuda_tests.xml"
@@ -450,27 +373,22 @@ run_checks() {
   local dry=${1:-}
   if [[ -z $dry ]]; then
     : "${OUT:?gpu_check run: \$OUT (the device tool output folder) is not set}"
-    [[ -f $pack_dir/bundle.tar.xz ]] || { echo "gpu_check: no $pack_dir/bundle.tar.xz (carry .gpu)"; exit 1; }
-    tar xJf "$pack_dir/bundle.tar.xz" -C "$pack_dir"
-    # shellcheck disable=SC1091
-    source "$pack_dir/gpubundle/env.sh"
+    gpu_unpack "$pack_dir"
     if [[ -f $pack_dir/openmpi.tar.xz ]]; then  # mpirun for the MPI steps, relocated
       tar xJf "$pack_dir/openmpi.tar.xz" -C "$pack_dir"
       export OPAL_PREFIX=$ROOT/$pack_dir/openmpi PATH=$ROOT/$pack_dir/openmpi/bin:$PATH
       export PMIX_INSTALL_PREFIX=$OPAL_PREFIX/pmix2
       export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$OPAL_PREFIX/lib/x86_64-linux-gnu/openmpi/lib:$OPAL_PREFIX/deps
     fi
-    export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, nvcc
     export GPU=cuda E2E_STEPS=${E2E_STEPS:-100} E2E_MODEL=${E2E_MODEL:-}
     export GOLDEN_REQUIRE=--require-transformers PYTHON=${PYTHON:-python3}
   else
     # Dry run here: the programs of build-gpu, CPU in place of the GPU, a small model.
     export OUT=${OUT:-/tmp/gpu_check_dry/out}
     rm -rf "$OUT" && mkdir -p "$OUT"
-    export PATH=$ROOT/$build_dir:$(find "$ROOT/$build_dir/tests" -type d | tr '\n' ':')$PATH
+    gpu_dry_path
     export GPU=cpu E2E_STEPS=${E2E_STEPS:-6} GOLDEN_REQUIRE=
-    # The system interpreter has torch and h5py here (Debian), not transformers.
-    export PYTHON=${PYTHON:-$([[ -x /usr/bin/python3 ]] && echo /usr/bin/python3 || echo python3)}
+    export PYTHON=${PYTHON:-$(gpu_dry_python)}
     export E2E_MODEL=${E2E_MODEL:-"model.hidden_size=32 model.num_hidden_layers=1 model.num_attention_heads=2 model.intermediate_size=64"}
   fi
   export WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
@@ -500,7 +418,7 @@ case $mode in
   dry) run_checks dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)
-    sed -n '2,59p' "$0"
+    sed -n '2,63p' "$0"
     exit 2
     ;;
 esac
