@@ -1,0 +1,61 @@
+// What the CUDA attention kernels share (attention.cu: the simple f32/f64
+// kernel; flash_attention.cu: the bf16 tensor-core kernel): the dropout rule
+// of core/philox.h as launch arguments, and the key mask read in any dtype.
+#pragma once
+
+#include "core/cuda/kernels/common.cuh"
+#include "core/philox.h"
+
+namespace roformer::kernels::cuda {
+
+// Keep bit of key j for query i of batch row b, head h: the shared rule's
+// word for (sequence first + b, position i, feature j, head h).
+struct DropoutRule {
+  bool on = false;
+  PhiloxKey key{};
+  int64_t first_sequence = 0;
+  uint32_t site = 0;
+  uint32_t threshold = 0;
+  double inv_keep = 1.0;
+};
+
+inline DropoutRule dropout_rule(const AttentionParams& params) {
+  DropoutRule r;
+  r.on = params.dropout_p > 0.0;
+  r.key = dropout_key(params.dropout.seed, params.dropout.step);
+  r.first_sequence = params.dropout.first_sequence;
+  r.site = params.dropout.site;
+  r.threshold = dropout_threshold(params.dropout_p);
+  r.inv_keep = r.on ? 1.0 / (1.0 - params.dropout_p) : 1.0;
+  return r;
+}
+
+// Whether key j of batch row b is attended to (mask [B, Sk], nonzero = keep;
+// undefined: every key).
+__device__ __forceinline__ bool key_kept(const KernelTensor& mask, int64_t b, int64_t j) {
+  if (!mask.defined()) return true;
+  const int64_t off = b * mask.strides[0] + j * mask.strides[1];
+  switch (mask.dtype) {
+    case DType::f32:
+      return mask.as<const float>()[off] != 0.0f;
+    case DType::f64:
+      return mask.as<const double>()[off] != 0.0;
+    case DType::bf16:
+      return __bfloat162float(mask.as<const bf16_t>()[off]) != 0.0f;
+    case DType::i32:
+      return mask.as<const int32_t>()[off] != 0;
+    case DType::i64:
+      return mask.as<const int64_t>()[off] != 0;
+  }
+  return true;
+}
+
+// Sets a kernel's dynamic shared memory limit when it needs more than 48 KB.
+template <class Kernel>
+void allow_shared(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    RF_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace roformer::kernels::cuda
