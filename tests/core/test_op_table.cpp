@@ -216,6 +216,14 @@ std::vector<OpCase> make_table() {
                  DropoutContext ctx{7, 0, 0};  // the same mask in every run
                  return dropout(x[0], 0.3, /*training=*/true, ctx);
                }});
+  t.push_back(
+      {.op = "dropout",
+       .name = "dropout_token_stream",
+       .inputs = {in({5, 8}, contiguous), fixed(i64({0, 0, 0, 1, 0, 2, 1, 0, 1, 1}, {5, 2}))},
+       .build = [](const X& x) {
+         DropoutContext ctx{7, 2, 3};  // the same mask in every run
+         return dropout(x[0], 0.3, /*training=*/true, ctx, x[1]);
+       }});
   t.push_back({.op = "embedding",
                .name = "embedding_repeated_ids",
                .inputs = {in({7, 4}, strided), fixed(i64({1, 3, 3, 0, 6, 1}, {2, 3}))},

@@ -244,24 +244,56 @@ __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashA
   }
 }
 
-// Copies rows [r0, r0 + kRows) of a bf16 operand into the shared tile s
-// (zeros past `limit`), rotated by the RoPE table when `rotate`.
+// Rows [r0, r0 + kRows) of a bf16 operand on their way to a shared tile:
+// fetch_tile issues the global loads into registers (so the next tile's loads
+// are in flight while the current one is multiplied), store_tile writes them
+// to the tile, rotated by the RoPE table when `rotate`. Each thread moves
+// dims [8c, 8c + 8) and [8c + 32, 8c + 40) of a row: every RoPE pair of either
+// layout lies within what one thread holds. Rows past `limit` are zeros.
+template <int kRows>
+struct TileRegs {
+  static constexpr int kItems = kRows * 4 / kThreadsPerBlock;
+  uint4 lo[kItems], hi[kItems];
+};
+
+template <int kRows>
+__device__ __forceinline__ void fetch_tile(TileRegs<kRows>& regs, const Operand& o, const Block& r,
+                                           int64_t r0, int64_t limit) {
+#pragma unroll
+  for (int n = 0; n < TileRegs<kRows>::kItems; ++n) {
+    const int item = threadIdx.x + n * kThreadsPerBlock;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    regs.lo[n] = regs.hi[n] = make_uint4(0, 0, 0, 0);
+    if (i < limit) {
+      const bf16_t* p = row_of<const bf16_t>(o, r, i);
+      regs.lo[n] = *reinterpret_cast<const uint4*>(p + 8 * c);
+      regs.hi[n] = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
+    }
+  }
+}
+
+template <int kRows>
+__device__ __forceinline__ void store_tile(bf16_t* s, TileRegs<kRows>& regs, const Block& r,
+                                           int64_t r0, int64_t limit, const FlashArgs& a,
+                                           bool rotate) {
+#pragma unroll
+  for (int n = 0; n < TileRegs<kRows>::kItems; ++n) {
+    const int item = threadIdx.x + n * kThreadsPerBlock;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    if (rotate && i < limit) rotate_chunks(regs.lo[n], regs.hi[n], a, r.first + i, c);
+    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = regs.lo[n];
+    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = regs.hi[n];
+  }
+}
+
 template <int kRows>
 __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Block& r, int64_t r0,
                                           int64_t limit, const FlashArgs& a, bool rotate) {
-  for (int item = threadIdx.x; item < kRows * 4; item += kThreadsPerBlock) {
-    const int row = item >> 2, c = item & 3;
-    const int64_t i = r0 + row;
-    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-    if (i < limit) {
-      const bf16_t* p = row_of<const bf16_t>(o, r, i);
-      lo = *reinterpret_cast<const uint4*>(p + 8 * c);
-      hi = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
-      if (rotate) rotate_chunks(lo, hi, a, r.first + i, c);
-    }
-    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = lo;
-    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = hi;
-  }
+  TileRegs<kRows> regs;
+  fetch_tile(regs, o, r, r0, limit);
+  store_tile(s, regs, r, r0, limit, a, rotate);
 }
 
 // Writes a 16 x 64 accumulator's rows (row0 + g, row0 + g + 8) to a gradient
@@ -376,12 +408,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t row0 = i0 + warp * 16;
   float o[8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  TileRegs<kInnerTile> next_k, next_v;
+  fetch_tile(next_k, a.k, r, 0, r.Lk);
+  fetch_tile(next_v, a.v, r, 0, r.Lk);
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile) {
     __syncthreads();  // the previous tile's readers are done
-    load_tile<kInnerTile>(sK, a.k, r, j0, r.Lk, a, rope);
-    load_tile<kInnerTile>(sV, a.v, r, j0, r.Lk, a, false);
+    store_tile(sK, next_k, r, j0, r.Lk, a, rope);
+    store_tile(sV, next_v, r, j0, r.Lk, a, false);
     if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
     __syncthreads();
+    if (j0 + kInnerTile < r.Lk) {  // the next tile's loads overlap this tile's products
+      fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
+      fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
+    }
     float s[8][4];
     mma_rows(s, qa, sK, g, t);
     float mx[2] = {m[0], m[1]};
@@ -480,12 +519,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
     if (t == 0 && i < r.Lq) *row_of<float>(a.delta, r, i) = Di[hf];
   }
   float dq[8][4] = {};
+  TileRegs<kInnerTile> next_k, next_v;
+  fetch_tile(next_k, a.k, r, 0, r.Lk);
+  fetch_tile(next_v, a.v, r, 0, r.Lk);
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile) {
     __syncthreads();
-    load_tile<kInnerTile>(sK, a.k, r, j0, r.Lk, a, rope);
-    load_tile<kInnerTile>(sV, a.v, r, j0, r.Lk, a, false);
+    store_tile(sK, next_k, r, j0, r.Lk, a, rope);
+    store_tile(sV, next_v, r, j0, r.Lk, a, false);
     if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
     __syncthreads();
+    if (j0 + kInnerTile < r.Lk) {
+      fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
+      fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
+    }
     float s[8][4], dp[8][4];
     mma_rows(s, qa, sK, g, t);
     mma_rows(dp, da, sV, g, t);
@@ -538,23 +584,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
   load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
-  __syncthreads();
-  uint32_t ka[4][4], va[4][4];
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    load_a(ka[ks], sK, warp * 16, ks * 16, g, t);
-    load_a(va[ks], sV, warp * 16, ks * 16, g, t);
-  }
   const int64_t key0 = j0 + warp * 16;
   bool kept[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
   const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
   float dk[8][4] = {}, dv[8][4] = {};
+  TileRegs<kInnerTile> next_q, next_o;
+  fetch_tile(next_q, a.q, r, 0, r.Lq);
+  fetch_tile(next_o, a.grad_out, r, 0, r.Lq);
   for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile) {
-    __syncthreads();
-    load_tile<kInnerTile>(sQ, a.q, r, i0, r.Lq, a, rope);
-    load_tile<kInnerTile>(sO, a.grad_out, r, i0, r.Lq, a, false);
+    __syncthreads();  // also publishes sK and sV before the first step
+    store_tile(sQ, next_q, r, i0, r.Lq, a, rope);
+    store_tile(sO, next_o, r, i0, r.Lq, a, false);
     if (threadIdx.x < kInnerTile) {
       const int64_t i = i0 + threadIdx.x;
       sLse[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.lse, r, i) * kLog2e : -INFINITY;
@@ -568,9 +610,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
                                : 0u;
     }
     __syncthreads();
+    if (i0 + kInnerTile < r.Lq) {
+      fetch_tile(next_q, a.q, r, i0 + kInnerTile, r.Lq);
+      fetch_tile(next_o, a.grad_out, r, i0 + kInnerTile, r.Lq);
+    }
     float st[8][4], dpt[8][4];  // S^T and dP^T: rows keys, columns queries
-    mma_rows(st, ka, sQ, g, t);
-    mma_rows(dpt, va, sO, g, t);
+    {
+      uint32_t ka[4][4];  // read from the shared tile each step: registers are short here
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) load_a(ka[ks], sK, warp * 16, ks * 16, g, t);
+      mma_rows(st, ka, sQ, g, t);
+    }
+    {
+      uint32_t va[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) load_a(va[ks], sV, warp * 16, ks * 16, g, t);
+      mma_rows(dpt, va, sO, g, t);
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll

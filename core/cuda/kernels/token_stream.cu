@@ -1,10 +1,11 @@
 // The token-stream kernels (unpadded batches, docs/architecture.md "Token
-// stream"). Variable-length attention runs on the tensor-core kernel
-// (flash_attention.cu: bf16 q, k, v at head dim 64, segments on the device);
-// other operands, and token-stream dropout, are CPU-only so far and refuse
-// with an error naming the kernel.
+// stream"): dropout keyed by each token's (row, position), and
+// variable-length attention on the tensor-core kernel (flash_attention.cu:
+// bf16 q, k, v at head dim 64, segments on the device); other attention
+// operands are CPU-only so far and refuse with an error naming the kernel.
 #include "core/cuda/kernels/common.cuh"
 #include "core/cuda/kernels/flash_attention.h"
+#include "core/philox.h"
 
 namespace roformer::kernels::cuda {
 
@@ -16,6 +17,22 @@ namespace {
                              "for a CUDA run)"));
 }
 
+// Element (t, f) is feature f of token t = (row, position): the draw the
+// padded dropout kernel makes for that row and position.
+template <class T>
+__global__ void dropout_tokens_kernel(const T* x, T* out, int64_t n, int64_t features,
+                                      const int64_t* tokens, int64_t s0, int64_t s1, PhiloxKey pkey,
+                                      DropoutKey key, uint32_t threshold, acc_t<T> scale) {
+  using A = acc_t<T>;
+  RF_GRID_LOOP(i, n) {
+    const int64_t f = i % features, t = i / features;
+    const int64_t row = tokens[t * s0], position = tokens[t * s0 + s1];
+    const uint32_t bits = dropout_word(pkey, uint32_t(f), uint32_t(position),
+                                       uint32_t(key.first_sequence + row), key.site, 0);
+    out[i] = (bits >> 8) >= threshold ? convert<T>(convert<A>(x[i]) * scale) : convert<T>(0.0f);
+  }
+}
+
 void check_varlen(const char* kernel, const KernelTensor& q, const KernelTensor& k,
                   const KernelTensor& v) {
   if (!flash_supported(q, k, v))
@@ -24,9 +41,23 @@ void check_varlen(const char* kernel, const KernelTensor& q, const KernelTensor&
 
 }  // namespace
 
-void dropout_tokens(Stream, const KernelTensor&, const KernelTensor&, const KernelTensor&, double,
-                    const DropoutKey&) {
-  not_on_cuda("dropout_tokens", "token-stream dropout");
+void dropout_tokens(Stream stream, const KernelTensor& x, const KernelTensor& out,
+                    const KernelTensor& tokens, double p, const DropoutKey& key) {
+  RF_CHECK(x.ndim == 2 && x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel() &&
+               tokens.ndim == 2 && tokens.sizes[0] == x.sizes[0] && tokens.sizes[1] == 2 &&
+               tokens.dtype == DType::i64,
+           "dropout_tokens kernel: expected contiguous x and out [T, features] and tokens [T, 2] "
+           "i64");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  on_floating_dtype(x.dtype, "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    RF_LAUNCH((dropout_tokens_kernel<T>), grid_for(n), kThreads, 0, native(stream), x.as<const T>(),
+              out.as<T>(), n, x.sizes[1], tokens.as<const int64_t>(), tokens.strides[0],
+              tokens.strides[1], dropout_key(key.seed, key.step), key, dropout_threshold(p),
+              A(1.0 / (1.0 - p)));
+  });
 }
 
 void attention_varlen_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
