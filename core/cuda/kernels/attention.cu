@@ -100,7 +100,7 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
     A pd = p;
     if (drop.on) {
       const bool keep =
-          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(i),
+          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(drop.first_position + i),
                                   uint32_t(drop.first_sequence + b), drop.site, uint32_t(h)) >>
                      8) >= drop.threshold;
       const unsigned bits = __ballot_sync(0xffffffffu, keep);
@@ -265,6 +265,58 @@ bool flash_outputs(const KernelTensor& q, const KernelTensor& k, const KernelTen
 
 }  // namespace
 
+void simple_attention_forward(Stream stream, double scale, const DropoutRule& drop,
+                              const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                              const KernelTensor& key_mask, const KernelTensor& out,
+                              const KernelTensor& lse, const KernelTensor& keep_bits) {
+  check_geometry(q, k, v);
+  RF_CHECK(out.dtype == q.dtype && lse.dtype == (q.dtype == DType::f64 ? DType::f64 : DType::f32),
+           "attention kernel: the simple CUDA kernel writes out in q's dtype and lse in its "
+           "arithmetic type (bf16 with f32 outputs takes the tensor-core kernel, head dim 64)");
+  if (out.numel() == 0) return;
+  const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
+  on_floating_dtype(q.dtype, "attention", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const size_t shared = size_t(D + Dv + kTile + 32) * sizeof(A);
+    allow_shared(attention_forward_kernel<T>, shared);
+    const dim3 grid(unsigned(Sq), unsigned(B * H));
+    RF_LAUNCH((attention_forward_kernel<T>), grid, kTile, shared, native(stream), q, k, v, key_mask,
+              out, lse, keep_bits, A(scale), drop, H);
+  });
+}
+
+void simple_attention_backward(Stream stream, double scale, const DropoutRule& drop,
+                               const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                               const KernelTensor& key_mask, const KernelTensor& out,
+                               const KernelTensor& lse, const KernelTensor& keep_bits,
+                               const KernelTensor& grad_out, const KernelTensor& grad_q,
+                               const KernelTensor& grad_k, const KernelTensor& grad_v) {
+  check_geometry(q, k, v);
+  const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], Sk = k.sizes[2];
+  const int64_t D = q.sizes[3], Dv = v.sizes[3];
+  if (B * H == 0) return;
+  on_floating_dtype(q.dtype, "attention", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    Scratch delta(stream, size_t(B * H * (Sq > 0 ? Sq : 1)) * sizeof(A));
+    if (Sq > 0) {
+      const size_t shared = size_t(2 * D + Dv + kTile + 32) * sizeof(A);
+      allow_shared(attention_dq_kernel<T>, shared);
+      RF_LAUNCH((attention_dq_kernel<T>), dim3(unsigned(Sq), unsigned(B * H)), kTile, shared,
+                native(stream), q, k, v, key_mask, out, lse, keep_bits, grad_out, grad_q,
+                delta.as<A>(), A(scale), drop, H);
+    }
+    if (Sk > 0) {
+      const size_t shared = size_t(2 * D + 2 * Dv + 2 * kTile) * sizeof(A);
+      allow_shared(attention_dkv_kernel<T>, shared);
+      RF_LAUNCH((attention_dkv_kernel<T>), dim3(unsigned(Sk), unsigned(B * H)), kTile, shared,
+                native(stream), q, k, v, key_mask, lse, keep_bits, grad_out, grad_k, grad_v,
+                delta.as<const A>(), A(scale), drop, H);
+    }
+  });
+}
+
 void attention_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
                        const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
                        const KernelTensor& out, const KernelTensor& lse,
@@ -276,17 +328,8 @@ void attention_forward(Stream stream, const AttentionParams& params, const Kerne
                   keep_bits);
     return;
   }
-  const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const DropoutRule drop = dropout_rule(params);
-  on_floating_dtype(q.dtype, "attention", [&](auto tag) {
-    using T = decltype(tag);
-    using A = acc_t<T>;
-    const size_t shared = size_t(D + Dv + kTile + 32) * sizeof(A);
-    allow_shared(attention_forward_kernel<T>, shared);
-    const dim3 grid(unsigned(Sq), unsigned(B * H));
-    RF_LAUNCH((attention_forward_kernel<T>), grid, kTile, shared, native(stream), q, k, v, key_mask,
-              out, lse, keep_bits, A(params.scale), drop, H);
-  });
+  simple_attention_forward(stream, params.scale, dropout_rule(params), q, k, v, key_mask, out, lse,
+                           keep_bits);
 }
 
 void attention_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
@@ -296,36 +339,16 @@ void attention_backward(Stream stream, const AttentionParams& params, const Kern
                         const KernelTensor& grad_q, const KernelTensor& grad_k,
                         const KernelTensor& grad_v) {
   check_geometry(q, k, v);
-  const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], Sk = k.sizes[2];
-  const int64_t D = q.sizes[3], Dv = v.sizes[3];
-  if (B * H == 0) return;
   if (flash_outputs(q, k, v, out, lse) && flash_supported(q, k, v, grad_out) &&
       flash_outputs(q, k, v, grad_q, lse) && grad_k.dtype == grad_q.dtype &&
       grad_v.dtype == grad_q.dtype) {
+    if (q.sizes[0] * q.sizes[1] == 0) return;
     flash_backward(stream, params, FlashRope{}, q, k, v, key_mask, KernelTensor{}, out, lse,
                    keep_bits, grad_out, grad_q, grad_k, grad_v);
     return;
   }
-  const DropoutRule drop = dropout_rule(params);
-  on_floating_dtype(q.dtype, "attention", [&](auto tag) {
-    using T = decltype(tag);
-    using A = acc_t<T>;
-    Scratch delta(stream, size_t(B * H * (Sq > 0 ? Sq : 1)) * sizeof(A));
-    if (Sq > 0) {
-      const size_t shared = size_t(2 * D + Dv + kTile + 32) * sizeof(A);
-      allow_shared(attention_dq_kernel<T>, shared);
-      RF_LAUNCH((attention_dq_kernel<T>), dim3(unsigned(Sq), unsigned(B * H)), kTile, shared,
-                native(stream), q, k, v, key_mask, out, lse, keep_bits, grad_out, grad_q,
-                delta.as<A>(), A(params.scale), drop, H);
-    }
-    if (Sk > 0) {
-      const size_t shared = size_t(2 * D + 2 * Dv + 2 * kTile) * sizeof(A);
-      allow_shared(attention_dkv_kernel<T>, shared);
-      RF_LAUNCH((attention_dkv_kernel<T>), dim3(unsigned(Sk), unsigned(B * H)), kTile, shared,
-                native(stream), q, k, v, key_mask, lse, keep_bits, grad_out, grad_k, grad_v,
-                delta.as<const A>(), A(params.scale), drop, H);
-    }
-  });
+  simple_attention_backward(stream, params.scale, dropout_rule(params), q, k, v, key_mask, out, lse,
+                            keep_bits, grad_out, grad_q, grad_k, grad_v);
 }
 
 }  // namespace roformer::kernels::cuda

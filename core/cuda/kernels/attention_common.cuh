@@ -14,6 +14,7 @@ struct DropoutRule {
   bool on = false;
   PhiloxKey key{};
   int64_t first_sequence = 0;
+  int64_t first_position = 0;  // position of query row 0 (a token-stream segment's)
   uint32_t site = 0;
   uint32_t threshold = 0;
   double inv_keep = 1.0;
@@ -57,5 +58,21 @@ void allow_shared(Kernel kernel, size_t bytes) {
     RF_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
+
+// The simple kernels of attention.cu (any floating dtype and head dim; q, k,
+// v [B, H, S, D] with unit last stride, lse [B, H, Sq] and keep bits
+// [B, H, Sq, ceil(Sk / 32)] contiguous) with an explicit dropout rule: the
+// token-stream fallback runs them per segment with the segment's sequence
+// and first position.
+void simple_attention_forward(Stream stream, double scale, const DropoutRule& drop,
+                              const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                              const KernelTensor& key_mask, const KernelTensor& out,
+                              const KernelTensor& lse, const KernelTensor& keep_bits);
+void simple_attention_backward(Stream stream, double scale, const DropoutRule& drop,
+                               const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                               const KernelTensor& key_mask, const KernelTensor& out,
+                               const KernelTensor& lse, const KernelTensor& keep_bits,
+                               const KernelTensor& grad_out, const KernelTensor& grad_q,
+                               const KernelTensor& grad_k, const KernelTensor& grad_v);
 
 }  // namespace roformer::kernels::cuda

@@ -1,21 +1,17 @@
 // The token-stream kernels (unpadded batches, docs/architecture.md "Token
 // stream"): dropout keyed by each token's (row, position), and
-// variable-length attention on the tensor-core kernel (flash_attention.cu:
-// bf16 q, k, v at head dim 64, segments on the device); other attention
-// operands are CPU-only so far and refuse with an error naming the kernel.
-#include "core/cuda/kernels/common.cuh"
+// variable-length attention (segments on the device) on the tensor-core
+// kernel (flash_attention.cu: bf16 q, k, v at head dim 64) or, for other
+// operands, on the simple kernels of attention.cu per segment.
+#include <vector>
+
+#include "core/cuda/kernels/attention_common.cuh"
 #include "core/cuda/kernels/flash_attention.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cuda {
 
 namespace {
-
-[[noreturn]] void not_on_cuda(const char* kernel, const char* what) {
-  throw Error(detail::concat(kernel, ": not on CUDA yet for ", what,
-                             " (unpadded batches run on the CPU only; set data.unpadded: false "
-                             "for a CUDA run)"));
-}
 
 // Element (t, f) is feature f of token t = (row, position): the draw the
 // padded dropout kernel makes for that row and position.
@@ -33,10 +29,127 @@ __global__ void dropout_tokens_kernel(const T* x, T* out, int64_t n, int64_t fea
   }
 }
 
-void check_varlen(const char* kernel, const KernelTensor& q, const KernelTensor& k,
-                  const KernelTensor& v) {
-  if (!flash_supported(q, k, v))
-    not_on_cuda(kernel, "operands other than bf16 q, k, v at head dim 64");
+// --- the fallback for operands the tensor-core kernel does not take ---------------
+// (f32, f64, other head dims): the simple padded kernels of attention.cu run
+// per segment on [1, H, L, D] views of the stream, with the segment's dropout
+// sequence and first position; lse and keep bits go through contiguous
+// scratch (the layout those kernels index). One host read of the segments
+// and a few launches per segment: correct, not fast.
+
+struct HostSegment {
+  int64_t start, length, row, position;
+};
+
+std::vector<HostSegment> host_segments(Stream stream, const KernelTensor& segments) {
+  const int64_t n = segments.sizes[0];
+  std::vector<int64_t> flat(size_t(n * 4));
+  if (n == 0) return {};
+  RF_CHECK(segments.dtype == DType::i64 && segments.is_contiguous(),
+           "attention_varlen: expected contiguous segments [N, 4] i64");
+  RF_CUDA_CHECK(cudaMemcpyAsync(flat.data(), segments.data, flat.size() * sizeof(int64_t),
+                                cudaMemcpyDeviceToHost, native(stream)));
+  RF_CUDA_CHECK(cudaStreamSynchronize(native(stream)));
+  std::vector<HostSegment> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out[size_t(i)] = {flat[size_t(4 * i)], flat[size_t(4 * i + 1)], flat[size_t(4 * i + 2)],
+                      flat[size_t(4 * i + 3)]};
+  return out;
+}
+
+// Tokens [start, start + L) of a [T, H, ...] tensor seen as [1, H, L, ...].
+KernelTensor segment_view(const KernelTensor& t, int64_t start, int64_t L) {
+  KernelTensor v = t;
+  v.data = static_cast<char*>(t.data) + start * t.strides[0] * int64_t(dtype_size(t.dtype));
+  v.ndim = t.ndim + 1;
+  v.sizes[0] = 1;
+  v.strides[0] = 0;
+  v.sizes[1] = t.sizes[1];
+  v.strides[1] = t.strides[1];
+  v.sizes[2] = L;
+  v.strides[2] = t.strides[0];
+  for (int32_t d = 2; d < t.ndim; ++d) {
+    v.sizes[d + 1] = t.sizes[d];
+    v.strides[d + 1] = t.strides[d];
+  }
+  return v;
+}
+
+// A contiguous [1, H, L, (W)] tensor over scratch memory.
+KernelTensor packed(void* data, DType dtype, int64_t H, int64_t L, int64_t W = 0) {
+  KernelTensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.ndim = W > 0 ? 4 : 3;
+  const int64_t sizes[4] = {1, H, L, W};
+  int64_t stride = 1;
+  for (int32_t d = t.ndim - 1; d >= 0; --d) {
+    t.sizes[d] = sizes[d];
+    t.strides[d] = stride;
+    stride *= sizes[d];
+  }
+  return t;
+}
+
+// The segment's keep bits [1, H, L, ceil(L / 32)] inside bits [T, H, W].
+KernelTensor segment_bits(const KernelTensor& bits, int64_t start, int64_t L) {
+  KernelTensor v = segment_view(bits, start, L);
+  v.sizes[3] = (L + 31) / 32;
+  return v;
+}
+
+DropoutRule segment_rule(const AttentionParams& params, const HostSegment& s) {
+  DropoutRule rule = dropout_rule(params);
+  rule.first_sequence += s.row;
+  rule.first_position = s.position;
+  return rule;
+}
+
+void fallback_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                      const KernelTensor& k, const KernelTensor& v, const KernelTensor& segments,
+                      const KernelTensor& out, const KernelTensor& lse,
+                      const KernelTensor& keep_bits) {
+  const int64_t H = q.sizes[1];
+  const bool drop = params.dropout_p > 0.0;
+  for (const HostSegment& s : host_segments(stream, segments)) {
+    if (s.length == 0) continue;
+    const int64_t L = s.length, W = (L + 31) / 32;
+    Scratch lse_mem(stream, size_t(H * L) * dtype_size(lse.dtype));
+    Scratch bits_mem(stream, drop ? size_t(H * L * W) * sizeof(int32_t) : 1);
+    const KernelTensor lse_seg = packed(lse_mem.as<void>(), lse.dtype, H, L);
+    const KernelTensor bits_seg =
+        drop ? packed(bits_mem.as<void>(), DType::i32, H, L, W) : KernelTensor{};
+    const KernelTensor qs = segment_view(q, s.start, L), ks = segment_view(k, s.start, L),
+                       vs = segment_view(v, s.start, L), os = segment_view(out, s.start, L);
+    simple_attention_forward(stream, params.scale, segment_rule(params, s), qs, ks, vs,
+                             KernelTensor{}, os, lse_seg, bits_seg);
+    copy(stream, lse_seg, segment_view(lse, s.start, L));
+    if (drop) copy(stream, bits_seg, segment_bits(keep_bits, s.start, L));
+  }
+}
+
+void fallback_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                       const KernelTensor& k, const KernelTensor& v, const KernelTensor& segments,
+                       const KernelTensor& out, const KernelTensor& lse,
+                       const KernelTensor& keep_bits, const KernelTensor& grad_out,
+                       const KernelTensor& grad_q, const KernelTensor& grad_k,
+                       const KernelTensor& grad_v) {
+  const int64_t H = q.sizes[1];
+  const bool drop = params.dropout_p > 0.0;
+  for (const HostSegment& s : host_segments(stream, segments)) {
+    if (s.length == 0) continue;
+    const int64_t L = s.length, W = (L + 31) / 32;
+    Scratch lse_mem(stream, size_t(H * L) * dtype_size(lse.dtype));
+    Scratch bits_mem(stream, drop ? size_t(H * L * W) * sizeof(int32_t) : 1);
+    const KernelTensor lse_seg = packed(lse_mem.as<void>(), lse.dtype, H, L);
+    const KernelTensor bits_seg =
+        drop ? packed(bits_mem.as<void>(), DType::i32, H, L, W) : KernelTensor{};
+    copy(stream, segment_view(lse, s.start, L), lse_seg);
+    if (drop) copy(stream, segment_bits(keep_bits, s.start, L), bits_seg);
+    auto view = [&](const KernelTensor& t) { return segment_view(t, s.start, L); };
+    simple_attention_backward(stream, params.scale, segment_rule(params, s), view(q), view(k),
+                              view(v), KernelTensor{}, view(out), lse_seg, bits_seg, view(grad_out),
+                              view(grad_q), view(grad_k), view(grad_v));
+  }
 }
 
 }  // namespace
@@ -64,9 +177,12 @@ void attention_varlen_forward(Stream stream, const AttentionParams& params, cons
                               const KernelTensor& k, const KernelTensor& v,
                               const KernelTensor& segments, const KernelTensor& out,
                               const KernelTensor& lse, const KernelTensor& keep_bits) {
-  check_varlen("attention_varlen_forward", q, k, v);
-  flash_forward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
-                keep_bits);
+  if (flash_supported(q, k, v) && lse.dtype == DType::f32) {
+    flash_forward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
+                  keep_bits);
+  } else {
+    fallback_forward(stream, params, q, k, v, segments, out, lse, keep_bits);
+  }
 }
 
 void attention_varlen_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
@@ -75,11 +191,13 @@ void attention_varlen_backward(Stream stream, const AttentionParams& params, con
                                const KernelTensor& lse, const KernelTensor& keep_bits,
                                const KernelTensor& grad_out, const KernelTensor& grad_q,
                                const KernelTensor& grad_k, const KernelTensor& grad_v) {
-  check_varlen("attention_varlen_backward", q, k, v);
-  if (!flash_supported(q, k, v, grad_out))
-    not_on_cuda("attention_varlen_backward", "a grad_out other than bf16 rows");
-  flash_backward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
-                 keep_bits, grad_out, grad_q, grad_k, grad_v);
+  if (flash_supported(q, k, v, grad_out) && lse.dtype == DType::f32) {
+    flash_backward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
+                   keep_bits, grad_out, grad_q, grad_k, grad_v);
+  } else {
+    fallback_backward(stream, params, q, k, v, segments, out, lse, keep_bits, grad_out, grad_q,
+                      grad_k, grad_v);
+  }
 }
 
 }  // namespace roformer::kernels::cuda
