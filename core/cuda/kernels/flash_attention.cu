@@ -677,10 +677,15 @@ Operand lse_operand(const KernelTensor& lse) {
 }
 
 FlashArgs make_args(const AttentionParams& params, const FlashRope& rope, const KernelTensor& q,
-                    const KernelTensor& k, const KernelTensor& key_mask,
-                    const KernelTensor& segments, const KernelTensor& lse,
+                    const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
+                    const KernelTensor& segments, const KernelTensor& out, const KernelTensor& lse,
                     const KernelTensor& keep_bits) {
   FlashArgs a;
+  a.q = operand_of(q);
+  a.k = operand_of(k);
+  a.v = operand_of(v);
+  a.out = operand_of(out);
+  a.out_dtype = out.dtype;
   a.varlen = q.ndim == 3;
   RF_CHECK(a.varlen ? (segments.defined() && segments.ndim == 2 && segments.dtype == DType::i64)
                     : q.ndim == 4,
@@ -753,12 +758,7 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   RF_CHECK(flash_supported(q, k, v), "flash attention: operands not supported");
   RF_CHECK(out.dtype == DType::f32 || out.dtype == DType::bf16,
            "flash attention: out must be f32 or bf16");
-  FlashArgs a = make_args(params, rope, q, k, key_mask, segments, lse, keep_bits);
-  a.q = operand_of(q);
-  a.k = operand_of(k);
-  a.v = operand_of(v);
-  a.out = operand_of(out);
-  a.out_dtype = out.dtype;
+  FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
   const int64_t heads = q.sizes[q.ndim - 2];
   const Grid g = grid_of(params, q, k, segments, false);
   if (g.sequences * g.tiles == 0 || heads == 0) return;
@@ -777,12 +777,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
                (grad_q.dtype == DType::f32 || grad_q.dtype == DType::bf16) &&
                grad_k.dtype == grad_q.dtype && grad_v.dtype == grad_q.dtype,
            "flash attention: out and the gradients must be f32 or bf16 (one dtype)");
-  FlashArgs a = make_args(params, rope, q, k, key_mask, segments, lse, keep_bits);
-  a.q = operand_of(q);
-  a.k = operand_of(k);
-  a.v = operand_of(v);
-  a.out = operand_of(out);
-  a.out_dtype = out.dtype;
+  FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
   a.grad_out = operand_of(grad_out);
   a.dq = operand_of(grad_q);
   a.dk = operand_of(grad_k);

@@ -97,6 +97,19 @@ KernelTensor segment_bits(const KernelTensor& bits, int64_t start, int64_t L) {
   return v;
 }
 
+// A segment's lse [1, H, L] and keep bits [1, H, L, ceil(L / 32)] (with
+// dropout) in contiguous scratch, the layout the simple kernels index.
+struct SegmentStats {
+  Scratch lse_mem, bits_mem;
+  KernelTensor lse, bits;
+  SegmentStats(Stream stream, int64_t H, int64_t L, DType lse_dtype, bool drop)
+      : lse_mem(stream, size_t(H * L) * dtype_size(lse_dtype)),
+        bits_mem(stream, drop ? size_t(H * L * ((L + 31) / 32)) * sizeof(int32_t) : 1),
+        lse(packed(lse_mem.as<void>(), lse_dtype, H, L)),
+        bits(drop ? packed(bits_mem.as<void>(), DType::i32, H, L, (L + 31) / 32) : KernelTensor{}) {
+  }
+};
+
 DropoutRule segment_rule(const AttentionParams& params, const HostSegment& s) {
   DropoutRule rule = dropout_rule(params);
   rule.first_sequence += s.row;
@@ -112,18 +125,14 @@ void fallback_forward(Stream stream, const AttentionParams& params, const Kernel
   const bool drop = params.dropout_p > 0.0;
   for (const HostSegment& s : host_segments(stream, segments)) {
     if (s.length == 0) continue;
-    const int64_t L = s.length, W = (L + 31) / 32;
-    Scratch lse_mem(stream, size_t(H * L) * dtype_size(lse.dtype));
-    Scratch bits_mem(stream, drop ? size_t(H * L * W) * sizeof(int32_t) : 1);
-    const KernelTensor lse_seg = packed(lse_mem.as<void>(), lse.dtype, H, L);
-    const KernelTensor bits_seg =
-        drop ? packed(bits_mem.as<void>(), DType::i32, H, L, W) : KernelTensor{};
+    const int64_t L = s.length;
+    const SegmentStats stats(stream, H, L, lse.dtype, drop);
     const KernelTensor qs = segment_view(q, s.start, L), ks = segment_view(k, s.start, L),
                        vs = segment_view(v, s.start, L), os = segment_view(out, s.start, L);
     simple_attention_forward(stream, params.scale, segment_rule(params, s), qs, ks, vs,
-                             KernelTensor{}, os, lse_seg, bits_seg);
-    copy(stream, lse_seg, segment_view(lse, s.start, L));
-    if (drop) copy(stream, bits_seg, segment_bits(keep_bits, s.start, L));
+                             KernelTensor{}, os, stats.lse, stats.bits);
+    copy(stream, stats.lse, segment_view(lse, s.start, L));
+    if (drop) copy(stream, stats.bits, segment_bits(keep_bits, s.start, L));
   }
 }
 
@@ -137,18 +146,14 @@ void fallback_backward(Stream stream, const AttentionParams& params, const Kerne
   const bool drop = params.dropout_p > 0.0;
   for (const HostSegment& s : host_segments(stream, segments)) {
     if (s.length == 0) continue;
-    const int64_t L = s.length, W = (L + 31) / 32;
-    Scratch lse_mem(stream, size_t(H * L) * dtype_size(lse.dtype));
-    Scratch bits_mem(stream, drop ? size_t(H * L * W) * sizeof(int32_t) : 1);
-    const KernelTensor lse_seg = packed(lse_mem.as<void>(), lse.dtype, H, L);
-    const KernelTensor bits_seg =
-        drop ? packed(bits_mem.as<void>(), DType::i32, H, L, W) : KernelTensor{};
-    copy(stream, segment_view(lse, s.start, L), lse_seg);
-    if (drop) copy(stream, segment_bits(keep_bits, s.start, L), bits_seg);
+    const int64_t L = s.length;
+    const SegmentStats stats(stream, H, L, lse.dtype, drop);
+    copy(stream, segment_view(lse, s.start, L), stats.lse);
+    if (drop) copy(stream, segment_bits(keep_bits, s.start, L), stats.bits);
     auto view = [&](const KernelTensor& t) { return segment_view(t, s.start, L); };
     simple_attention_backward(stream, params.scale, segment_rule(params, s), view(q), view(k),
-                              view(v), KernelTensor{}, view(out), lse_seg, bits_seg, view(grad_out),
-                              view(grad_q), view(grad_k), view(grad_v));
+                              view(v), KernelTensor{}, view(out), stats.lse, stats.bits,
+                              view(grad_out), view(grad_q), view(grad_k), view(grad_v));
   }
 }
 
