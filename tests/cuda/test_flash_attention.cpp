@@ -2,7 +2,8 @@
 // against the CPU kernels, at the kernel level (the ops refuse bf16 inputs):
 // padded batches with a key mask (one row fully masked), packed token
 // streams, dropout (the keep bits must equal the CPU's bit for bit), RoPE
-// inside in both pair layouts and none, forward and backward. The CPU
+// inside in both pair layouts and none, forward and backward; and, at head
+// dim 32, the fallback (the simple kernels on f32 copies). The CPU
 // reference runs in f32 on the same bf16-rounded values; device outputs
 // start as NaN (keep bits as all ones) so an unwritten element shows.
 #include <gtest/gtest.h>
@@ -23,7 +24,7 @@ namespace {
 using testing::kGpu;
 using testing::relative_error;
 
-constexpr int64_t kH = 3, kD = 64;
+constexpr int64_t kH = 3;
 
 struct Case {
   std::string name;
@@ -34,6 +35,7 @@ struct Case {
   double dropout = 0.0;
   bool rope = true;
   RopeLayout layout = RopeLayout::interleaved;
+  int64_t D = 64;  // 64: the tensor-core kernel; others: the f32 fallback on bf16 values
 };
 
 // Values rounded to bf16 (so both devices read the same numbers), as f32.
@@ -75,10 +77,10 @@ Problem make_problem(const Case& c) {
     positions.push_back(0);  // one trailing token in no segment
     ++p.tokens;
     p.mask_or_segments = Tensor::from_vector(seg, {int64_t(seg.size() / 4), 4});
-    shape = {p.tokens, kH, kD};
+    shape = {p.tokens, kH, c.D};
   } else {
     for (int64_t i = 0; i < c.S; ++i) positions.push_back(i + 3);
-    shape = {c.B, kH, c.S, kD};
+    shape = {c.B, kH, c.S, c.D};
     p.longest = c.S;
     if (c.mask) {
       std::vector<int32_t> m(size_t(c.B * c.S), 1);
@@ -112,7 +114,7 @@ Result run(const Case& c, const Problem& p, Device device, DType dtype) {
   const DType result = dtype == DType::f64 ? DType::f64 : DType::f32;  // out, lse, grads, table
   const Tensor q = in(p.q), k = in(p.k), v = in(p.v), grad_out = in(p.grad_out);
   const Tensor extra = p.mask_or_segments.defined() ? p.mask_or_segments.to(device) : Tensor();
-  const Tensor table = c.rope ? rope_table(p.positions.to(device), kD, 10000.0, result) : Tensor();
+  const Tensor table = c.rope ? rope_table(p.positions.to(device), c.D, 10000.0, result) : Tensor();
   const bool interleaved = c.layout == RopeLayout::interleaved;
   const Shape rows = c.token_stream ? Shape{p.tokens, kH} : Shape{c.B, kH, c.S};
   Shape bits_shape = rows;
@@ -167,7 +169,7 @@ class FlashAttention : public ::testing::TestWithParam<Case> {};
 // `gpu` (the result under test) against `cpu` (the reference).
 void expect_match(const Case& c, const Problem& p, const Result& gpu, const Result& cpu) {
   const std::vector<int64_t> tokens = written_tokens(c, p);
-  const int64_t per_row = kH * kD;
+  const int64_t per_row = kH * c.D;
   auto compare = [&](const Tensor& a, const Tensor& b, const char* what, double tol) {
     const double err =
         relative_error(restrict(host(a), tokens, per_row), restrict(host(b), tokens, per_row));
@@ -252,6 +254,18 @@ std::vector<Case> cases() {
                  .rows = packed,
                  .dropout = 0.1,
                  .rope = false});
+  out.push_back({.name = "fallback_head_dim_32_masked_dropout",
+                 .rows = {},
+                 .mask = true,
+                 .dropout = 0.1,
+                 .layout = RopeLayout::half,
+                 .D = 32});
+  out.push_back({.name = "fallback_head_dim_32_packed",
+                 .token_stream = true,
+                 .rows = packed,
+                 .dropout = 0.1,
+                 .rope = false,
+                 .D = 32});
   return out;
 }
 

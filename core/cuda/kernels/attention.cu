@@ -272,7 +272,7 @@ void simple_attention_forward(Stream stream, double scale, const DropoutRule& dr
   check_geometry(q, k, v);
   RF_CHECK(out.dtype == q.dtype && lse.dtype == (q.dtype == DType::f64 ? DType::f64 : DType::f32),
            "attention kernel: the simple CUDA kernel writes out in q's dtype and lse in its "
-           "arithmetic type (bf16 with f32 outputs takes the tensor-core kernel, head dim 64)");
+           "arithmetic type");
   if (out.numel() == 0) return;
   const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
   on_floating_dtype(q.dtype, "attention", [&](auto tag) {
@@ -328,6 +328,12 @@ void attention_forward(Stream stream, const AttentionParams& params, const Kerne
                   keep_bits);
     return;
   }
+  if (upcast(q, out)) {
+    const F32Copy q32(stream, q), k32(stream, k), v32(stream, v);
+    simple_attention_forward(stream, params.scale, dropout_rule(params), q32.tensor, k32.tensor,
+                             v32.tensor, key_mask, out, lse, keep_bits);
+    return;
+  }
   simple_attention_forward(stream, params.scale, dropout_rule(params), q, k, v, key_mask, out, lse,
                            keep_bits);
 }
@@ -345,6 +351,14 @@ void attention_backward(Stream stream, const AttentionParams& params, const Kern
     if (q.sizes[0] * q.sizes[1] == 0) return;
     flash_backward(stream, params, FlashRope{}, q, k, v, key_mask, KernelTensor{}, out, lse,
                    keep_bits, grad_out, grad_q, grad_k, grad_v);
+    return;
+  }
+  if (upcast(q, grad_q)) {
+    const F32Copy q32(stream, q), k32(stream, k), v32(stream, v), o32(stream, out),
+        g32(stream, grad_out);
+    simple_attention_backward(stream, params.scale, dropout_rule(params), q32.tensor, k32.tensor,
+                              v32.tensor, key_mask, o32.tensor, lse, keep_bits, g32.tensor, grad_q,
+                              grad_k, grad_v);
     return;
   }
   simple_attention_backward(stream, params.scale, dropout_rule(params), q, k, v, key_mask, out, lse,

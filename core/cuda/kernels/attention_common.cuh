@@ -3,6 +3,8 @@
 // of core/philox.h as launch arguments, and the key mask read in any dtype.
 #pragma once
 
+#include <memory>
+
 #include "core/cuda/kernels/common.cuh"
 #include "core/philox.h"
 
@@ -57,6 +59,24 @@ void allow_shared(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
     RF_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// bf16 operands with f32 outputs (autocast) outside the tensor-core kernel's
+// reach (head dim other than 64): the simple kernel runs in f32 on exact f32
+// copies of the bf16 values.
+struct F32Copy {
+  std::unique_ptr<Scratch> memory;
+  KernelTensor tensor;
+  F32Copy(Stream stream, const KernelTensor& t) {
+    if (!t.defined()) return;
+    memory = std::make_unique<Scratch>(stream, size_t(t.numel() > 0 ? t.numel() : 1) * 4);
+    tensor = contiguous_like(t, memory->as<void>(), DType::f32);
+    copy(stream, t, tensor);
+  }
+};
+
+inline bool upcast(const KernelTensor& q, const KernelTensor& out) {
+  return q.dtype == DType::bf16 && out.dtype == DType::f32;
 }
 
 // The simple kernels of attention.cu (any floating dtype and head dim; q, k,

@@ -185,6 +185,10 @@ void attention_varlen_forward(Stream stream, const AttentionParams& params, cons
   if (flash_supported(q, k, v) && lse.dtype == DType::f32) {
     flash_forward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
                   keep_bits);
+  } else if (upcast(q, out)) {
+    const F32Copy q32(stream, q), k32(stream, k), v32(stream, v);
+    fallback_forward(stream, params, q32.tensor, k32.tensor, v32.tensor, segments, out, lse,
+                     keep_bits);
   } else {
     fallback_forward(stream, params, q, k, v, segments, out, lse, keep_bits);
   }
@@ -199,6 +203,11 @@ void attention_varlen_backward(Stream stream, const AttentionParams& params, con
   if (flash_supported(q, k, v, grad_out) && lse.dtype == DType::f32) {
     flash_backward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
                    keep_bits, grad_out, grad_q, grad_k, grad_v);
+  } else if (upcast(q, grad_q)) {
+    const F32Copy q32(stream, q), k32(stream, k), v32(stream, v), o32(stream, out),
+        g32(stream, grad_out);
+    fallback_backward(stream, params, q32.tensor, k32.tensor, v32.tensor, segments, o32.tensor, lse,
+                      keep_bits, g32.tensor, grad_q, grad_k, grad_v);
   } else {
     fallback_backward(stream, params, q, k, v, segments, out, lse, keep_bits, grad_out, grad_q,
                       grad_k, grad_v);
