@@ -119,12 +119,18 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* s, int r0
   a[3] = load_u32(s + (r0 + g + 8) * kLd + k0 + 8 + 2 * t);
 }
 
-// B fragment of columns [n0, n0 + 8), k [k0, k0 + 16) where B[k][n] = s[n][k]
-// (the tile's rows are B's columns: K for Q K^T).
-__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16_t* s, int n0, int k0,
-                                       int g, int t) {
-  b0 = load_u32(s + (n0 + g) * kLd + k0 + 2 * t);
-  b1 = load_u32(s + (n0 + g) * kLd + k0 + 8 + 2 * t);
+// B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
+// (b[2], b[3]), k [k0, k0 + 16), where B[k][n] = s[n][k] (the tile's rows
+// are B's columns: K for Q K^T), by one ldmatrix: four 8x8 matrices (rows n,
+// columns k) whose row addresses lanes 8m..8m+7 give.
+__device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16_t* s, int n0, int k0,
+                                            int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  const bf16_t* p = s + (n0 + r + (m >> 1) * 8) * kLd + k0 + (m & 1) * 8;
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
 }
 
 // B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
@@ -171,7 +177,7 @@ __device__ __forceinline__ void mma_accumulator_tile(float (&acc)[8][4], const f
 // c[16 x 64] = A (16 x 64 fragments a[4]) times B[k][n] = s[n][k] for the
 // 64 rows n of the shared tile s.
 __device__ __forceinline__ void mma_rows(float (&c)[8][4], const uint32_t (&a)[4][4],
-                                         const bf16_t* s, int g, int t) {
+                                         const bf16_t* s, int lane) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -179,10 +185,11 @@ __device__ __forceinline__ void mma_rows(float (&c)[8][4], const uint32_t (&a)[4
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      uint32_t b0, b1;
-      load_b(b0, b1, s, nt * 8, ks * 16, g, t);
-      mma(c[nt], a[ks], b0, b1);
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      load_b_pair(b, s, np * 16, ks * 16, lane);
+      mma(c[2 * np], a[ks], b[0], b[1]);
+      mma(c[2 * np + 1], a[ks], b[2], b[3]);
     }
 }
 
@@ -422,7 +429,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
     }
     float s[8][4];
-    mma_rows(s, qa, sK, g, t);
+    mma_rows(s, qa, sK, lane);
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -533,8 +540,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
       fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
     }
     float s[8][4], dp[8][4];
-    mma_rows(s, qa, sK, g, t);
-    mma_rows(dp, da, sV, g, t);
+    mma_rows(s, qa, sK, lane);
+    mma_rows(dp, da, sV, lane);
     uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
     if (a.drop.on) {
 #pragma unroll
@@ -619,13 +626,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
       uint32_t ka[4][4];  // read from the shared tile each step: registers are short here
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) load_a(ka[ks], sK, warp * 16, ks * 16, g, t);
-      mma_rows(st, ka, sQ, g, t);
+      mma_rows(st, ka, sQ, lane);
     }
     {
       uint32_t va[4][4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) load_a(va[ks], sV, warp * 16, ks * 16, g, t);
-      mma_rows(dpt, va, sO, g, t);
+      mma_rows(dpt, va, sO, lane);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
