@@ -91,10 +91,6 @@ __device__ __forceinline__ T* row_of(const Operand& o, const Block& r, int64_t i
 
 // --- tensor-core fragments --------------------------------------------------------
 
-__device__ __forceinline__ uint32_t load_u32(const bf16_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -110,13 +106,17 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a shared tile.
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* s, int r0, int k0, int g,
-                                       int t) {
-  a[0] = load_u32(s + (r0 + g) * kLd + k0 + 2 * t);
-  a[1] = load_u32(s + (r0 + g + 8) * kLd + k0 + 2 * t);
-  a[2] = load_u32(s + (r0 + g) * kLd + k0 + 8 + 2 * t);
-  a[3] = load_u32(s + (r0 + g + 8) * kLd + k0 + 8 + 2 * t);
+// A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a shared tile,
+// by one ldmatrix: a[0..3] are the 8x8 matrices (rows r0 / r0 + 8, columns
+// k0 / k0 + 8) in the order the mma takes them.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* s, int r0, int k0,
+                                       int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  const bf16_t* p = s + (r0 + r + (m & 1) * 8) * kLd + k0 + (m >> 1) * 8;
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
 }
 
 // B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __syncthreads();
   uint32_t qa[4][4];
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) load_a(qa[ks], sQ, warp * 16, ks * 16, g, t);
+  for (int ks = 0; ks < 4; ++ks) load_a(qa[ks], sQ, warp * 16, ks * 16, lane);
   const int64_t row0 = i0 + warp * 16;
   float o[8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -500,8 +500,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   uint32_t qa[4][4], da[4][4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    load_a(qa[ks], sQ, warp * 16, ks * 16, g, t);
-    load_a(da[ks], sO, warp * 16, ks * 16, g, t);
+    load_a(qa[ks], sQ, warp * 16, ks * 16, lane);
+    load_a(da[ks], sO, warp * 16, ks * 16, lane);
   }
   const int64_t row0 = i0 + warp * 16;
   float Di[2], lse2[2];
@@ -625,13 +625,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
     {
       uint32_t ka[4][4];  // read from the shared tile each step: registers are short here
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) load_a(ka[ks], sK, warp * 16, ks * 16, g, t);
+      for (int ks = 0; ks < 4; ++ks) load_a(ka[ks], sK, warp * 16, ks * 16, lane);
       mma_rows(st, ka, sQ, lane);
     }
     {
       uint32_t va[4][4];
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) load_a(va[ks], sV, warp * 16, ks * 16, g, t);
+      for (int ks = 0; ks < 4; ++ks) load_a(va[ks], sV, warp * 16, ks * 16, lane);
       mma_rows(dpt, va, sO, lane);
     }
 #pragma unroll
