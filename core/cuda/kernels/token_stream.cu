@@ -117,23 +117,33 @@ DropoutRule segment_rule(const AttentionParams& params, const HostSegment& s) {
   return rule;
 }
 
+// Calls fn(view, rule, stats) per non-empty segment: view(t) is the
+// segment's [1, H, L, ...] view of a stream tensor, rule its dropout rule,
+// stats its contiguous lse and keep-bit scratch.
+template <class Fn>
+void for_each_segment(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                      const KernelTensor& segments, DType lse_dtype, Fn&& fn) {
+  const bool drop = params.dropout_p > 0.0;
+  for (const HostSegment& s : host_segments(stream, segments)) {
+    if (s.length == 0) continue;
+    const SegmentStats stats(stream, q.sizes[1], s.length, lse_dtype, drop);
+    auto view = [&](const KernelTensor& t) { return segment_view(t, s.start, s.length); };
+    auto bits = [&](const KernelTensor& t) { return segment_bits(t, s.start, s.length); };
+    fn(view, bits, segment_rule(params, s), stats);
+  }
+}
+
 void fallback_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
                       const KernelTensor& k, const KernelTensor& v, const KernelTensor& segments,
                       const KernelTensor& out, const KernelTensor& lse,
                       const KernelTensor& keep_bits) {
-  const int64_t H = q.sizes[1];
-  const bool drop = params.dropout_p > 0.0;
-  for (const HostSegment& s : host_segments(stream, segments)) {
-    if (s.length == 0) continue;
-    const int64_t L = s.length;
-    const SegmentStats stats(stream, H, L, lse.dtype, drop);
-    const KernelTensor qs = segment_view(q, s.start, L), ks = segment_view(k, s.start, L),
-                       vs = segment_view(v, s.start, L), os = segment_view(out, s.start, L);
-    simple_attention_forward(stream, params.scale, segment_rule(params, s), qs, ks, vs,
-                             KernelTensor{}, os, stats.lse, stats.bits);
-    copy(stream, stats.lse, segment_view(lse, s.start, L));
-    if (drop) copy(stream, stats.bits, segment_bits(keep_bits, s.start, L));
-  }
+  for_each_segment(stream, params, q, segments, lse.dtype,
+                   [&](auto view, auto bits, const DropoutRule& rule, const SegmentStats& stats) {
+                     simple_attention_forward(stream, params.scale, rule, view(q), view(k), view(v),
+                                              KernelTensor{}, view(out), stats.lse, stats.bits);
+                     copy(stream, stats.lse, view(lse));
+                     if (rule.on) copy(stream, stats.bits, bits(keep_bits));
+                   });
 }
 
 void fallback_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
@@ -142,19 +152,15 @@ void fallback_backward(Stream stream, const AttentionParams& params, const Kerne
                        const KernelTensor& keep_bits, const KernelTensor& grad_out,
                        const KernelTensor& grad_q, const KernelTensor& grad_k,
                        const KernelTensor& grad_v) {
-  const int64_t H = q.sizes[1];
-  const bool drop = params.dropout_p > 0.0;
-  for (const HostSegment& s : host_segments(stream, segments)) {
-    if (s.length == 0) continue;
-    const int64_t L = s.length;
-    const SegmentStats stats(stream, H, L, lse.dtype, drop);
-    copy(stream, segment_view(lse, s.start, L), stats.lse);
-    if (drop) copy(stream, segment_bits(keep_bits, s.start, L), stats.bits);
-    auto view = [&](const KernelTensor& t) { return segment_view(t, s.start, L); };
-    simple_attention_backward(stream, params.scale, segment_rule(params, s), view(q), view(k),
-                              view(v), KernelTensor{}, view(out), stats.lse, stats.bits,
-                              view(grad_out), view(grad_q), view(grad_k), view(grad_v));
-  }
+  for_each_segment(stream, params, q, segments, lse.dtype,
+                   [&](auto view, auto bits, const DropoutRule& rule, const SegmentStats& stats) {
+                     copy(stream, view(lse), stats.lse);
+                     if (rule.on) copy(stream, bits(keep_bits), stats.bits);
+                     simple_attention_backward(stream, params.scale, rule, view(q), view(k),
+                                               view(v), KernelTensor{}, view(out), stats.lse,
+                                               stats.bits, view(grad_out), view(grad_q),
+                                               view(grad_k), view(grad_v));
+                   });
 }
 
 }  // namespace
