@@ -8,12 +8,13 @@ namespace roformer {
 
 namespace {
 
-// RoPE on q and k inside the attention kernel (rope_attention) on devices
-// whose kernel rotates tiles as it loads them (CUDA); on the CPU, where the
-// fused op would compose the same rope and attention kernels, the separate
-// ops keep their rotated copies out of the attention node.
-bool rope_inside_attention(Device device) {
-  return !device.is_cpu();
+// RoPE on q and k inside the attention kernel (rope_attention) as
+// model.attention_kernel asks; auto: on devices whose kernel rotates tiles as
+// it loads them (CUDA), not on the CPU, where the fused op would compose the
+// same rope and attention kernels.
+bool rope_inside_attention(AttentionKernel kernel, Device device) {
+  if (kernel == AttentionKernel::kAuto) return !device.is_cpu();
+  return kernel == AttentionKernel::kFusedRope;
 }
 
 }  // namespace
@@ -83,7 +84,7 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_ma
       RF_PROFILE("rope");
       v = rope(v, positions, config_.rope_base, layout);
     }
-    if (rotate && rope_inside_attention(hidden.device())) {
+    if (rotate && rope_inside_attention(config_.attention_kernel, hidden.device())) {
       RF_PROFILE("attention");
       context = rope_attention(q, k, v, key_mask, {positions, config_.rope_base, layout}, dropout,
                                training, ctx, scale);
@@ -112,7 +113,7 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   Tensor k = key_.forward(hidden).view({T, H, Dh});
   Tensor v = value_.forward(hidden).view({T, H, Dh});
   const bool rotary = config_.position == PositionEncoding::kRope;
-  const bool inside = rotary && rope_inside_attention(hidden.device());
+  const bool inside = rotary && rope_inside_attention(config_.attention_kernel, hidden.device());
   if (rotary) {
     RF_PROFILE("rope");
     // rope() rotates x [..., S, D] at positions [S]: the stream seen as [H, T, Dh].
