@@ -116,6 +116,25 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
 Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
                         double dropout_p, bool training, DropoutContext& ctx, double scale);
 
+// Attention with RoPE inside (core/ops/attention.cpp): what attention() and
+// varlen_attention() give for rope(q) and rope(k) at `positions` -- padded
+// q, k [B, H, S, D] with positions [S], or a token stream q, k [T, H, D] with
+// positions [T] -- as one node whose gradients are those of the unrotated q
+// and k. A device may rotate inside its kernel (CUDA does for bf16 at head
+// dim 64), so no rotated copy of q or k is kept; the CPU composes the rope
+// and attention kernels.
+struct RotaryEmbedding {
+  Tensor positions;  // i32/i64
+  double base = 10000.0;
+  RopeLayout layout = RopeLayout::interleaved;
+};
+Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& key_padding_mask, const RotaryEmbedding& rotary,
+                      double dropout_p, bool training, DropoutContext& ctx, double scale);
+Tensor varlen_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& segments, const RotaryEmbedding& rotary,
+                             double dropout_p, bool training, DropoutContext& ctx, double scale);
+
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim);

@@ -6,6 +6,19 @@
 
 namespace roformer {
 
+namespace {
+
+// RoPE on q and k inside the attention kernel (rope_attention) as
+// model.attention_kernel asks; auto: on devices whose kernel rotates tiles as
+// it loads them (CUDA), not on the CPU, where the fused op would compose the
+// same rope and attention kernels.
+bool rope_inside_attention(AttentionKernel kernel, Device device) {
+  if (kernel == AttentionKernel::kAuto) return !device.is_cpu();
+  return kernel == AttentionKernel::kFusedRope;
+}
+
+}  // namespace
+
 Tensor rope_linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& key_mask, const Tensor& positions, bool rotate,
                              double rope_base, RopeLayout layout) {
@@ -65,15 +78,25 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_ma
     context =
         rope_linear_attention(q, k, v, key_mask, positions, rotate, config_.rope_base, layout);
   } else {
-    if (rotate) {
+    const double dropout = config_.attention_probs_dropout_prob,
+                 scale = 1.0 / std::sqrt(double(Dh));
+    if (rotate && config_.rotary_value) {
       RF_PROFILE("rope");
-      q = rope(q, positions, config_.rope_base, layout);
-      k = rope(k, positions, config_.rope_base, layout);
-      if (config_.rotary_value) v = rope(v, positions, config_.rope_base, layout);
+      v = rope(v, positions, config_.rope_base, layout);
     }
-    RF_PROFILE("attention");
-    context = attention(q, k, v, key_mask, config_.attention_probs_dropout_prob, training, ctx,
-                        1.0 / std::sqrt(double(Dh)));
+    if (rotate && rope_inside_attention(config_.attention_kernel, hidden.device())) {
+      RF_PROFILE("attention");
+      context = rope_attention(q, k, v, key_mask, {positions, config_.rope_base, layout}, dropout,
+                               training, ctx, scale);
+    } else {
+      if (rotate) {
+        RF_PROFILE("rope");
+        q = rope(q, positions, config_.rope_base, layout);
+        k = rope(k, positions, config_.rope_base, layout);
+      }
+      RF_PROFILE("attention");
+      context = attention(q, k, v, key_mask, dropout, training, ctx, scale);
+    }
   }
   return context.transpose(1, 2).reshape({B, S, H * Dh});
 }
@@ -89,21 +112,28 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   Tensor q = query_.forward(hidden).view({T, H, Dh});
   Tensor k = key_.forward(hidden).view({T, H, Dh});
   Tensor v = value_.forward(hidden).view({T, H, Dh});
-  if (config_.position == PositionEncoding::kRope) {
+  const bool rotary = config_.position == PositionEncoding::kRope;
+  const bool inside = rotary && rope_inside_attention(config_.attention_kernel, hidden.device());
+  if (rotary) {
     RF_PROFILE("rope");
     // rope() rotates x [..., S, D] at positions [S]: the stream seen as [H, T, Dh].
     auto rotate = [&](const Tensor& x) {
       return rope(x.transpose(0, 1), layout.positions, config_.rope_base, config_.rope_layout)
           .transpose(0, 1);
     };
-    q = rotate(q);
-    k = rotate(k);
+    if (!inside) {
+      q = rotate(q);
+      k = rotate(k);
+    }
     if (config_.rotary_value) v = rotate(v);
   }
   RF_PROFILE("attention");
+  const double dropout = config_.attention_probs_dropout_prob, scale = 1.0 / std::sqrt(double(Dh));
   const Tensor context =
-      varlen_attention(q, k, v, layout.segments, config_.attention_probs_dropout_prob, training,
-                       ctx, 1.0 / std::sqrt(double(Dh)));
+      inside ? varlen_rope_attention(q, k, v, layout.segments,
+                                     {layout.positions, config_.rope_base, config_.rope_layout},
+                                     dropout, training, ctx, scale)
+             : varlen_attention(q, k, v, layout.segments, dropout, training, ctx, scale);
   return context.view({T, H * Dh});
 }
 

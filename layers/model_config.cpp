@@ -23,6 +23,14 @@ std::span<const EnumEntry<AttentionKind>> enum_entries<AttentionKind>() {
   return kEntries;
 }
 template <>
+std::span<const EnumEntry<AttentionKernel>> enum_entries<AttentionKernel>() {
+  static constexpr EnumEntry<AttentionKernel> kEntries[] = {
+      {"auto", AttentionKernel::kAuto},
+      {"fused_rope", AttentionKernel::kFusedRope},
+      {"separate", AttentionKernel::kSeparate}};
+  return kEntries;
+}
+template <>
 std::span<const EnumEntry<RopeLayout>> enum_entries<RopeLayout>() {
   static constexpr EnumEntry<RopeLayout> kEntries[] = {{"interleaved", RopeLayout::kInterleaved},
                                                        {"half", RopeLayout::kHalf}};
@@ -191,6 +199,7 @@ ModelConfig from_hf_config_json(const nlohmann::json& json, std::string_view sou
   r.get_enum("attention", c.attention);
   r.get("rope_base", c.rope_base);
   r.get_enum("rope_layout", c.rope_layout);
+  r.get_enum("attention_kernel", c.attention_kernel);
 
   if (auto problem = find_model_config_issue(c, ""))
     r.fail(problem->keys.front(), problem->message);
@@ -220,6 +229,8 @@ nlohmann::json to_hf_config_json(const ModelConfig& c) {
   if (c.attention != AttentionKind::kSoftmax) j["attention"] = enum_name(c.attention);
   if (c.rope_base != kHfRopeBase) j["rope_base"] = c.rope_base;
   if (c.rope_layout != RopeLayout::kInterleaved) j["rope_layout"] = enum_name(c.rope_layout);
+  if (c.attention_kernel != AttentionKernel::kAuto)
+    j["attention_kernel"] = enum_name(c.attention_kernel);
   return j;
 }
 

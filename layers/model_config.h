@@ -50,6 +50,11 @@ std::string enum_choices() {
 
 enum class PositionEncoding { kRope, kAbsolute, kNone };
 enum class AttentionKind { kSoftmax, kLinear };
+// Where softmax attention applies RoPE to q and k: inside the attention
+// kernel (rope_attention: no rotated copies; CUDA rotates tiles as they
+// load), as separate rope ops before it, or auto (inside on an accelerator,
+// separate on the CPU, where the fused op composes the same kernels).
+enum class AttentionKernel { kAuto, kFusedRope, kSeparate };
 // RopeLayout (kInterleaved | kHalf) comes from core/rope_layout.h, shared with the rope op.
 
 template <>
@@ -58,6 +63,8 @@ template <>
 std::span<const EnumEntry<AttentionKind>> enum_entries<AttentionKind>();
 template <>
 std::span<const EnumEntry<RopeLayout>> enum_entries<RopeLayout>();
+template <>
+std::span<const EnumEntry<AttentionKernel>> enum_entries<AttentionKernel>();
 
 struct ModelConfig {
   // Hugging Face RoFormerConfig keys, same defaults as transformers except
@@ -82,6 +89,7 @@ struct ModelConfig {
   AttentionKind attention = AttentionKind::kSoftmax;
   double rope_base = 10000.0;
   RopeLayout rope_layout = RopeLayout::kInterleaved;
+  AttentionKernel attention_kernel = AttentionKernel::kAuto;  // how, not what: same numbers
 
   // Width of the embedding table: embedding_size, or hidden_size when unset.
   int64_t embedding_dim() const { return embedding_size.value_or(hidden_size); }

@@ -73,6 +73,7 @@ void visit_model(V& v, M& c) {
   v.field("attention", c.attention);
   v.field("rope_base", c.rope_base);
   v.field("rope_layout", c.rope_layout);
+  v.field("attention_kernel", c.attention_kernel);
 }
 
 template <class V, class R>

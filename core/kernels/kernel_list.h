@@ -58,10 +58,12 @@ enum class UnaryOp : uint8_t {
 // dropout_block, dropout_threshold) for a DropoutKey (core/dropout_context.h):
 // they depend on (seed, step, sequence, site, head, position, feature) only.
 struct AttentionParams {
-  double scale = 1.0;      // scores = q k^T * scale
-  double dropout_p = 0.0;  // on the probabilities; 0 = none
-  DropoutKey dropout;      // batch row b is sequence dropout.first_sequence + b;
-                           // the query is the position, the key the feature
+  double scale = 1.0;           // scores = q k^T * scale
+  double dropout_p = 0.0;       // on the probabilities; 0 = none
+  DropoutKey dropout;           // batch row b is sequence dropout.first_sequence + b;
+                                // the query is the position, the key the feature
+  int64_t longest_segment = 0;  // token streams: the longest segment (a device's
+                                // launch geometry); 0 = not given
 };
 
 // clang-format off
@@ -145,7 +147,20 @@ struct AttentionParams {
   /* grad_q, grad_k, grad_v rows of tokens in no segment are not written. */                   \
   X(attention_varlen_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,    \
                                     KT segments, KT out, KT lse, KT keep_bits, KT grad_out,    \
-                                    KT grad_q, KT grad_k, KT grad_v))
+                                    KT grad_q, KT grad_k, KT grad_v))                         \
+  /* --- attention with RoPE inside (core/cpu/rope_attention.cpp) -------------------------- */\
+  /* attention of rope(q), rope(k), v -- padded (q [B, H, S, D], mask_or_segments the key */  \
+  /* mask) or a token stream (q [T, H, D], mask_or_segments the segments) -- as the two */    \
+  /* kernels above; table [2, S or T, D/2] as rope's (positions of q's sequence dimension */   \
+  /* or of its tokens). A device may rotate on the fly; no rotated copy is an output. */      \
+  X(rope_attention_forward, void(Stream, const AttentionParams& params, KT table,              \
+                                 bool interleaved, KT q, KT k, KT v, KT mask_or_segments,      \
+                                 KT out, KT lse, KT keep_bits))                                \
+  /* grad_q, grad_k: gradients of the unrotated q and k. */                                    \
+  X(rope_attention_backward, void(Stream, const AttentionParams& params, KT table,             \
+                                  bool interleaved, KT q, KT k, KT v, KT mask_or_segments,     \
+                                  KT out, KT lse, KT keep_bits, KT grad_out, KT grad_q,        \
+                                  KT grad_k, KT grad_v))
 // clang-format on
 
 // The C++ function type of each kernel: signature::<name>.

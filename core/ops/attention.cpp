@@ -7,6 +7,7 @@
 
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
+#include "core/ops/rope_table.h"
 #include "core/philox.h"
 #include "core/precision.h"
 
@@ -45,31 +46,50 @@ kernels::AttentionParams attention_params(const char* op, const Tensor& q, int64
   return params;
 }
 
-}  // namespace
+// The RoPE table of a call with RoPE inside (checked: one position per row
+// of q's sequence dimension `S`, which k shares), or undefined without.
+Tensor rotary_table(const char* op, const RotaryEmbedding* rotary, const Tensor& q, const Tensor& k,
+                    int64_t seq_dim) {
+  if (!rotary) return Tensor();
+  const int64_t S = q.size(seq_dim), D = q.shape().back();
+  if (k.size(seq_dim) != S)
+    throw Error(detail::concat(op, ": q ", q.desc(), " and k ", k.desc(),
+                               " must have one length to share RoPE positions"));
+  if (!(rotary->positions.device() == q.device()))
+    throw Error(detail::concat(op, ": positions ", rotary->positions.desc(), " are not on ",
+                               q.desc(), "'s device"));
+  check_rope_arguments(op, rotary->positions, S, D, rotary->base, q);
+  return rope_table(rotary->positions, D, rotary->base,
+                    q.dtype() == DType::f64 ? DType::f64 : DType::f32);
+}
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
-                 double dropout_p, bool training, DropoutContext& ctx, double scale) {
-  const Device device = kernel_device("attention", {&q, &k, &v, &key_padding_mask});
+// attention() and rope_attention(): one node, RoPE inside when `rotary`.
+Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& key_padding_mask, const RotaryEmbedding* rotary,
+                        double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  const Device device = kernel_device(op, {&q, &k, &v, &key_padding_mask});
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw Error(detail::concat("attention: expected q, k, v as [B, H, S, D], got ", q.desc(), ", ",
+    throw Error(detail::concat(op, ": expected q, k, v as [B, H, S, D], got ", q.desc(), ", ",
                                k.desc(), ", ", v.desc()));
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
-    throw Error(detail::concat("attention: dtype mismatch, q ", q.desc(), ", k ", k.desc(), ", v ",
-                               v.desc()));
+    throw Error(
+        detail::concat(op, ": dtype mismatch, q ", q.desc(), ", k ", k.desc(), ", v ", v.desc()));
   if (q.dtype() != DType::f32 && q.dtype() != DType::f64)
-    throw Error(detail::concat("attention: expected f32 or f64 inputs, got ", q.desc()));
+    throw Error(detail::concat(op, ": expected f32 or f64 inputs, got ", q.desc()));
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Sk = k.size(2), Dv = v.size(3);
   if (k.size(0) != B || k.size(1) != H || k.size(3) != D || v.size(0) != B || v.size(1) != H ||
       v.size(2) != Sk)
-    throw Error(detail::concat("attention: shapes do not match: q ", q.desc(), ", k ", k.desc(),
-                               ", v ", v.desc(), " (expected k [B, H, Sk, D], v [B, H, Sk, Dv])"));
+    throw Error(detail::concat(op, ": shapes do not match: q ", q.desc(), ", k ", k.desc(), ", v ",
+                               v.desc(), " (expected k [B, H, Sk, D], v [B, H, Sk, Dv])"));
   if (key_padding_mask.defined() && (key_padding_mask.dim() != 2 || key_padding_mask.size(0) != B ||
                                      key_padding_mask.size(1) != Sk))
-    throw Error(detail::concat("attention: key_padding_mask ", key_padding_mask.desc(),
+    throw Error(detail::concat(op, ": key_padding_mask ", key_padding_mask.desc(),
                                " does not match [B, Sk] = [", B, ", ", Sk, "]"));
+  const Tensor table = rotary_table(op, rotary, q, k, 2);
+  const bool interleaved = rotary && rotary->layout == RopeLayout::interleaved;
   const kernels::AttentionParams params =
-      attention_params("attention", q, H, scale, dropout_p, training, ctx);
+      attention_params(op, q, H, scale, dropout_p, training, ctx);
   const bool drop = params.dropout_p > 0.0;
   // Under bf16 autocast the two products read bf16 q, k, v (kept for
   // backward at half the memory) and the probabilities as bf16; scores,
@@ -88,21 +108,48 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     out.fill_(0.0);
     return out;
   }
-  launch::attention_forward(device, params, qd, kd, vd, mask, out, lse, bits);
+  if (rotary) {
+    launch::rope_attention_forward(device, params, table, interleaved, qd, kd, vd, mask, out, lse,
+                                   bits);
+  } else {
+    launch::attention_forward(device, params, qd, kd, vd, mask, out, lse, bits);
+  }
   if (!needs_grad({&q, &k, &v})) return out;
 
-  const SavedTensor sq(qd, "attention"), sk(kd, "attention"), sv(vd, "attention");
-  const SavedTensor so(out, "attention"), smask(mask, "attention");
+  const SavedTensor sq(qd, op), sk(kd, op), sv(vd, op);
+  const SavedTensor so(out, op), smask(mask, op);
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
-  return record("attention", out, {&q, &k, &v}, [=](const Tensor& g) {
+  const bool rotate = rotary != nullptr;
+  return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
     const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
     Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
     Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());
-    launch::attention_backward(g.device(), params, sq.get(), sk.get(), sv.get(), smask.get(),
-                               so.get(), lse, bits, grad_out, dq, dk, dv);
+    if (rotate) {
+      launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
+                                      sv.get(), smask.get(), so.get(), lse, bits, grad_out, dq, dk,
+                                      dv);
+    } else {
+      launch::attention_backward(g.device(), params, sq.get(), sk.get(), sv.get(), smask.get(),
+                                 so.get(), lse, bits, grad_out, dq, dk, dv);
+    }
     return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
   });
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                 double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  return padded_attention("attention", q, k, v, key_padding_mask, nullptr, dropout_p, training, ctx,
+                          scale);
+}
+
+Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& key_padding_mask, const RotaryEmbedding& rotary,
+                      double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  return padded_attention("rope_attention", q, k, v, key_padding_mask, &rotary, dropout_p, training,
+                          ctx, scale);
 }
 
 // --- variable-length attention on a token stream ---------------------------------------
@@ -129,26 +176,31 @@ int64_t checked_segments(const Tensor& segments, int64_t T) {
   return longest;
 }
 
-}  // namespace
-
-Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
-                        double dropout_p, bool training, DropoutContext& ctx, double scale) {
-  const Device device = kernel_device("varlen_attention", {&q, &k, &v, &segments});
+// varlen_attention() and varlen_rope_attention(): one node, RoPE inside when `rotary`.
+Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& segments, const RotaryEmbedding* rotary,
+                              double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  const Device device = kernel_device(op, {&q, &k, &v, &segments});
   if (q.dim() != 3 || k.shape() != q.shape() || v.dim() != 3 || v.size(0) != q.size(0) ||
       v.size(1) != q.size(1))
-    throw Error(detail::concat("varlen_attention: expected q, k [T, H, D] and v [T, H, Dv], got ",
-                               q.desc(), ", ", k.desc(), ", ", v.desc()));
+    throw Error(detail::concat(op, ": expected q, k [T, H, D] and v [T, H, Dv], got ", q.desc(),
+                               ", ", k.desc(), ", ", v.desc()));
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() ||
       (q.dtype() != DType::f32 && q.dtype() != DType::f64))
-    throw Error(detail::concat("varlen_attention: expected f32 or f64 q, k, v of one dtype, got ",
-                               q.desc(), ", ", k.desc(), ", ", v.desc()));
+    throw Error(detail::concat(op, ": expected f32 or f64 q, k, v of one dtype, got ", q.desc(),
+                               ", ", k.desc(), ", ", v.desc()));
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Dv = v.size(2);
-  const kernels::AttentionParams params =
-      attention_params("varlen_attention", q, H, scale, dropout_p, training, ctx);
+  const Tensor table = rotary_table(op, rotary, q, k, 0);
+  const bool interleaved = rotary && rotary->layout == RopeLayout::interleaved;
+  kernels::AttentionParams params = attention_params(op, q, H, scale, dropout_p, training, ctx);
   const int64_t longest = checked_segments(segments, T);
+  params.longest_segment = longest;
   const bool drop = params.dropout_p > 0.0;
-  const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
-               vd = unit_last_stride(v.detach());
+  // Under bf16 autocast a device's kernel reads bf16 q, k, v and dO (the CPU's
+  // token-stream kernel is f32/f64 only); out, lse and the gradients stay f32.
+  const bool low = autocast_bf16(device, q.dtype()) && !device.is_cpu();
+  auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
+  const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
   const Tensor seg = segments.detach();
   // Rows of tokens in no segment are left to the zero fill.
   Tensor out = Tensor::zeros({T, H, Dv}, q.dtype(), device);
@@ -156,21 +208,46 @@ Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const Tensor bits =
       drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
   if (T == 0 || longest == 0) return out;
-  launch::attention_varlen_forward(device, params, qd, kd, vd, seg, out, lse, bits);
+  if (rotary) {
+    launch::rope_attention_forward(device, params, table, interleaved, qd, kd, vd, seg, out, lse,
+                                   bits);
+  } else {
+    launch::attention_varlen_forward(device, params, qd, kd, vd, seg, out, lse, bits);
+  }
   if (!needs_grad({&q, &k, &v})) return out;
 
-  const SavedTensor sq(qd, "varlen_attention"), sk(kd, "varlen_attention"),
-      sv(vd, "varlen_attention"), so(out, "varlen_attention");
+  const SavedTensor sq(qd, op), sk(kd, op), sv(vd, op), so(out, op);
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
-  return record("varlen_attention", out, {&q, &k, &v}, [=](const Tensor& g) {
-    const Tensor grad_out = unit_last_stride(g);
+  const bool rotate = rotary != nullptr;
+  return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
+    const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
     Tensor dq = Tensor::zeros({T, H, D}, g.dtype(), g.device());
     Tensor dk = Tensor::zeros({T, H, D}, g.dtype(), g.device());
     Tensor dv = Tensor::zeros({T, H, Dv}, g.dtype(), g.device());
-    launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
-                                      so.get(), lse, bits, grad_out, dq, dk, dv);
+    if (rotate) {
+      launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
+                                      sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);
+    } else {
+      launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
+                                        so.get(), lse, bits, grad_out, dq, dk, dv);
+    }
     return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
   });
+}
+
+}  // namespace
+
+Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
+                        double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  return token_stream_attention("varlen_attention", q, k, v, segments, nullptr, dropout_p, training,
+                                ctx, scale);
+}
+
+Tensor varlen_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& segments, const RotaryEmbedding& rotary,
+                             double dropout_p, bool training, DropoutContext& ctx, double scale) {
+  return token_stream_attention("varlen_rope_attention", q, k, v, segments, &rotary, dropout_p,
+                                training, ctx, scale);
 }
 
 }  // namespace roformer

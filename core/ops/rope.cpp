@@ -7,15 +7,16 @@
 
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
+#include "core/ops/rope_table.h"
 
 namespace roformer {
 
 namespace {
 
-// The cos/sin table [2, S, D/2] of a positions tensor, built on its device by
-// a kernel. Every layer asks for the table of the same positions tensor
-// (forward and backward), so a few entries keyed by that tensor's storage,
-// offset and version (never its values: no host read) serve a whole step.
+// One entry of the table cache: the cos/sin table [2, S, D/2] of a positions tensor, built on its
+// device by a kernel. Every layer asks for the table of the same positions tensor (forward and
+// backward), so a few entries keyed by that tensor's storage, offset and version (never its values:
+// no host read) serve a whole step.
 struct TableEntry {
   std::weak_ptr<StorageImpl> storage;
   int64_t offset, length, stride;
@@ -25,6 +26,8 @@ struct TableEntry {
   DType dtype;
   Tensor table;
 };
+
+}  // namespace
 
 Tensor rope_table(const Tensor& positions, int64_t dim, double base, DType dtype) {
   constexpr size_t kCached = 8;
@@ -51,7 +54,16 @@ Tensor rope_table(const Tensor& positions, int64_t dim, double base, DType dtype
   return table;
 }
 
-}  // namespace
+void check_rope_arguments(const char* op, const Tensor& positions, int64_t S, int64_t D,
+                          double base, const Tensor& x) {
+  if (D % 2 != 0)
+    throw Error(detail::concat(op, ": head dimension ", D, " must be even (x is ", x.desc(), ")"));
+  dispatch_index(positions.dtype(), "rope positions", [](auto) {});
+  if (positions.dim() != 1 || positions.shape()[0] != S)
+    throw Error(detail::concat(op, ": positions ", positions.desc(), " do not match x ", x.desc(),
+                               " (expected [", S, "] for the sequence dimension)"));
+  if (!(base > 0.0)) throw Error(detail::concat(op, ": base must be positive, got ", base));
+}
 
 Tensor rope(const Tensor& x, const Tensor& positions, double base, RopeLayout layout) {
   const Device device = kernel_device("rope", {&x, &positions});
@@ -59,13 +71,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base, RopeLayout la
     throw Error(detail::concat("rope: expected a floating tensor, got ", x.desc()));
   if (x.dim() < 2) throw Error(detail::concat("rope: expected x [..., S, D], got ", x.desc()));
   const int64_t S = x.shape()[size_t(x.dim() - 2)], D = x.shape().back();
-  if (D % 2 != 0)
-    throw Error(detail::concat("rope: head dimension ", D, " must be even (x is ", x.desc(), ")"));
-  dispatch_index(positions.dtype(), "rope positions", [](auto) {});
-  if (positions.dim() != 1 || positions.shape()[0] != S)
-    throw Error(detail::concat("rope: positions ", positions.desc(), " do not match x ", x.desc(),
-                               " (expected [", S, "] for the sequence dimension)"));
-  if (!(base > 0.0)) throw Error(detail::concat("rope: base must be positive, got ", base));
+  check_rope_arguments("rope", positions, S, D, base, x);
 
   // Angles are computed in double; f32/bf16 rotate with an f32 copy.
   const DType table_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;

@@ -216,6 +216,14 @@ std::vector<OpCase> make_table() {
                  DropoutContext ctx{7, 0, 0};  // the same mask in every run
                  return dropout(x[0], 0.3, /*training=*/true, ctx);
                }});
+  t.push_back(
+      {.op = "dropout",
+       .name = "dropout_token_stream",
+       .inputs = {in({5, 8}, contiguous), fixed(i64({0, 0, 0, 1, 0, 2, 1, 0, 1, 1}, {5, 2}))},
+       .build = [](const X& x) {
+         DropoutContext ctx{7, 2, 3};  // the same mask in every run
+         return dropout(x[0], 0.3, /*training=*/true, ctx, x[1]);
+       }});
   t.push_back({.op = "embedding",
                .name = "embedding_repeated_ids",
                .inputs = {in({7, 4}, strided), fixed(i64({1, 3, 3, 0, 6, 1}, {2, 3}))},
@@ -293,6 +301,65 @@ std::vector<OpCase> make_table() {
            },
        .dtypes = {DType::f64, DType::f32},
        .unsupported = {{DType::bf16, "varlen_attention: expected f32 or f64"}}});
+
+  // RoPE inside attention: rotary positions [S] (padded) or per token [T].
+  t.push_back(
+      {.op = "rope_attention",
+       .name = "rope_attention_interleaved_padding_mask",
+       .inputs = {in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 4}, strided, -2.0, 2.0),
+                  in({2, 2, 5, 4}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5})),
+                  fixed(i64({0, 1, 2, 3, 4}, {5}))},
+       .build =
+           [](const X& x) {
+             DropoutContext ctx{0, 0, 0};
+             return rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false, ctx, 0.5);
+           },
+       .dtypes = {DType::f64, DType::f32},
+       .unsupported = {{DType::bf16, "rope_attention: expected f32 or f64 inputs"}}});
+  t.push_back(
+      {.op = "rope_attention",
+       .name = "rope_attention_half_dropout",
+       .inputs = {in({2, 2, 6, 4}, contiguous, -2.0, 2.0), in({2, 2, 6, 4}, heads, -2.0, 2.0),
+                  in({2, 2, 6, 6}, transposed), fixed(i64({3, 4, 5, 6, 7, 8}, {6}))},
+       .build =
+           [](const X& x) {
+             DropoutContext ctx{11, 0, 0};  // the same dropout mask in every run
+             return rope_attention(x[0], x[1], x[2], Tensor(), {x[3], 100.0, RopeLayout::half},
+                                   0.25, true, ctx, 0.5);
+           },
+       .dtypes = {DType::f64, DType::f32},
+       .unsupported = {{DType::bf16, "rope_attention: expected f32 or f64 inputs"}}});
+  t.push_back({.op = "varlen_rope_attention",
+               .name = "varlen_rope_attention_segments",
+               .inputs = {in({9, 2, 4}, contiguous, -2.0, 2.0), in({9, 2, 4}, strided, -2.0, 2.0),
+                          in({9, 2, 3}, transposed),
+                          fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4})),
+                          fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
+               .build =
+                   [](const X& x) {
+                     DropoutContext ctx{0, 0, 0};
+                     return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false,
+                                                  ctx, 0.5);
+                   },
+               .dtypes = {DType::f64, DType::f32},
+               .unsupported = {{DType::bf16, "varlen_rope_attention: expected f32 or f64"}}});
+  t.push_back(
+      {.op = "varlen_rope_attention",
+       .name = "varlen_rope_attention_half_dropout",
+       .inputs = {in({40, 2, 4}, contiguous, -2.0, 2.0), in({40, 2, 4}, contiguous, -2.0, 2.0),
+                  in({40, 2, 4}), fixed(i64({0, 35, 0, 0, 35, 5, 1, 0}, {2, 4})),
+                  fixed(i64({0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13,
+                             14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+                             28, 29, 30, 31, 32, 33, 34, 0,  1,  2,  3,  4},
+                            {40}))},
+       .build =
+           [](const X& x) {
+             DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
+             return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0, RopeLayout::half},
+                                          0.2, true, ctx, 0.5);
+           },
+       .dtypes = {DType::f64, DType::f32},
+       .unsupported = {{DType::bf16, "varlen_rope_attention: expected f32 or f64"}}});
 
   // --- structure -----------------------------------------------------------------------------
   t.push_back({.op = "concat",
@@ -670,7 +737,8 @@ TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
     MatmulPrecisionScope bf16_products(DType::bf16);
     got = run(c, bases, DType::f32, Device::cpu(), c.grad);
   }
-  const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention";
+  const bool matrix_op =
+      c.op == "linear" || c.op == "matmul" || c.op == "attention" || c.op == "rope_attention";
   if (!matrix_op) {
     // Not a product: the same function, so exactly the plain f32 numbers.
     const std::string same = compare(c, got, plain, 0.0, 0.0);

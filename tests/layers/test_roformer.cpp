@@ -257,6 +257,32 @@ TEST(RoFormerOptions, EveryVariantTrains) {
   for (size_t i = 1; i < losses.size(); ++i) EXPECT_NE(losses[i], losses[0]) << variants[i].name;
 }
 
+TEST(RoFormerOptions, AttentionKernelChangesHowNotWhat) {
+  // model.attention_kernel: RoPE inside the attention op or as separate ops
+  // before it gives the same loss and gradients (padding mask and dropout on).
+  auto run = [](AttentionKernel kernel, RopeLayout layout) {
+    ModelConfig c = small_config();
+    c.hidden_dropout_prob = 0.1;
+    c.attention_probs_dropout_prob = 0.1;
+    c.rope_layout = layout;
+    c.attention_kernel = kernel;
+    RoFormerForMaskedLM model(c, 5);
+    const MlmOutput out = mlm_step(model, 2);
+    out.loss.backward();
+    std::vector<double> result{out.loss.item()};
+    for (const auto& p : model.named_parameters())
+      for (double g : p.tensor.grad().to_vector<double>()) result.push_back(g);
+    return result;
+  };
+  for (const auto layout : {RopeLayout::interleaved, RopeLayout::half}) {
+    const std::vector<double> fused = run(AttentionKernel::kFusedRope, layout);
+    const std::vector<double> separate = run(AttentionKernel::kSeparate, layout);
+    ASSERT_EQ(fused.size(), separate.size());
+    for (size_t i = 0; i < fused.size(); ++i)
+      ASSERT_NEAR(fused[i], separate[i], 1e-5 * (1.0 + std::abs(separate[i]))) << "element " << i;
+  }
+}
+
 TEST(RoFormerMlm, HeadOnMaskedRowsEqualsFullLogits) {
   const RoFormerForMaskedLM model(small_config(), 3);
   const int64_t B = 2, S = 10, V = 97;

@@ -45,6 +45,7 @@ model:
   attention: linear
   rope_base: 500.5
   rope_layout: half
+  attention_kernel: separate
 data:
   vocab: v.txt
   lowercase: no
@@ -150,6 +151,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c.model.embedding_size, 32);
   EXPECT_EQ(c.model.attention, AttentionKind::kLinear);
   EXPECT_EQ(c.model.rope_layout, RopeLayout::kHalf);
+  EXPECT_EQ(c.model.attention_kernel, AttentionKernel::kSeparate);
   EXPECT_DOUBLE_EQ(c.model.rope_base, 500.5);
   EXPECT_FALSE(c.data.lowercase);  // "no" is false
   EXPECT_EQ(c.data.inputs, (std::vector<std::string>{"a b/*.txt", "yes", "123", "#x"}));
@@ -359,7 +361,7 @@ TEST(ConfigSchema, EverySectionListsItsKeys) {
           "max_seq_len", "batch_size", "steps", "tokens", "micro_batch_size", "batch_warmup_start",
           "batch_warmup_tokens", "lr", "warmup_steps", "schedule", "decay_shape", "decay_fraction",
           "decay_tokens", "min_lr_ratio", "weight_decay", "mask_prob", "rope_base", "shard_dir"}));
-  EXPECT_EQ(section_keys("model").size(), 19u);
+  EXPECT_EQ(section_keys("model").size(), 20u);
   EXPECT_TRUE(section_keys("nonsense").empty());
 }
 

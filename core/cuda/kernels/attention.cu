@@ -7,26 +7,16 @@
 //   block per query row for dq (and D = dO . O), then one block per key row
 //   for dk and dv. Each output row is owned by one block: no atomics, the
 //   same result on every run.
-// Arithmetic in f32 for f32/bf16 and f64 for f64; speed belongs to later work.
-#include "core/cuda/kernels/common.cuh"
-#include "core/philox.h"
+// Arithmetic in f32 for f32/bf16 and f64 for f64. bf16 q, k, v at head dim
+// 64 go to the tensor-core kernel of flash_attention.cu instead.
+#include "core/cuda/kernels/attention_common.cuh"
+#include "core/cuda/kernels/flash_attention.h"
 
 namespace roformer::kernels::cuda {
 
 namespace {
 
 constexpr int kTile = 128;  // keys (or queries) per tile = threads per block
-
-// Keep bit of key j for query i of batch row b, head h: the shared rule's
-// word for (sequence first + b, position i, feature j, head h).
-struct DropoutRule {
-  bool on = false;
-  PhiloxKey key{};
-  int64_t first_sequence = 0;
-  uint32_t site = 0;
-  uint32_t threshold = 0;
-  double inv_keep = 1.0;
-};
 
 template <class T>
 __device__ __forceinline__ const T* row4(const KernelTensor& t, int64_t b, int64_t h, int64_t i) {
@@ -35,24 +25,6 @@ __device__ __forceinline__ const T* row4(const KernelTensor& t, int64_t b, int64
 template <class T>
 __device__ __forceinline__ T* row4_mut(const KernelTensor& t, int64_t b, int64_t h, int64_t i) {
   return t.as<T>() + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
-}
-
-__device__ __forceinline__ bool key_kept(const KernelTensor& mask, int64_t b, int64_t j) {
-  if (!mask.defined()) return true;
-  const int64_t off = b * mask.strides[0] + j * mask.strides[1];
-  switch (mask.dtype) {
-    case DType::f32:
-      return mask.as<const float>()[off] != 0.0f;
-    case DType::f64:
-      return mask.as<const double>()[off] != 0.0;
-    case DType::bf16:
-      return __bfloat162float(mask.as<const bf16_t>()[off]) != 0.0f;
-    case DType::i32:
-      return mask.as<const int32_t>()[off] != 0;
-    case DType::i64:
-      return mask.as<const int64_t>()[off] != 0;
-  }
-  return true;
 }
 
 template <class T, class A>
@@ -128,7 +100,7 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
     A pd = p;
     if (drop.on) {
       const bool keep =
-          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(i),
+          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(drop.first_position + i),
                                   uint32_t(drop.first_sequence + b), drop.site, uint32_t(h)) >>
                      8) >= drop.threshold;
       const unsigned bits = __ballot_sync(0xffffffffu, keep);
@@ -277,41 +249,32 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
   for (int64_t c = threadIdx.x; c < Dv; c += blockDim.x) dvj[c] = convert<T>(dv[c]);
 }
 
-DropoutRule dropout_rule(const AttentionParams& params) {
-  DropoutRule r;
-  r.on = params.dropout_p > 0.0;
-  r.key = dropout_key(params.dropout.seed, params.dropout.step);
-  r.first_sequence = params.dropout.first_sequence;
-  r.site = params.dropout.site;
-  r.threshold = dropout_threshold(params.dropout_p);
-  r.inv_keep = r.on ? 1.0 / (1.0 - params.dropout_p) : 1.0;
-  return r;
-}
-
 void check_geometry(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v) {
   RF_CHECK(q.ndim == 4 && k.ndim == 4 && v.ndim == 4 && q.strides[3] == 1 && k.strides[3] == 1 &&
                v.strides[3] == 1,
            "attention kernel: expected q, k, v [B, H, S, D] with unit last stride");
 }
 
-// Sets a kernel's dynamic shared memory limit when it needs more than 48 KB.
-template <class Kernel>
-void allow_shared(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    RF_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+// Whether the tensor-core kernel (flash_attention.cu) takes the call: bf16
+// q, k, v at head dim 64, f32 or bf16 outputs, f32 lse.
+bool flash_outputs(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                   const KernelTensor& out, const KernelTensor& lse) {
+  return flash_supported(q, k, v) && (out.dtype == DType::f32 || out.dtype == DType::bf16) &&
+         lse.dtype == DType::f32;
 }
 
 }  // namespace
 
-void attention_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
-                       const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
-                       const KernelTensor& out, const KernelTensor& lse,
-                       const KernelTensor& keep_bits) {
+void simple_attention_forward(Stream stream, double scale, const DropoutRule& drop,
+                              const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                              const KernelTensor& key_mask, const KernelTensor& out,
+                              const KernelTensor& lse, const KernelTensor& keep_bits) {
   check_geometry(q, k, v);
+  RF_CHECK(out.dtype == q.dtype && lse.dtype == (q.dtype == DType::f64 ? DType::f64 : DType::f32),
+           "attention kernel: the simple CUDA kernel writes out in q's dtype and lse in its "
+           "arithmetic type");
   if (out.numel() == 0) return;
   const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const DropoutRule drop = dropout_rule(params);
   on_floating_dtype(q.dtype, "attention", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -319,21 +282,20 @@ void attention_forward(Stream stream, const AttentionParams& params, const Kerne
     allow_shared(attention_forward_kernel<T>, shared);
     const dim3 grid(unsigned(Sq), unsigned(B * H));
     RF_LAUNCH((attention_forward_kernel<T>), grid, kTile, shared, native(stream), q, k, v, key_mask,
-              out, lse, keep_bits, A(params.scale), drop, H);
+              out, lse, keep_bits, A(scale), drop, H);
   });
 }
 
-void attention_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
-                        const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
-                        const KernelTensor& out, const KernelTensor& lse,
-                        const KernelTensor& keep_bits, const KernelTensor& grad_out,
-                        const KernelTensor& grad_q, const KernelTensor& grad_k,
-                        const KernelTensor& grad_v) {
+void simple_attention_backward(Stream stream, double scale, const DropoutRule& drop,
+                               const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                               const KernelTensor& key_mask, const KernelTensor& out,
+                               const KernelTensor& lse, const KernelTensor& keep_bits,
+                               const KernelTensor& grad_out, const KernelTensor& grad_q,
+                               const KernelTensor& grad_k, const KernelTensor& grad_v) {
   check_geometry(q, k, v);
   const int64_t B = q.sizes[0], H = q.sizes[1], Sq = q.sizes[2], Sk = k.sizes[2];
   const int64_t D = q.sizes[3], Dv = v.sizes[3];
   if (B * H == 0) return;
-  const DropoutRule drop = dropout_rule(params);
   on_floating_dtype(q.dtype, "attention", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -343,16 +305,64 @@ void attention_backward(Stream stream, const AttentionParams& params, const Kern
       allow_shared(attention_dq_kernel<T>, shared);
       RF_LAUNCH((attention_dq_kernel<T>), dim3(unsigned(Sq), unsigned(B * H)), kTile, shared,
                 native(stream), q, k, v, key_mask, out, lse, keep_bits, grad_out, grad_q,
-                delta.as<A>(), A(params.scale), drop, H);
+                delta.as<A>(), A(scale), drop, H);
     }
     if (Sk > 0) {
       const size_t shared = size_t(2 * D + 2 * Dv + 2 * kTile) * sizeof(A);
       allow_shared(attention_dkv_kernel<T>, shared);
       RF_LAUNCH((attention_dkv_kernel<T>), dim3(unsigned(Sk), unsigned(B * H)), kTile, shared,
                 native(stream), q, k, v, key_mask, lse, keep_bits, grad_out, grad_k, grad_v,
-                delta.as<const A>(), A(params.scale), drop, H);
+                delta.as<const A>(), A(scale), drop, H);
     }
   });
+}
+
+void attention_forward(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                       const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
+                       const KernelTensor& out, const KernelTensor& lse,
+                       const KernelTensor& keep_bits) {
+  check_geometry(q, k, v);
+  if (out.numel() == 0) return;
+  if (flash_outputs(q, k, v, out, lse)) {
+    flash_forward(stream, params, FlashRope{}, q, k, v, key_mask, KernelTensor{}, out, lse,
+                  keep_bits);
+    return;
+  }
+  if (upcast(q, out)) {
+    const F32Copy q32(stream, q), k32(stream, k), v32(stream, v);
+    simple_attention_forward(stream, params.scale, dropout_rule(params), q32.tensor, k32.tensor,
+                             v32.tensor, key_mask, out, lse, keep_bits);
+    return;
+  }
+  simple_attention_forward(stream, params.scale, dropout_rule(params), q, k, v, key_mask, out, lse,
+                           keep_bits);
+}
+
+void attention_backward(Stream stream, const AttentionParams& params, const KernelTensor& q,
+                        const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
+                        const KernelTensor& out, const KernelTensor& lse,
+                        const KernelTensor& keep_bits, const KernelTensor& grad_out,
+                        const KernelTensor& grad_q, const KernelTensor& grad_k,
+                        const KernelTensor& grad_v) {
+  check_geometry(q, k, v);
+  if (flash_outputs(q, k, v, out, lse) && flash_supported(q, k, v, grad_out) &&
+      flash_outputs(q, k, v, grad_q, lse) && grad_k.dtype == grad_q.dtype &&
+      grad_v.dtype == grad_q.dtype) {
+    if (q.sizes[0] * q.sizes[1] == 0) return;
+    flash_backward(stream, params, FlashRope{}, q, k, v, key_mask, KernelTensor{}, out, lse,
+                   keep_bits, grad_out, grad_q, grad_k, grad_v);
+    return;
+  }
+  if (upcast(q, grad_q)) {
+    const F32Copy q32(stream, q), k32(stream, k), v32(stream, v), o32(stream, out),
+        g32(stream, grad_out);
+    simple_attention_backward(stream, params.scale, dropout_rule(params), q32.tensor, k32.tensor,
+                              v32.tensor, key_mask, o32.tensor, lse, keep_bits, g32.tensor, grad_q,
+                              grad_k, grad_v);
+    return;
+  }
+  simple_attention_backward(stream, params.scale, dropout_rule(params), q, k, v, key_mask, out, lse,
+                            keep_bits, grad_out, grad_q, grad_k, grad_v);
 }
 
 }  // namespace roformer::kernels::cuda

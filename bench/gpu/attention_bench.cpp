@@ -1,0 +1,143 @@
+// attention_bench: our attention kernels at head dim 64 in bf16 on the GPU,
+// forward and backward TFLOP/s for S = 512, 1536, 4096, 16384 (B x S = 32768
+// tokens, 12 heads, no mask, no dropout), three ways:
+//   ours-plain      attention_forward / attention_backward (no RoPE): the
+//                   kernel to set beside torch's SDPA, which has no RoPE
+//   ours-fused      rope_attention_forward / _backward: Q and K rotated while
+//                   their tiles load, gradients rotated back in the epilogue
+//   ours-separate   the rope kernel writes rotated copies of q and k, then
+//                   attention; backward: attention, then dq and dk rotated back
+// FLOPs as FlashAttention counts them: forward 4 B H S^2 D (two products),
+// backward 2.5 x that (five products; our backward recomputes S and dP in
+// both of its passes, seven products, but is credited with five).
+// Prints one line per (implementation, S):
+//   attention impl=ours-fused S=512 B=64 H=12 D=64 fwd_ms=... bwd_ms=... fwd_tflops=...
+//   bwd_tflops=...
+// bench/gpu/attention_table.sh runs it beside bench/gpu/attention_bench_torch.py.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cuda/backend.h"
+#include "core/ops.h"
+#include "core/ops/dispatch.h"
+#include "core/ops/rope_table.h"
+
+namespace roformer {
+namespace {
+
+constexpr int64_t kHeads = 12, kDim = 64, kTokens = 32768;
+
+// Mean milliseconds of fn over at least `min_seconds` (after warm-up runs).
+double time_ms(Device device, const std::function<void()>& fn, double min_seconds = 0.3) {
+  for (int i = 0; i < 3; ++i) fn();
+  launch::synchronize(device);
+  int iters = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double elapsed = 0.0;
+  do {
+    fn();
+    ++iters;
+    if (iters % 5 == 0 || iters < 5) {
+      launch::synchronize(device);
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  } while (elapsed < min_seconds || iters % 5 != 0);
+  return 1e3 * elapsed / iters;
+}
+
+// [B, S, H, D] storage seen as [B, H, S, D]: the layout the model's projections give.
+Tensor heads(int64_t B, int64_t S, DType dtype, Device device, uint64_t seed) {
+  Generator gen{seed, 0};
+  return Tensor::randn({B, S, kHeads, kDim}, gen, DType::f32).to(dtype).to(device).transpose(1, 2);
+}
+
+void print(const char* impl, int64_t S, int64_t B, double fwd_ms, double bwd_ms) {
+  const double flops = 4.0 * double(B) * kHeads * double(S) * double(S) * kDim;
+  std::printf(
+      "attention impl=%s S=%lld B=%lld H=%lld D=%lld fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.1f "
+      "bwd_tflops=%.1f\n",
+      impl, static_cast<long long>(S), static_cast<long long>(B), static_cast<long long>(kHeads),
+      static_cast<long long>(kDim), fwd_ms, bwd_ms, flops / fwd_ms * 1e-9,
+      2.5 * flops / bwd_ms * 1e-9);
+  std::fflush(stdout);
+}
+
+void bench(int64_t S, Device device) {
+  const int64_t B = std::max<int64_t>(1, kTokens / S);
+  const DType bf16 = DType::bf16;
+  const Tensor q = heads(B, S, bf16, device, 1), k = heads(B, S, bf16, device, 2),
+               v = heads(B, S, bf16, device, 3), grad_out = heads(B, S, bf16, device, 4);
+  const Tensor positions = Tensor::arange(0, S, DType::i64).to(device);
+  const Tensor table = rope_table(positions, kDim, 10000.0, DType::f32);
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  const Tensor out = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor lse = Tensor::empty({B, kHeads, S}, DType::f32, device);
+  const Tensor dq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor dk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor dv = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor none;
+
+  // Plain attention.
+  const double plain_fwd = time_ms(
+      device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
+  const double plain_bwd = time_ms(device, [&] {
+    launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk, dv);
+  });
+  print("ours-plain", S, B, plain_fwd, plain_bwd);
+
+  // RoPE inside.
+  const double fused_fwd = time_ms(device, [&] {
+    launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
+  });
+  const double fused_bwd = time_ms(device, [&] {
+    launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
+                                    grad_out, dq, dk, dv);
+  });
+  print("ours-fused", S, B, fused_fwd, fused_bwd);
+
+  // RoPE as separate kernels with rotated copies (what the model did before).
+  const Tensor rq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor rk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor dq_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor dk_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const double separate_fwd = time_ms(device, [&] {
+    launch::rope(device, q, table, true, false, rq);
+    launch::rope(device, k, table, true, false, rk);
+    launch::attention_forward(device, params, rq, rk, v, none, out, lse, none);
+  });
+  const double separate_bwd = time_ms(device, [&] {
+    launch::attention_backward(device, params, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
+                               dk_rot, dv);
+    launch::rope(device, dq_rot, table, true, true, dq);
+    launch::rope(device, dk_rot, table, true, true, dk);
+  });
+  print("ours-separate", S, B, separate_fwd, separate_bwd);
+}
+
+}  // namespace
+}  // namespace roformer
+
+int main(int argc, char** argv) {
+  using namespace roformer;
+  try {
+    if (cuda::device_count() == 0) {
+      std::printf("attention_bench: no GPU on this machine, nothing measured\n");
+      return 0;
+    }
+    std::vector<int64_t> lengths{512, 1536, 4096, 16384};
+    if (argc > 1) {
+      lengths.clear();
+      for (int i = 1; i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
+    }
+    for (int64_t S : lengths) bench(S, Device::cuda(0));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 1;
+  }
+}

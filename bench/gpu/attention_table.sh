@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The attention-kernel table of issue 14: forward and backward TFLOP/s at head
+# dim 64 in bf16 for S = 512, 1536, 4096, 16384 (B x S = 32768 tokens, 12
+# heads), ours (bench/gpu/attention_bench.cpp: plain, RoPE inside, RoPE as
+# separate kernels) beside torch's scaled_dot_product_attention backends
+# (bench/gpu/attention_bench_torch.py: flash, cuDNN, memory-efficient) on the
+# same GPU, in one run. FLOPs as FlashAttention counts them: forward
+# 4 B H S^2 D, backward 2.5 x that.
+#
+#   bench/gpu/attention_table.sh build   here (no GPU needed): build attention_bench for
+#                                        sm_90 into $BUILD_DIR (build-gpu-bench) and pack
+#                                        it with gpu-pack into .gpu-attention/
+#   bench/gpu/attention_table.sh run     on the GPU machine from the repository root:
+#                                        both benchmarks, then the table (also written to
+#                                        $OUT/attention_table.txt when $OUT is set)
+#
+# One device call: run(command="bench/gpu/attention_table.sh run", carry=[".gpu-attention"])
+# A caller with its own bundle (scripts/gpu_bench.sh) may put attention_bench on PATH
+# first (or set ATTENTION_BENCH); then .gpu-attention is not needed. Extra arguments
+# after `run` are the lengths to measure.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mode=${1:-}
+shift || true
+build_dir=${BUILD_DIR:-build-gpu-bench}
+pack_dir=.gpu-attention
+
+build() {
+  local pack=${GPU_PACK:-}
+  if [[ -z $pack ]]; then
+    for candidate in ../shared/tools/gpu-pack /work/shared/tools/gpu-pack; do
+      [[ -x $candidate ]] && pack=$candidate && break
+    done
+  fi
+  [[ -n $pack ]] || { echo "attention_table: gpu-pack not found (set GPU_PACK)" >&2; exit 1; }
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
+  cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DROFORMER_WITH_CUDA=ON -DROFORMER_CUDA_KERNELS=ON -DROFORMER_BUILD_BENCH=ON \
+    -DROFORMER_NATIVE=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  cmake --build "$build_dir" -j"${JOBS:-2}" --target attention_bench
+  local stage
+  stage=$(mktemp -d)
+  cp "$build_dir/bench/gpu/attention_bench" "$stage/"
+  "$pack" "$stage" "$pack_dir"
+  rm -rf "$stage"
+  echo 'attention_table: packed; on the GPU machine:'
+  echo '  run(command="bench/gpu/attention_table.sh run", carry=[".gpu-attention"])'
+}
+
+# The benchmark lines of both programs as one table, S by S.
+table() {
+  awk '
+    /^attention impl=/ {
+      impl = ""; S = ""; f = ""; b = ""; note = ""
+      for (i = 2; i <= NF; ++i) {
+        split($i, kv, "=")
+        if (kv[1] == "impl") impl = kv[2]
+        else if (kv[1] == "S") S = kv[2]
+        else if (kv[1] == "fwd_tflops") f = kv[2]
+        else if (kv[1] == "bwd_tflops") b = kv[2]
+      }
+      if ($0 ~ /unavailable/) { f = "n/a"; b = "n/a" }
+      if (!(impl in seen)) { seen[impl] = 1; order[++n] = impl }
+      if (!(S in seenS)) { seenS[S] = 1; lengths[++m] = S }
+      fwd[impl, S] = f; bwd[impl, S] = b
+    }
+    END {
+      printf "%-16s", "TFLOP/s fwd/bwd"
+      for (j = 1; j <= m; ++j) printf " | %15s", "S=" lengths[j]
+      printf "\n"
+      for (i = 1; i <= n; ++i) {
+        printf "%-16s", order[i]
+        for (j = 1; j <= m; ++j) {
+          key = order[i] SUBSEP lengths[j]
+          cell = (key in fwd) ? fwd[key] " / " bwd[key] : "-"
+          printf " | %15s", cell
+        }
+        printf "\n"
+      }
+    }'
+}
+
+run() {
+  local bench=${ATTENTION_BENCH:-}
+  if [[ -z $bench ]] && command -v attention_bench > /dev/null; then bench=attention_bench; fi
+  if [[ -z $bench && -f $pack_dir/bundle.tar.xz ]]; then
+    tar xJf "$pack_dir/bundle.tar.xz" -C "$pack_dir"
+    # env.sh greps for missing libraries (no match: a failing pipeline), so not under -e.
+    set +e
+    # shellcheck disable=SC1091
+    source "$pack_dir/gpubundle/env.sh"
+    set -e
+    bench=attention_bench
+  fi
+  [[ -n $bench ]] || { echo "attention_table: no attention_bench (run 'build' here and carry $pack_dir)" >&2; exit 1; }
+  local log
+  log=$(mktemp)
+  {
+    echo "# attention kernels, bf16, head dim 64, 12 heads, B x S = 32768 tokens, no mask or dropout"
+    echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+    echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  } | tee "$log"
+  "$bench" "$@" 2>&1 | tee -a "$log"
+  "${PYTHON:-python3}" bench/gpu/attention_bench_torch.py "$@" 2>&1 | tee -a "$log"
+  echo
+  table < "$log" | tee -a "$log"
+  [[ -n ${OUT:-} ]] && cp "$log" "$OUT/attention_table.txt"
+  rm -f "$log"
+}
+
+case $mode in
+  build) build ;;
+  run) run "$@" ;;
+  table) table ;;  # the table of benchmark lines on stdin
+  *)
+    sed -n '2,22p' "$0"
+    exit 2
+    ;;
+esac

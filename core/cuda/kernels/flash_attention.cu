@@ -1,0 +1,817 @@
+// Tensor-core softmax attention for bf16 q, k, v at head dim 64 (the
+// FlashAttention-2 scheme, written for this project):
+// - forward: a block owns 128 query rows (8 warps x 16); key/value tiles of
+//   64 rows pass through shared memory; S = Q K^T and O += P V run on
+//   mma.sync m16n8k16 (bf16 in, f32 accumulation) with an online softmax in
+//   base 2; the row log-sum-exp (natural log, as the CPU writes it) and, with
+//   dropout, the keep bits of the shared Philox rule are written;
+// - backward recomputes P from q, k and the log-sum-exp, in two passes so
+//   every gradient row has one owner and no float atomics: the dq pass (a
+//   block per 128 query rows, which also writes D = dO . O) and the dk/dv
+//   pass (a block per 128 key rows, reading D);
+// - RoPE inside: with a table, Q and K tiles are rotated as they are loaded
+//   (either pair layout), and dq, dk are rotated back before they are written,
+//   so they are the gradients of the unrotated q and k;
+// - padded batches (key mask) and token streams (segments of (first token,
+//   length, row, position)) share the kernels: a block works on one
+//   sequence (a batch row or a segment), one head, one tile.
+// Fragment layouts are those of the PTX ISA for mma.m16n8k16 (.bf16): lane =
+// 4 g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide tile.
+#include "core/cuda/kernels/attention_common.cuh"
+#include "core/cuda/kernels/flash_attention.h"
+
+namespace roformer::kernels::cuda {
+
+namespace {
+
+constexpr int kD = 64;       // head dimension of this path
+constexpr int kLd = kD + 8;  // shared row stride in bf16: rows start 4 banks apart
+constexpr int kWarps = 8;
+constexpr int kThreadsPerBlock = kWarps * 32;
+constexpr int kRowsPerBlock = 16 * kWarps;  // query rows (forward, dq) or key rows (dk/dv)
+constexpr int kInnerTile = 64;              // keys (forward, dq) or queries (dk/dv) per step
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Rows of a [B, H, S, D] or [T, H, D] tensor: row i of sequence b, head h is
+// at ptr + b * sb + h * sh + (first + i) * sr (elements).
+struct Operand {
+  void* ptr = nullptr;
+  int64_t sb = 0, sh = 0, sr = 0;
+};
+
+struct FlashArgs {
+  Operand q, k, v, out, lse, bits, grad_out, dq, dk, dv, delta;
+  DType out_dtype = DType::f32, grad_dtype = DType::f32;
+  int64_t Sq = 0, Sk = 0;  // padded lengths
+  bool varlen = false;
+  const int64_t* segments = nullptr;  // device [N, 4]
+  int64_t seg_s0 = 0, seg_s1 = 0;
+  KernelTensor mask;             // padded key mask or undefined
+  const float* table = nullptr;  // rope [2, P, 32], or null
+  int64_t table_rows = 0;
+  bool interleaved = true;
+  float scale = 1.0f, scale_log2 = kLog2e;
+  DropoutRule drop;
+  float inv_keep = 1.0f;
+};
+
+// The sequence, head and tile a block works on.
+struct Block {
+  int64_t b = 0, h = 0, tile = 0;  // b: batch row (padded) for operands and mask
+  int64_t first = 0;               // first row of the sequence in the operands
+  int64_t Lq = 0, Lk = 0;
+  uint32_t drop_sequence = 0, drop_position = 0;  // dropout key of row 0
+};
+
+__device__ __forceinline__ Block block_of(const FlashArgs& a, int64_t tiles) {
+  Block r;
+  const int64_t seq = int64_t(blockIdx.x) / tiles;
+  r.tile = int64_t(blockIdx.x) % tiles;
+  r.h = blockIdx.y;
+  if (a.varlen) {
+    const int64_t* s = a.segments + seq * a.seg_s0;
+    r.first = s[0];
+    r.Lq = r.Lk = s[a.seg_s1];
+    r.drop_sequence = uint32_t(a.drop.first_sequence + s[2 * a.seg_s1]);
+    r.drop_position = uint32_t(s[3 * a.seg_s1]);
+  } else {
+    r.b = seq;
+    r.Lq = a.Sq;
+    r.Lk = a.Sk;
+    r.drop_sequence = uint32_t(a.drop.first_sequence + seq);
+  }
+  return r;
+}
+
+template <class T>
+__device__ __forceinline__ T* row_of(const Operand& o, const Block& r, int64_t i) {
+  return static_cast<T*>(o.ptr) + r.b * o.sb + r.h * o.sh + (r.first + i) * o.sr;
+}
+
+// --- tensor-core fragments --------------------------------------------------------
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// d += a b for a 16x16 A (row) and a 16x8 B (col), bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a shared tile,
+// by one ldmatrix: a[0..3] are the 8x8 matrices (rows r0 / r0 + 8, columns
+// k0 / k0 + 8) in the order the mma takes them.
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* s, int r0, int k0,
+                                       int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  const bf16_t* p = s + (r0 + r + (m & 1) * 8) * kLd + k0 + (m >> 1) * 8;
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+
+// B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
+// (b[2], b[3]), k [k0, k0 + 16), where B[k][n] = s[n][k] (the tile's rows
+// are B's columns: K for Q K^T), by one ldmatrix: four 8x8 matrices (rows n,
+// columns k) whose row addresses lanes 8m..8m+7 give.
+__device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16_t* s, int n0, int k0,
+                                            int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  const bf16_t* p = s + (n0 + r + (m >> 1) * 8) * kLd + k0 + (m & 1) * 8;
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
+// B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
+// (b[2], b[3]), k [k0, k0 + 16), where B[k][n] = s[k][n] (V for P V): four
+// 8x8 matrices loaded transposed by ldmatrix.
+__device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], const bf16_t* s, int k0, int n0,
+                                             int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + n0 + (m >> 1) * 8;
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+}
+
+// The A fragment for keys (or queries) [16 kk, 16 kk + 16) of a 16 x 64
+// accumulator c[8][4]: the accumulator layout of two 8-wide tiles is the A
+// layout of one 16-wide step.
+__device__ __forceinline__ void accumulator_as_a(uint32_t (&a)[4], const float (&c)[8][4], int kk) {
+  a[0] = pack_bf16(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack_bf16(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// acc[16 x 64] += A (16 x 64, from the accumulator c) times the shared tile s
+// [64][kLd] read as B[k][n] = s[k][n].
+__device__ __forceinline__ void mma_accumulator_tile(float (&acc)[8][4], const float (&c)[8][4],
+                                                     const bf16_t* s, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    uint32_t a[4];
+    accumulator_as_a(a, c, kk);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      load_b_trans(b, s, kk * 16, np * 16, lane);
+      mma(acc[2 * np], a, b[0], b[1]);
+      mma(acc[2 * np + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// c[16 x 64] = A (16 x 64 fragments a[4]) times B[k][n] = s[n][k] for the
+// 64 rows n of the shared tile s.
+__device__ __forceinline__ void mma_rows(float (&c)[8][4], const uint32_t (&a)[4][4],
+                                         const bf16_t* s, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      load_b_pair(b, s, np * 16, ks * 16, lane);
+      mma(c[2 * np], a[ks], b[0], b[1]);
+      mma(c[2 * np + 1], a[ks], b[2], b[3]);
+    }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ uint32_t quad_or(uint32_t x) {
+  x |= __shfl_xor_sync(0xffffffffu, x, 1);
+  return x | __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// --- RoPE ---------------------------------------------------------------------------
+
+// Rotates the pair (x0, x1) by pair k's angle at table row `pos`; inverse
+// rotates by minus the angle (the backward).
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, const FlashArgs& a, int64_t pos,
+                                            int k, bool inverse) {
+  const float c = a.table[pos * (kD / 2) + k];
+  const float s0 = a.table[(a.table_rows + pos) * (kD / 2) + k];
+  const float s = inverse ? -s0 : s0;
+  const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+  x0 = y0;
+  x1 = y1;
+}
+
+// Rotates dims [8c, 8c + 8) (lo) and [8c + 32, 8c + 40) (hi) of a row: in
+// either layout every pair lies within lo, within hi, or across lo and hi.
+__device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashArgs& a, int64_t pos,
+                                              int c) {
+  float x[8], y[8];
+  const bf16_t* pl = reinterpret_cast<const bf16_t*>(&lo);
+  const bf16_t* ph = reinterpret_cast<const bf16_t*>(&hi);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    x[e] = __bfloat162float(pl[e]);
+    y[e] = __bfloat162float(ph[e]);
+  }
+  if (a.interleaved) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      rotate_pair(x[2 * m], x[2 * m + 1], a, pos, 4 * c + m, false);
+      rotate_pair(y[2 * m], y[2 * m + 1], a, pos, 16 + 4 * c + m, false);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) rotate_pair(x[e], y[e], a, pos, 8 * c + e, false);
+  }
+  uint32_t* wl = reinterpret_cast<uint32_t*>(&lo);
+  uint32_t* wh = reinterpret_cast<uint32_t*>(&hi);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    wl[m] = pack_bf16(x[2 * m], x[2 * m + 1]);
+    wh[m] = pack_bf16(y[2 * m], y[2 * m + 1]);
+  }
+}
+
+// Rows [r0, r0 + kRows) of a bf16 operand on their way to a shared tile:
+// fetch_tile issues the global loads into registers (so the next tile's loads
+// are in flight while the current one is multiplied), store_tile writes them
+// to the tile, rotated by the RoPE table when `rotate`. Each thread moves
+// dims [8c, 8c + 8) and [8c + 32, 8c + 40) of a row: every RoPE pair of either
+// layout lies within what one thread holds. Rows past `limit` are zeros.
+template <int kRows>
+struct TileRegs {
+  static constexpr int kItems = kRows * 4 / kThreadsPerBlock;
+  uint4 lo[kItems], hi[kItems];
+};
+
+template <int kRows>
+__device__ __forceinline__ void fetch_tile(TileRegs<kRows>& regs, const Operand& o, const Block& r,
+                                           int64_t r0, int64_t limit) {
+#pragma unroll
+  for (int n = 0; n < TileRegs<kRows>::kItems; ++n) {
+    const int item = threadIdx.x + n * kThreadsPerBlock;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    regs.lo[n] = regs.hi[n] = make_uint4(0, 0, 0, 0);
+    if (i < limit) {
+      const bf16_t* p = row_of<const bf16_t>(o, r, i);
+      regs.lo[n] = *reinterpret_cast<const uint4*>(p + 8 * c);
+      regs.hi[n] = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
+    }
+  }
+}
+
+template <int kRows>
+__device__ __forceinline__ void store_tile(bf16_t* s, TileRegs<kRows>& regs, const Block& r,
+                                           int64_t r0, int64_t limit, const FlashArgs& a,
+                                           bool rotate) {
+#pragma unroll
+  for (int n = 0; n < TileRegs<kRows>::kItems; ++n) {
+    const int item = threadIdx.x + n * kThreadsPerBlock;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    if (rotate && i < limit) rotate_chunks(regs.lo[n], regs.hi[n], a, r.first + i, c);
+    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = regs.lo[n];
+    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = regs.hi[n];
+  }
+}
+
+template <int kRows>
+__device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Block& r, int64_t r0,
+                                          int64_t limit, const FlashArgs& a, bool rotate) {
+  TileRegs<kRows> regs;
+  fetch_tile(regs, o, r, r0, limit);
+  store_tile(s, regs, r, r0, limit, a, rotate);
+}
+
+// Writes a 16 x 64 accumulator's rows (row0 + g, row0 + g + 8) to a gradient
+// or output operand, scaled per row, rotated back by the RoPE table when
+// `unrotate` (the gradient of the unrotated input).
+__device__ __forceinline__ void store_rows(float (&c)[8][4], const Operand& o, DType dtype,
+                                           const Block& r, int64_t row0, int64_t limit,
+                                           const float (&row_scale)[2], const FlashArgs& a,
+                                           bool unrotate, int g, int t) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t i = row0 + g + 8 * hf;
+    if (i >= limit) continue;
+    float x[8][2];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      x[nt][0] = c[nt][2 * hf] * row_scale[hf];
+      x[nt][1] = c[nt][2 * hf + 1] * row_scale[hf];
+    }
+    if (unrotate) {
+      const int64_t pos = r.first + i;
+      if (a.interleaved) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) rotate_pair(x[nt][0], x[nt][1], a, pos, nt * 4 + t, true);
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            rotate_pair(x[nt][e], x[nt + 4][e], a, pos, nt * 8 + 2 * t + e, true);
+      }
+    }
+    if (dtype == DType::f32) {
+      float* p = row_of<float>(o, r, i);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        p[nt * 8 + 2 * t] = x[nt][0];
+        p[nt * 8 + 2 * t + 1] = x[nt][1];
+      }
+    } else {
+      bf16_t* p = row_of<bf16_t>(o, r, i);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        p[nt * 8 + 2 * t] = __float2bfloat16_rn(x[nt][0]);
+        p[nt * 8 + 2 * t + 1] = __float2bfloat16_rn(x[nt][1]);
+      }
+    }
+  }
+}
+
+// Additive bias of key j: 0, or -inf for a masked key or one past the end.
+__device__ __forceinline__ float key_bias(const FlashArgs& a, const Block& r, int64_t j) {
+  if (j >= r.Lk) return -INFINITY;
+  if (!a.varlen && !key_kept(a.mask, r.b, j)) return -INFINITY;
+  return 0.0f;
+}
+
+// --- forward --------------------------------------------------------------------------
+
+// Dropout on a warp's 16 x 64 probabilities p (keys j0...): multiplies kept
+// ones by 1 / (1 - p) and zeroes the others, and writes the tile's two keep
+// words of each row (rows < Lq, words inside the row's ceil(Lk / 32)).
+__device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& a, const Block& r,
+                                             int64_t row0, int64_t j0, int g, int t) {
+  uint32_t words[2][2] = {{0u, 0u}, {0u, 0u}};
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t i = row0 + g + 8 * hf;
+    const uint32_t position = r.drop_position + uint32_t(i);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int64_t j = j0 + nt * 8 + 2 * t;  // even: j and j + 1 share a Philox block
+      const PhiloxCounter w = philox4x32(
+          dropout_block(uint32_t(j / 4), position, r.drop_sequence, a.drop.site, uint32_t(r.h)),
+          a.drop.key);
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool keep = j + e < r.Lk && (w[int((j + e) % 4)] >> 8) >= a.drop.threshold;
+        p[nt][2 * hf + e] = keep ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
+        words[hf][nt >> 2] |= uint32_t(keep) << ((nt & 3) * 8 + 2 * t + e);
+      }
+    }
+  }
+  const int64_t row_words = (r.Lk + 31) / 32;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const uint32_t word = quad_or(words[hf][w]);
+      const int64_t i = row0 + g + 8 * hf, index = j0 / 32 + w;
+      if (t == 2 * hf + w && i < r.Lq && index < row_words)
+        row_of<uint32_t>(a.bits, r, i)[index] = word;
+    }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    flash_forward_kernel(FlashArgs a, int64_t tiles) {
+  __shared__ __align__(16) bf16_t sQ[kRowsPerBlock * kLd];
+  __shared__ __align__(16) bf16_t sK[kInnerTile * kLd];
+  __shared__ __align__(16) bf16_t sV[kInnerTile * kLd];
+  __shared__ float sBias[kInnerTile];
+  const Block r = block_of(a, tiles);
+  const int64_t i0 = r.tile * kRowsPerBlock;
+  if (i0 >= r.Lq) return;  // the whole block: a shorter segment
+  const bool rope = a.table != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
+  __syncthreads();
+  uint32_t qa[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) load_a(qa[ks], sQ, warp * 16, ks * 16, lane);
+  const int64_t row0 = i0 + warp * 16;
+  float o[8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  TileRegs<kInnerTile> next_k, next_v;
+  fetch_tile(next_k, a.k, r, 0, r.Lk);
+  fetch_tile(next_v, a.v, r, 0, r.Lk);
+  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile) {
+    __syncthreads();  // the previous tile's readers are done
+    store_tile(sK, next_k, r, j0, r.Lk, a, rope);
+    store_tile(sV, next_v, r, j0, r.Lk, a, false);
+    if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+    __syncthreads();
+    if (j0 + kInnerTile < r.Lk) {  // the next tile's loads overlap this tile's products
+      fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
+      fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
+    }
+    float s[8][4];
+    mma_rows(s, qa, sK, lane);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = s[nt][e] * a.scale_log2 + sBias[nt * 8 + 2 * t + (e & 1)];
+        s[nt][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float corr[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      mx[hf] = quad_max(mx[hf]);
+      corr[hf] = mx[hf] == -INFINITY ? 1.0f : exp2f(m[hf] - mx[hf]);
+      m[hf] = mx[hf];
+      l[hf] *= corr[hf];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1;
+        const float p = m[hf] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[hf]);
+        s[nt][e] = p;
+        l[hf] += p;  // the softmax sums every probability; dropout acts after
+        o[nt][e] *= corr[hf];
+      }
+    if (a.drop.on) dropout_tile(s, a, r, row0, j0, g, t);
+    mma_accumulator_tile(o, s, sV, lane);
+  }
+  float inv[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] = quad_sum(l[hf]);
+    const bool empty = m[hf] == -INFINITY;  // no key to attend to: zeros
+    inv[hf] = empty ? 0.0f : 1.0f / l[hf];
+    const int64_t i = row0 + g + 8 * hf;
+    if (t == 0 && i < r.Lq)
+      *row_of<float>(a.lse, r, i) = empty ? -INFINITY : (m[hf] + log2f(l[hf])) * kLn2;
+  }
+  store_rows(o, a.out, a.out_dtype, r, row0, r.Lq, inv, a, false, g, t);
+}
+
+// --- backward -------------------------------------------------------------------------
+
+// Reads element (row, col) of the forward output (f32 or bf16).
+__device__ __forceinline__ float out_at(const FlashArgs& a, const Block& r, int64_t i, int col) {
+  if (a.out_dtype == DType::f32) return row_of<const float>(a.out, r, i)[col];
+  return __bfloat162float(row_of<const bf16_t>(a.out, r, i)[col]);
+}
+
+// dq for 128 query rows, and D = dO . O of those rows (for the dk/dv pass).
+__global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a, int64_t tiles) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* sO = sQ + kRowsPerBlock * kLd;  // dO
+  bf16_t* sK = sO + kRowsPerBlock * kLd;
+  bf16_t* sV = sK + kInnerTile * kLd;
+  float* sBias = reinterpret_cast<float*>(sV + kInnerTile * kLd);
+  const Block r = block_of(a, tiles);
+  const int64_t i0 = r.tile * kRowsPerBlock;
+  if (i0 >= r.Lq) return;
+  const bool rope = a.table != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
+  load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
+  __syncthreads();
+  uint32_t qa[4][4], da[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    load_a(qa[ks], sQ, warp * 16, ks * 16, lane);
+    load_a(da[ks], sO, warp * 16, ks * 16, lane);
+  }
+  const int64_t row0 = i0 + warp * 16;
+  float Di[2], lse2[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t i = row0 + g + 8 * hf;
+    float partial = 0.0f;
+    if (i < r.Lq) {
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = ks * 16 + 8 * e + 2 * t;  // registers hf + 2 e hold these
+          const __nv_bfloat162 d2 = *reinterpret_cast<const __nv_bfloat162*>(&da[ks][hf + 2 * e]);
+          partial += __bfloat162float(d2.x) * out_at(a, r, i, col) +
+                     __bfloat162float(d2.y) * out_at(a, r, i, col + 1);
+        }
+    }
+    Di[hf] = quad_sum(partial);
+    const float row_lse = i < r.Lq ? *row_of<const float>(a.lse, r, i) : -INFINITY;
+    lse2[hf] = row_lse * kLog2e;
+    if (t == 0 && i < r.Lq) *row_of<float>(a.delta, r, i) = Di[hf];
+  }
+  float dq[8][4] = {};
+  TileRegs<kInnerTile> next_k, next_v;
+  fetch_tile(next_k, a.k, r, 0, r.Lk);
+  fetch_tile(next_v, a.v, r, 0, r.Lk);
+  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile) {
+    __syncthreads();
+    store_tile(sK, next_k, r, j0, r.Lk, a, rope);
+    store_tile(sV, next_v, r, j0, r.Lk, a, false);
+    if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+    __syncthreads();
+    if (j0 + kInnerTile < r.Lk) {
+      fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
+      fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
+    }
+    float s[8][4], dp[8][4];
+    mma_rows(s, qa, sK, lane);
+    mma_rows(dp, da, sV, lane);
+    uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
+    if (a.drop.on) {
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int64_t i = row0 + g + 8 * hf;
+        const int64_t row_words = (r.Lk + 31) / 32;
+#pragma unroll
+        for (int w = 0; w < 2; ++w)
+          if (i < r.Lq && j0 / 32 + w < row_words)
+            bits[hf][w] = row_of<const uint32_t>(a.bits, r, i)[j0 / 32 + w];
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
+        float ds = 0.0f;
+        if (lse2[hf] != -INFINITY) {
+          const float p = exp2f(s[nt][e] * a.scale_log2 + sBias[col] - lse2[hf]);
+          const float z =
+              a.drop.on ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
+          ds = p * (dp[nt][e] * z - Di[hf]) * a.scale;
+        }
+        s[nt][e] = ds;
+      }
+    mma_accumulator_tile(dq, s, sK, lane);
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows(dq, a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
+}
+
+// dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64.
+__global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a, int64_t tiles) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16_t* sK = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* sV = sK + kRowsPerBlock * kLd;
+  bf16_t* sQ = sV + kRowsPerBlock * kLd;
+  bf16_t* sO = sQ + kInnerTile * kLd;  // dO
+  float* sLse = reinterpret_cast<float*>(sO + kInnerTile * kLd);
+  float* sDelta = sLse + kInnerTile;
+  uint32_t* sBits = reinterpret_cast<uint32_t*>(sDelta + kInnerTile);  // [64][4]
+  const Block r = block_of(a, tiles);
+  const int64_t j0 = r.tile * kRowsPerBlock;
+  if (j0 >= r.Lk) return;
+  const bool rope = a.table != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
+  load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
+  const int64_t key0 = j0 + warp * 16;
+  bool kept[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
+  const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
+  float dk[8][4] = {}, dv[8][4] = {};
+  TileRegs<kInnerTile> next_q, next_o;
+  fetch_tile(next_q, a.q, r, 0, r.Lq);
+  fetch_tile(next_o, a.grad_out, r, 0, r.Lq);
+  for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile) {
+    __syncthreads();  // also publishes sK and sV before the first step
+    store_tile(sQ, next_q, r, i0, r.Lq, a, rope);
+    store_tile(sO, next_o, r, i0, r.Lq, a, false);
+    if (threadIdx.x < kInnerTile) {
+      const int64_t i = i0 + threadIdx.x;
+      sLse[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.lse, r, i) * kLog2e : -INFINITY;
+      sDelta[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.delta, r, i) : 0.0f;
+    }
+    if (a.drop.on) {
+      const int qi = threadIdx.x >> 2, w = threadIdx.x & 3;  // 256 threads: 64 rows x 4 words
+      const int64_t i = i0 + qi;
+      sBits[threadIdx.x] = i < r.Lq && first_word + w < row_words
+                               ? row_of<const uint32_t>(a.bits, r, i)[first_word + w]
+                               : 0u;
+    }
+    __syncthreads();
+    if (i0 + kInnerTile < r.Lq) {
+      fetch_tile(next_q, a.q, r, i0 + kInnerTile, r.Lq);
+      fetch_tile(next_o, a.grad_out, r, i0 + kInnerTile, r.Lq);
+    }
+    float st[8][4], dpt[8][4];  // S^T and dP^T: rows keys, columns queries
+    {
+      uint32_t ka[4][4];  // read from the shared tile each step: registers are short here
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) load_a(ka[ks], sK, warp * 16, ks * 16, lane);
+      mma_rows(st, ka, sQ, lane);
+    }
+    {
+      uint32_t va[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) load_a(va[ks], sV, warp * 16, ks * 16, lane);
+      mma_rows(dpt, va, sO, lane);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
+        const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
+        float pz = 0.0f, ds = 0.0f;
+        if (kept[hf] && sLse[col] != -INFINITY) {
+          const float p = exp2f(st[nt][e] * a.scale_log2 - sLse[col]);
+          const float z =
+              a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
+                        : 1.0f;
+          pz = p * z;
+          ds = p * (dpt[nt][e] * z - sDelta[col]) * a.scale;
+        }
+        st[nt][e] = pz;
+        dpt[nt][e] = ds;
+      }
+    mma_accumulator_tile(dv, st, sO, lane);
+    mma_accumulator_tile(dk, dpt, sQ, lane);
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
+  store_rows(dv, a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
+}
+
+// --- host side ------------------------------------------------------------------------
+
+bool rows_aligned(const KernelTensor& t) {
+  if (!t.defined() || t.dtype != DType::bf16 || t.strides[t.ndim - 1] != 1 ||
+      reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return false;
+  for (int32_t d = 0; d + 1 < t.ndim; ++d)
+    if (t.strides[d] % 8 != 0) return false;
+  return true;
+}
+
+Operand operand_of(const KernelTensor& t) {
+  if (!t.defined()) return {};
+  if (t.ndim == 4) return {t.data, t.strides[0], t.strides[1], t.strides[2]};
+  return {t.data, 0, t.strides[1], t.strides[0]};  // token stream [T, H, ...]
+}
+
+// lse [B, H, Sq] or [T, H] (and the delta scratch laid out like it).
+Operand lse_operand(const KernelTensor& lse) {
+  if (lse.ndim == 3) return {lse.data, lse.strides[0], lse.strides[1], lse.strides[2]};
+  return {lse.data, 0, lse.strides[1], lse.strides[0]};
+}
+
+FlashArgs make_args(const AttentionParams& params, const FlashRope& rope, const KernelTensor& q,
+                    const KernelTensor& k, const KernelTensor& v, const KernelTensor& key_mask,
+                    const KernelTensor& segments, const KernelTensor& out, const KernelTensor& lse,
+                    const KernelTensor& keep_bits) {
+  FlashArgs a;
+  a.q = operand_of(q);
+  a.k = operand_of(k);
+  a.v = operand_of(v);
+  a.out = operand_of(out);
+  a.out_dtype = out.dtype;
+  a.varlen = q.ndim == 3;
+  RF_CHECK(a.varlen ? (segments.defined() && segments.ndim == 2 && segments.dtype == DType::i64)
+                    : q.ndim == 4,
+           "flash attention: expected q [B, H, S, D], or [T, H, D] with segments [N, 4] i64");
+  RF_CHECK(lse.dtype == DType::f32, "flash attention: lse must be f32");
+  if (a.varlen) {
+    a.segments = segments.as<const int64_t>();
+    a.seg_s0 = segments.strides[0];
+    a.seg_s1 = segments.strides[1];
+  } else {
+    a.Sq = q.sizes[2];
+    a.Sk = k.sizes[2];
+    a.mask = key_mask;
+  }
+  a.lse = lse_operand(lse);
+  a.bits = operand_of(keep_bits);
+  a.scale = float(params.scale);
+  a.scale_log2 = float(params.scale) * kLog2e;
+  a.drop = dropout_rule(params);
+  a.inv_keep = float(a.drop.inv_keep);
+  if (rope.table) {
+    const KernelTensor& table = *rope.table;
+    RF_CHECK(table.ndim == 3 && table.sizes[0] == 2 && table.sizes[2] == kD / 2 &&
+                 table.dtype == DType::f32 && table.is_contiguous(),
+             "flash attention: expected a contiguous f32 RoPE table [2, P, 32]");
+    a.table = table.as<const float>();
+    a.table_rows = table.sizes[1];
+    a.interleaved = rope.interleaved;
+  }
+  return a;
+}
+
+// Sequences (batch rows or segments), tiles per sequence of `rows` rows.
+struct Grid {
+  int64_t sequences, tiles;
+};
+Grid grid_of(const AttentionParams& params, const KernelTensor& q, const KernelTensor& k,
+             const KernelTensor& segments, bool keys) {
+  if (q.ndim == 4) {
+    const int64_t len = keys ? k.sizes[2] : q.sizes[2];
+    return {q.sizes[0], (len + kRowsPerBlock - 1) / kRowsPerBlock};
+  }
+  const int64_t longest = params.longest_segment > 0 ? params.longest_segment : q.sizes[0];
+  return {segments.sizes[0], (longest + kRowsPerBlock - 1) / kRowsPerBlock};
+}
+
+dim3 launch_grid(const Grid& g, int64_t heads) {
+  RF_CHECK(g.sequences * g.tiles < (int64_t(1) << 31) && heads <= 65535,
+           "flash attention: grid too large");
+  return dim3(unsigned(g.sequences * g.tiles), unsigned(heads));
+}
+
+}  // namespace
+
+bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v) {
+  return (q.ndim == 4 || q.ndim == 3) && q.size(-1) == kD && k.size(-1) == kD && v.size(-1) == kD &&
+         rows_aligned(q) && rows_aligned(k) && rows_aligned(v);
+}
+
+bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                     const KernelTensor& grad_out) {
+  return flash_supported(q, k, v) && rows_aligned(grad_out);
+}
+
+void flash_forward(Stream stream, const AttentionParams& params, const FlashRope& rope,
+                   const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                   const KernelTensor& key_mask, const KernelTensor& segments,
+                   const KernelTensor& out, const KernelTensor& lse,
+                   const KernelTensor& keep_bits) {
+  RF_CHECK(flash_supported(q, k, v), "flash attention: operands not supported");
+  RF_CHECK(out.dtype == DType::f32 || out.dtype == DType::bf16,
+           "flash attention: out must be f32 or bf16");
+  FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
+  const int64_t heads = q.sizes[q.ndim - 2];
+  const Grid g = grid_of(params, q, k, segments, false);
+  if (g.sequences * g.tiles == 0 || heads == 0) return;
+  RF_LAUNCH(flash_forward_kernel, launch_grid(g, heads), kThreadsPerBlock, 0, native(stream), a,
+            g.tiles);
+}
+
+void flash_backward(Stream stream, const AttentionParams& params, const FlashRope& rope,
+                    const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                    const KernelTensor& key_mask, const KernelTensor& segments,
+                    const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits,
+                    const KernelTensor& grad_out, const KernelTensor& grad_q,
+                    const KernelTensor& grad_k, const KernelTensor& grad_v) {
+  RF_CHECK(flash_supported(q, k, v, grad_out), "flash attention: operands not supported");
+  RF_CHECK((out.dtype == DType::f32 || out.dtype == DType::bf16) &&
+               (grad_q.dtype == DType::f32 || grad_q.dtype == DType::bf16) &&
+               grad_k.dtype == grad_q.dtype && grad_v.dtype == grad_q.dtype,
+           "flash attention: out and the gradients must be f32 or bf16 (one dtype)");
+  FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
+  a.grad_out = operand_of(grad_out);
+  a.dq = operand_of(grad_q);
+  a.dk = operand_of(grad_k);
+  a.dv = operand_of(grad_v);
+  a.grad_dtype = grad_q.dtype;
+  const int64_t heads = q.sizes[q.ndim - 2];
+  if (lse.numel() == 0 || heads == 0) return;
+  // D = dO . O per query row, laid out like lse.
+  Scratch delta(stream, size_t(lse.numel()) * sizeof(float));
+  const KernelTensor delta_t = contiguous_like(lse, delta.as<void>(), DType::f32);
+  a.delta = lse_operand(delta_t);
+  const Grid gq = grid_of(params, q, k, segments, false);
+  if (gq.sequences * gq.tiles > 0) {
+    const size_t shared = size_t(2 * (kRowsPerBlock + kInnerTile) * kLd) * sizeof(bf16_t) +
+                          kInnerTile * sizeof(float);
+    allow_shared(flash_dq_kernel, shared);
+    RF_LAUNCH(flash_dq_kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
+              gq.tiles);
+  }
+  const Grid gk = grid_of(params, q, k, segments, true);
+  if (gk.sequences * gk.tiles > 0) {
+    const size_t shared = size_t(2 * (kRowsPerBlock + kInnerTile) * kLd) * sizeof(bf16_t) +
+                          2 * kInnerTile * sizeof(float) + 4 * kInnerTile * sizeof(uint32_t);
+    allow_shared(flash_dkv_kernel, shared);
+    RF_LAUNCH(flash_dkv_kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
+              gk.tiles);
+  }
+}
+
+}  // namespace roformer::kernels::cuda

@@ -1,0 +1,40 @@
+// The bf16 tensor-core attention (flash_attention.cu), called by the list's
+// attention kernels when their operands fit it; the others keep the simple
+// kernel of attention.cu.
+#pragma once
+
+#include "core/kernels/kernel_list.h"
+
+namespace roformer::kernels::cuda {
+
+// RoPE applied while tiles load: table [2, P, D/2] f32 (cos, sin) of the
+// positions of q's sequence dimension (padded) or of its tokens (token
+// stream). table == nullptr: q and k are used as they are.
+struct FlashRope {
+  const KernelTensor* table = nullptr;
+  bool interleaved = true;
+};
+
+// True when the tensor-core path takes these operands: bf16, head dim 64 for
+// q, k and v, unit last stride, rows 16-byte aligned. Outputs (out, grads)
+// may be f32 or bf16; lse is f32.
+bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v);
+bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                     const KernelTensor& grad_out);
+
+// q, k, v [B, H, S, D] with key_mask [B, Sk] (or undefined), or a token
+// stream [T, H, D] with segments [N, 4] i64 on the device (then
+// params.longest_segment is the longest length). Layouts as the list's
+// attention and attention_varlen kernels.
+void flash_forward(Stream stream, const AttentionParams& params, const FlashRope& rope,
+                   const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                   const KernelTensor& key_mask, const KernelTensor& segments,
+                   const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits);
+void flash_backward(Stream stream, const AttentionParams& params, const FlashRope& rope,
+                    const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                    const KernelTensor& key_mask, const KernelTensor& segments,
+                    const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits,
+                    const KernelTensor& grad_out, const KernelTensor& grad_q,
+                    const KernelTensor& grad_k, const KernelTensor& grad_v);
+
+}  // namespace roformer::kernels::cuda
