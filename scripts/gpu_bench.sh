@@ -69,9 +69,23 @@ build() {
 
 # --- the steps (each runs in its own bash) ---------------------------------------------
 
-ours_step() {  # ours_step PRECISIONS SEQS
+ours_step() {  # ours_step PRECISIONS SEQS [ARGS]: bf16 falls back to f32 where it is refused
   mlm_step_bench --device "$DEVICE" --size "$SIZE" --precision "$1" --seq "$2" \
-    --json "$WORK/results.jsonl" $OURS_ARGS
+    --json "$WORK/results.jsonl" $OURS_ARGS "${@:3}"
+}
+
+ours_f32_step() {  # ours_f32_step SEQS: the f32 rows the bf16 steps have not measured already
+  local todo
+  todo=$($PYTHON - "$WORK/results.jsonl" "$1" <<'PY'
+import json, os, sys
+path, seqs = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+done = {r["seq"] for r in rows if r["setup"] == "ours f32" and r["status"] == "ok"}
+print(",".join(str(s) for s in seqs if s not in done))
+PY
+  )
+  [[ -n $todo ]] || { echo "f32 already measured at every length (bf16 was refused)"; exit 77; }
+  ours_step f32 "$todo"
 }
 
 hf_step() {  # hf_step SEQ
@@ -140,11 +154,11 @@ run_bench() {
   step device 30 device_info
   local seq
   for seq in $BENCH_SEQS; do
-    step "ours_$seq" 60 ours_step bf16 "$seq"
+    step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused
     step "hf_$seq" 120 hf_step "$seq"
   done
   step attention 150 attention_step
-  step ours_f32 60 ours_step f32 "${BENCH_SEQS// /,}"
+  step ours_f32 60 ours_f32_step "${BENCH_SEQS// /,}"
   # The table is written whatever the budget left: it only reads the results.
   BUDGET=$((BUDGET + 45)) step summary 30 summary_step
   [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt"

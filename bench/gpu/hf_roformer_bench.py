@@ -122,8 +122,10 @@ def build_hf(transformers, size, max_len, attn):
         rotary_value=False)
     cls = transformers.RoFormerForMaskedLM
     try:
+        # What AutoModelForMaskedLM.from_config calls: it checks attn_implementation
+        # against what the class supports and raises when it does not.
         model = cls._from_config(config, attn_implementation=attn)
-    except TypeError:  # a transformers without the argument: eager only
+    except (TypeError, AttributeError):  # a transformers without the argument: eager only
         if attn != "eager":
             raise ValueError(f"this transformers ({transformers.__version__}) has no attn_implementation")
         model = cls(config)

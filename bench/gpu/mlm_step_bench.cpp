@@ -7,23 +7,28 @@
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
 //                  [--precision bf16,f32] [--batch N | --start-batch N]
-//                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M] [--steps N] [--warmup N]
-//                  [--peak-tflops T] [--threads N] [--json FILE]
-//   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size ...] [--device ...] [--precision P]
-//
-// --flops-for runs nothing: it prints, one JSON object per line, the model
-// FLOPs of one step of those shapes (train/telemetry's mlm_training_flops,
-// the formula of the training log's MFU) and the device's peak, so the
-// summary puts the peer's rows on the same scale (bench/gpu/bench_summary.py).
+//                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
+//                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
+//                  [--json FILE] [--f32-if-refused]
+//   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
+//                  [--precision P] [--peak-tflops T]
 //
 // The batch search doubles the micro-batch from --start-batch (default: 8192
 // tokens' worth) until a step runs out of device memory (the caching
-// allocator's error), would pass --max-tokens, or a step takes longer than
-// --max-step-s (throughput is flat by then; it keeps the device call short),
-// and keeps the last that fitted; a start that does not fit halves instead. --memory-cap-mb treats
-// a step whose peak reserved memory passes the cap as not fitting, so the search can be tested on
-// the CPU. Each result is one JSON object per line in --json (the fields hf_roformer_bench.py
-// writes too) and one line of the table.
+// allocator's error), would pass --max-tokens, or takes longer than
+// --max-step-s (throughput is flat by then, and the device call stays short),
+// and keeps the last size that fitted; a start that does not fit halves
+// instead. --memory-cap-mb counts a step whose peak reserved memory passes the
+// cap as not fitting, so the search is tested on the CPU. --f32-if-refused
+// measures f32 where the device refuses bf16 (run.precision's own check), so
+// a device call still gets our figures. Each result is one JSON object per
+// line in --json (the fields hf_roformer_bench.py writes too) and one line of
+// the table.
+//
+// --flops-for runs nothing: it prints, one JSON object per line, the model
+// FLOPs of one step of those shapes (train/telemetry's mlm_training_flops, the
+// formula of the training log's MFU) and the device's peak, so the summary
+// puts the peer's rows on the same scale (bench/gpu/bench_summary.py).
 #include <omp.h>
 
 #include <algorithm>
@@ -67,7 +72,8 @@ struct Options {
   int steps = 5, warmup = 2, threads = 0;
   double peak_tflops = 0;  // 0: train/telemetry's default for the device and precision
   std::string json;
-  std::string flops_for;  // SEQ:BATCH:MASKED,...: print the FLOPs of these steps, run nothing
+  std::string flops_for;        // SEQ:BATCH:MASKED,...: print the FLOPs of these steps, run nothing
+  bool f32_if_refused = false;  // bf16 refused on this device: measure f32 instead
 };
 
 // The model sizes: RoFormer-base as issue 14 sets it, and a tiny one for CPU dry runs.
@@ -319,6 +325,8 @@ Options parse(int argc, char** argv) {
       opt.peak_tflops = std::stod(value());
     } else if (a == "--json") {
       opt.json = value();
+    } else if (a == "--f32-if-refused") {
+      opt.f32_if_refused = true;
     } else if (a == "--flops-for") {
       opt.flops_for = value();
     } else {
@@ -326,6 +334,7 @@ Options parse(int argc, char** argv) {
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
           "[--precision bf16,f32] [--batch N | --start-batch N] [--max-tokens N] [--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
+          "[--f32-if-refused] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));
@@ -400,7 +409,9 @@ int run(int argc, char** argv) {
       device.str().c_str(), 100 * kMaskProb, opt.steps, opt.warmup);
   std::printf("%-10s %6s %6s %12s %9s %8s %10s %10s\n", "setup", "seq", "batch", "tokens/s",
               "step ms", "MFU", "peak MiB", "reserved");
-  for (const std::string& precision : opt.precisions) {
+  std::vector<std::string> precisions = opt.precisions;
+  for (size_t i = 0; i < precisions.size(); ++i) {
+    const std::string precision = precisions[i];
     Config run;
     run.run.device = device;
     run.run.precision = precision == "bf16" ? Precision::kBf16 : Precision::kF32;
@@ -414,6 +425,9 @@ int run(int argc, char** argv) {
       bench.emplace(mc, device);
     } catch (const InputError& e) {
       refused = e.what();  // bf16 not available on this device or CPU
+      const bool listed =
+          std::find(precisions.begin(), precisions.end(), "f32") != precisions.end();
+      if (opt.f32_if_refused && !listed) precisions.push_back("f32");
     }
     for (const int64_t S : opt.seqs) {
       nlohmann::json r;
