@@ -20,12 +20,15 @@
 # sequence length, 512 first (the length of the targets), so drifts of the
 # machine hit both alike and a budget cut loses the least important rows:
 #   device         nvidia-smi, nvcc, torch and transformers versions
-#   ours_S, hf_S   for S in BENCH_SEQS (512 1536 128): bf16, the largest
-#                  micro-batch that fits (doubling search, out-of-memory
-#                  errors caught, doubling stops after a 3 s step),
-#                  median of 5 steps after 2
-#   attention      bench/gpu/attention_table.sh run, if present
-#   ours_f32       ours in f32 at every length (cheap; last)
+#   ours_S, hf_S   for S in BENCH_SEQS (512 1536 128): bf16 (ours: f32 where
+#                  the device refuses bf16), the largest micro-batch that fits
+#                  (doubling search, out-of-memory errors caught, no doubling
+#                  after a 3 s step), median of 5 steps after 2; the peer's
+#                  head on the masked rows (HF_HEAD=full: every position)
+#   attention      bench/gpu/attention_table.sh run, if present (after the
+#                  first two lengths)
+#   hf_full_512    the peer's stock forward (logits at every position), eager
+#   ours_f32       ours in f32 at the lengths not yet measured in f32 (last)
 #   summary        bench/gpu/bench_summary.py: the table
 # What comes back in $OUT:
 #   bench_summary.txt   the Markdown table for docs/performance.md (tokens/s,
@@ -42,15 +45,9 @@
 # asks it `bash bench/gpu/attention_table.sh targets` for the CMake targets to
 # pack (one per line).
 set -uo pipefail
-if [[ ${1:-} == __lib ]]; then
-  cd "$ROOT"  # sourced by step(): ROOT is exported
-else
-  cd "$(dirname "$0")/.."
-  ROOT=$PWD
-fi
-export STEP_LIB=$ROOT/scripts/gpu_bench.sh
 # shellcheck source=scripts/gpu_common.sh
-source "$ROOT/scripts/gpu_common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+gpu_script_init "${BASH_SOURCE[0]}" "${1:-}"
 
 mode=${1:-}
 pack_dir=.gpu/bench
@@ -88,9 +85,9 @@ PY
   ours_step f32 "$todo"
 }
 
-hf_step() {  # hf_step SEQ
+hf_step() {  # hf_step SEQ [ARGS]
   $PYTHON bench/gpu/hf_roformer_bench.py --device "$DEVICE" --size "$SIZE" --seq "$1" \
-    --setups "$HF_SETUPS" --head "$HF_HEAD" --json "$WORK/results.jsonl" $HF_ARGS
+    --setups "$HF_SETUPS" --head "$HF_HEAD" --json "$WORK/results.jsonl" $HF_ARGS "${@:2}"
 }
 
 attention_step() {
@@ -152,12 +149,15 @@ run_bench() {
   : > "$OUT/summary.txt"
   summary "gpu_bench $COMMIT on $DEVICE_NAME, $(date -u '+%Y-%m-%d %H:%M UTC')"
   step device 30 device_info
-  local seq
+  local seq n=0
   for seq in $BENCH_SEQS; do
+    ((n++ == 2)) && step attention 150 attention_step
     step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused
     step "hf_$seq" 120 hf_step "$seq"
   done
-  step attention 150 attention_step
+  ((n <= 2)) && step attention 150 attention_step
+  seq=${BENCH_SEQS%% *}
+  step "hf_full_$seq" 60 hf_step "$seq" --setups eager --head full
   step ours_f32 60 ours_f32_step "${BENCH_SEQS// /,}"
   # The table is written whatever the budget left: it only reads the results.
   BUDGET=$((BUDGET + 45)) step summary 30 summary_step
@@ -173,7 +173,7 @@ case $mode in
   dry) run_bench dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)
-    sed -n '2,43p' "$0"
+    gpu_usage "$0"
     exit 2
     ;;
 esac
