@@ -226,8 +226,9 @@ def try_batch(runner, b, s):
     except Exception as e:  # noqa: BLE001
         if not is_oom(e):
             raise
-        runner.recover()
-        return {"batch": b, "fits": False}
+    # Outside the except block: its traceback holds the failed step's frames and tensors.
+    runner.recover()
+    return {"batch": b, "fits": False}
 
 
 def search_batch(runner, s, args, start, upwards, trials):
