@@ -82,7 +82,7 @@ print(",".join(str(s) for s in seqs if s not in done))
 PY
   )
   [[ -n $todo ]] || { echo "f32 already measured at every length (bf16 was refused)"; exit 77; }
-  ours_step f32 "$todo"
+  ours_step f32 "$todo" --budget-s 18
 }
 
 hf_step() {  # hf_step SEQ [ARGS]
@@ -152,7 +152,7 @@ run_bench() {
   local seq n=0
   for seq in $BENCH_SEQS; do
     ((n++ == 2)) && step attention 150 attention_step
-    step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused
+    step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused --budget-s 45
     step "hf_$seq" 120 hf_step "$seq"
   done
   ((n <= 2)) && step attention 150 attention_step

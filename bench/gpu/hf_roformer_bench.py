@@ -107,11 +107,13 @@ def load_transformers():
     """(module, None) or (None, why not)."""
     try:
         import transformers
-
-        transformers.RoFormerConfig, transformers.RoFormerForMaskedLM  # lazy attributes: load them now
-        return transformers, None
     except Exception as e:  # noqa: BLE001
         return None, f"transformers is not importable here ({type(e).__name__}: {e})"
+    try:
+        transformers.RoFormerConfig, transformers.RoFormerForMaskedLM  # lazy attributes: load them now
+    except Exception as e:  # noqa: BLE001
+        return None, f"transformers {transformers.__version__} has no RoFormerForMaskedLM ({type(e).__name__}: {e})"
+    return transformers, None
 
 
 def build_hf(transformers, size, max_len, attn):

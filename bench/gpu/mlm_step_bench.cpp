@@ -9,7 +9,7 @@
 //                  [--precision bf16,f32] [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
-//                  [--json FILE] [--f32-if-refused]
+//                  [--json FILE] [--f32-if-refused] [--budget-s T]
 //   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
 //                  [--precision P] [--peak-tflops T]
 //
@@ -21,9 +21,10 @@
 // instead. --memory-cap-mb counts a step whose peak reserved memory passes the
 // cap as not fitting, so the search is tested on the CPU. --f32-if-refused
 // measures f32 where the device refuses bf16 (run.precision's own check), so
-// a device call still gets our figures. Each result is one JSON object per
-// line in --json (the fields hf_roformer_bench.py writes too) and one line of
-// the table.
+// a device call still gets our figures. --budget-s T times fewer steps (down
+// to 2) when the search and the steps would pass T seconds per length. Each
+// result is one JSON object per line in --json (the fields
+// hf_roformer_bench.py writes too) and one line of the table.
 //
 // --flops-for runs nothing: it prints, one JSON object per line, the model
 // FLOPs of one step of those shapes (train/telemetry's mlm_training_flops, the
@@ -69,6 +70,7 @@ struct Options {
   int64_t max_tokens = 1 << 17;  // the search stops here (throughput is flat beyond)
   double memory_cap_mb = 0;      // > 0: a step above this peak reserved memory "does not fit"
   double max_step_s = 3;         // the search stops doubling after a step this long
+  double budget_s = 0;           // > 0: seconds per length; fewer timed steps to fit
   int steps = 5, warmup = 2, threads = 0;
   double peak_tflops = 0;  // 0: train/telemetry's default for the device and precision
   std::string json;
@@ -221,6 +223,7 @@ nlohmann::json row_head(const Config& run, int64_t S) {
 nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, int64_t S,
                        const Options& opt) {
   const Device device = run.run.device;
+  const auto began = Clock::now();
   nlohmann::json r = row_head(run, S);
   std::vector<Trial> trials;
   const int64_t B = opt.batch > 0 ? opt.batch : search_batch(bench, device, S, opt, trials);
@@ -237,11 +240,19 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
     return r;
   }
   bench.set_batch(B, S);
+  // Within --budget-s, fewer timed steps (at least 2) when steps are slow.
+  int steps = opt.steps;
+  const auto fitted = std::find_if(trials.rbegin(), trials.rend(),
+                                   [&](const Trial& t) { return t.fits && t.batch == B; });
+  if (opt.budget_s > 0 && fitted != trials.rend() && fitted->step_s > 0) {
+    const double left = opt.budget_s - std::chrono::duration<double>(Clock::now() - began).count();
+    steps = std::clamp(int(left / fitted->step_s) - opt.warmup, 2, opt.steps);
+  }
   for (int i = 0; i < opt.warmup; ++i) bench.step(uint64_t(1 + i));
   reset_device_peak(device);
   std::vector<double> times;
   double loss = 0;
-  for (int i = 0; i < opt.steps; ++i) {
+  for (int i = 0; i < steps; ++i) {
     const auto start = Clock::now();
     loss = bench.step(uint64_t(100 + i));
     times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
@@ -263,7 +274,7 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
             {"mfu", flops / step_s / (peak * 1e12)},
             {"peak_allocated_mb", mem.peak_allocated_mb},
             {"peak_reserved_mb", mem.peak_reserved_mb},
-            {"steps", opt.steps}});
+            {"steps", steps}});
   if (!std::isfinite(loss)) r["message"] = "non-finite loss";
   bench.clear_batch();
   release_device_cache(device);
@@ -311,6 +322,8 @@ Options parse(int argc, char** argv) {
       opt.start_batch = integer(value(), a);
     } else if (a == "--max-tokens") {
       opt.max_tokens = integer(value(), a);
+    } else if (a == "--budget-s") {
+      opt.budget_s = std::stod(value());
     } else if (a == "--max-step-s") {
       opt.max_step_s = std::stod(value());
     } else if (a == "--memory-cap-mb") {
@@ -334,7 +347,7 @@ Options parse(int argc, char** argv) {
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
           "[--precision bf16,f32] [--batch N | --start-batch N] [--max-tokens N] [--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
-          "[--f32-if-refused] "
+          "[--f32-if-refused] [--budget-s T] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));
