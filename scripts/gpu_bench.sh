@@ -64,7 +64,7 @@ build() {
   echo '  run(command="scripts/gpu_bench.sh run", carry=[".gpu"], timeout_s=600)'
 }
 
-# --- the steps (each runs in its own bash) ---------------------------------------------
+# --- the steps (each runs in its own bash: set -e is fine here) -------------------------
 
 ours_step() {  # ours_step PRECISIONS SEQS [ARGS]: bf16 falls back to f32 where it is refused
   mlm_step_bench --device "$DEVICE" --size "$SIZE" --precision "$1" --seq "$2" \
@@ -72,6 +72,7 @@ ours_step() {  # ours_step PRECISIONS SEQS [ARGS]: bf16 falls back to f32 where 
 }
 
 ours_f32_step() {  # ours_f32_step SEQS: the f32 rows the bf16 steps have not measured already
+  set -e
   local todo
   todo=$($PYTHON - "$WORK/results.jsonl" "$1" <<'PY'
 import json, os, sys
@@ -100,6 +101,7 @@ attention_step() {
 }
 
 summary_step() {
+  set -e
   [[ -s $WORK/results.jsonl ]] || { echo "no results were written"; exit 1; }
   $PYTHON bench/gpu/bench_summary.py "$WORK/results.jsonl" \
     --flops-cmd "mlm_step_bench --size $SIZE --device $DEVICE" --out "$OUT/bench_summary.txt" \

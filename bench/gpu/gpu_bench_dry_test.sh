@@ -36,10 +36,23 @@ for who, pick in (("ours", lambda r: r["framework"] == "ours"), ("the peer", lam
         fitted = [t["batch"] for t in r["search"] if t["fits"]]
         failed = [t["batch"] for t in r["search"] if not t["fits"]]
         assert r["batch"] == max(fitted) and r["batch"] < min(failed), (who, r["search"], r["batch"])
+# The tiny model's FLOPs by hand (docs/performance.md): ours and the peer on one scale.
+layers, hidden, ffn, vocab = 2, 64, 128, 1000
+p_layers = layers * (4 * hidden * hidden + 2 * hidden * ffn)
+p_head = hidden * hidden + hidden * vocab
 for r in ok:
-    assert 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 and r["flops_per_step"] > 0, r
+    want = r["tokens"] * (6 * p_layers + 12 * layers * hidden * r["seq"]) + r["masked"] * 6 * p_head
+    assert abs(r["flops_per_step"] - want) <= 1e-9 * want, (r["setup"], r["flops_per_step"], want)
+    assert r["masked"] == max(1, int(0.15 * r["tokens"] + 0.5)), r
+    assert 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0, r
     assert abs(r["tokens_per_s"] - r["tokens"] / (r["step_ms"] / 1e3)) < 1e-6 * r["tokens_per_s"], r
+    assert abs(r["mfu"] - r["flops_per_step"] / (r["step_ms"] / 1e3) / (r["peak_tflops"] * 1e12)) < 1e-9, r
 text = open(os.path.join(out, "bench_summary.txt")).read()
+# Each "ours / best peer" line: ours' tokens/s over the fastest peer row at that length.
+for r in (r for r in ok if r["framework"] == "ours"):
+    best = max((p for p in ok if p["framework"] != "ours" and p["seq"] == r["seq"]), key=lambda p: p["tokens_per_s"])
+    line = f"| {r['seq']} | {r['setup']} | {best['setup']} | {r['tokens_per_s'] / best['tokens_per_s']:.2f}x |"
+    assert line in text, f"bench_summary.txt lacks {line!r}:\n{text}"
 for needle in ("| seq | set-up | batch | tokens/s", "ours / best peer", "cost per token at 128 / at 64"):
     assert needle in text, f"bench_summary.txt lacks {needle!r}:\n{text}"
 print(f"gpu_bench dry: {len(ok)} measured rows, both searches backed off, summary complete")
