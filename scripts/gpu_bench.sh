@@ -24,7 +24,9 @@
 #                  the device refuses bf16), the largest micro-batch that fits
 #                  (doubling search, out-of-memory errors caught, no doubling
 #                  after a 3 s step), median of 5 steps after 2; the peer's
-#                  head on the masked rows (HF_HEAD=full: every position)
+#                  head on the masked rows (HF_HEAD=full: every position), its
+#                  set-ups in the order eager, sdpa, compile (the slowest to
+#                  start last, so a time limit cuts only it)
 #   attention      bench/gpu/attention_table.sh run, if present (after the
 #                  first two lengths)
 #   hf_full_512    the peer's stock forward (logits at every position), eager
@@ -123,7 +125,7 @@ run_bench() {
     export OURS_ARGS=${OURS_ARGS:-} HF_ARGS=${HF_ARGS:-}
     BENCH_SEQS=${BENCH_SEQS:-512 1536 128}
     export REFERENCE_SEQ=512
-    export HF_SETUPS=${HF_SETUPS:-eager,compile,sdpa}
+    export HF_SETUPS=${HF_SETUPS:-eager,sdpa,compile}
   else
     # Here: the CPU, a tiny model, short sequences and small micro-batches; the
     # memory cap and the simulated out-of-memory errors make both searches back off.
@@ -138,7 +140,7 @@ run_bench() {
     $PYTHON -c 'import transformers' 2>/dev/null || HF_ARGS+=" --model standin"
     BENCH_SEQS=${BENCH_SEQS:-64 128 32}
     export REFERENCE_SEQ=64
-    export HF_SETUPS=${HF_SETUPS:-eager,compile,sdpa}
+    export HF_SETUPS=${HF_SETUPS:-eager,sdpa,compile}
   fi
   export HF_HEAD=${HF_HEAD:-masked}
   export WORK=${GPU_BENCH_WORK:-/tmp/gpu_bench}
