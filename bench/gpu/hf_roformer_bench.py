@@ -305,7 +305,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", choices=sorted(SIZES), default="base")
     ap.add_argument("--seq", default="128,512,1536", help="comma-separated sequence lengths")
-    ap.add_argument("--setups", default="eager,compile,sdpa")
+    ap.add_argument("--setups", default="eager,sdpa,compile")
     ap.add_argument("--head", choices=["masked", "full"], default="masked")
     ap.add_argument("--precision", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--model", choices=["hf", "standin"], default="hf")
@@ -382,8 +382,9 @@ def main():
             except Exception as e:  # noqa: BLE001
                 if setup == "sdpa":  # transformers does not offer SDPA for RoFormer
                     emit(dict(row, status="skip", message=f"attn_implementation='sdpa' refused: {e}"))
-                    continue
-                raise
+                else:
+                    emit(dict(row, status="error", message=f"building the model: {type(e).__name__}: {e}"))
+                continue
             if setup == "compile":
                 runner.compile()
             start = eager_batch if setup != "eager" else (args.start_batch or max(1, 8192 // s))
