@@ -49,6 +49,11 @@
 #                 pretrained checkpoint, then evaluate --device cuda
 #   e2e_bf16      the same pretraining in run.precision bf16 on the GPU, within
 #                 2e-2 of the CPU f32 losses (SKIP while training refuses bf16)
+#   nccl_1        the tiny config with the NCCL communicator at world size 1
+#                 (ROFORMER_FORCE_COMMUNICATOR=1): gradient buckets summed by
+#                 NCCL on the GPU, losses against e2e_f32's GPU run
+#   mpi_2_ranks   2 ranks sharing the one GPU through mpirun (gradients summed
+#                 by MPI through host memory) against e2e_f32's 1-rank GPU run
 #   memcheck      compute-sanitizer --tool memcheck over the CUDA op, optimizer,
 #                 GEMM and upload tests, one suite at a time
 #
@@ -68,8 +73,33 @@ BUNDLE_TARGETS=(roformer cuda_tests op_table_tests core_tests layers_tests train
 
 build() {
   gpu_build_and_pack "$pack_dir" "${BUNDLE_TARGETS[@]}"
+  pack_openmpi
   echo "gpu_check: built for sm_90 and packed into $pack_dir/bundle.tar.xz; now, on the GPU machine:"
   echo '  run(command="scripts/gpu_check.sh run", carry=[".gpu"], timeout_s=600)'
+}
+
+# OpenMPI for the data-parallel steps (the GPU machine has none): mpirun, orted,
+# the MCA plugins and their libraries, relocated under OPAL_PREFIX there.
+pack_openmpi() {
+  command -v mpirun > /dev/null || { echo "gpu_check: no mpirun here; the MPI steps will skip"; return 0; }
+  local stage lib=/usr/lib/x86_64-linux-gnu
+  stage=$(mktemp -d)/openmpi
+  mkdir -p "$stage/bin" "$stage/lib/x86_64-linux-gnu" "$stage/share" "$stage/deps"
+  cp -L "$(command -v mpirun)" "$stage/bin/mpirun"
+  cp -L "$(command -v orted)" "$stage/bin/orted"
+  cp -a "$lib/openmpi" "$stage/lib/x86_64-linux-gnu/"
+  cp -a /usr/share/openmpi "$stage/share/"
+  # OpenMPI's PMIx has plugins of its own (relocated by PMIX_INSTALL_PREFIX).
+  [[ -d $lib/pmix2 ]] && cp -a "$lib/pmix2" "$stage/pmix2" && rm -rf "$stage/pmix2/include" "$stage"/pmix2/lib/*.a
+  # Libraries the plugins and programs load, but not glibc's or CUDA's.
+  local skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnvidia)'
+  find "$stage" -type f \( -name '*.so*' -o -path '*/bin/*' \) -exec ldd {} \; 2>/dev/null |
+    awk '$3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
+      [[ $name =~ $skip ]] || [[ -e $stage/deps/$name ]] || cp -L "$path" "$stage/deps/$name"
+    done
+  tar cJf "$pack_dir/openmpi.tar.xz" -C "$(dirname "$stage")" openmpi
+  rm -rf "$(dirname "$stage")"
+  echo "gpu_check: OpenMPI packed into $pack_dir/openmpi.tar.xz ($(du -h "$pack_dir/openmpi.tar.xz" | cut -f1))"
 }
 
 # --- the steps (each runs in its own bash: set -e is fine here) ---------------------
@@ -104,8 +134,8 @@ run_tiny() {
   local name=$1 device=$2 precision=$3
   shift 3
   local half=$((E2E_STEPS / 2))
-  roformer pretrain --config configs/tiny.yaml \
-    run.dir="$WORK/$name" run.device="$device" run.precision="$precision" run.threads=16 \
+  ${LAUNCH:-} roformer pretrain --config configs/tiny.yaml \
+    run.dir="$WORK/$name" run.device="$device" run.precision="$precision" run.threads=${THREADS:-16} \
     data.vocab="$ROOT/tests/fixtures/bert-base-uncased-vocab.txt" \
     "data.inputs=[$ROOT/tests/fixtures/corpus/*/*.txt]" data.shard_dir="$WORK/shards" \
     data.validation_fraction=0.05 \
@@ -285,6 +315,36 @@ e2e_bf16() {
   compare_losses cpu-f32 gpu-bf16 2e-2
 }
 
+# The NCCL communicator at world size 1 (no launcher needed): the gradient
+# buckets summed by NCCL on the GPU change nothing, so the losses are the
+# plain GPU run's.
+nccl_1() {
+  set -e
+  prepare_shards
+  [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
+  ROFORMER_FORCE_COMMUNICATOR=1 run_tiny nccl-1 "$GPU" f32 distributed.bucket_mb=1
+  grep -m2 "data parallel\|GPU ranks" "$WORK/nccl-1.out" | sed 's/^.*\] //' >> "$WORK/notes.txt" || true
+  if [[ $GPU != cpu ]] && ! grep -q "NCCL on cuda" "$WORK/nccl-1.out"; then
+    echo "the run did not use NCCL:"; grep -m3 "GPU ranks\|NCCL" "$WORK/nccl-1.out"; return 1
+  fi
+  compare_losses gpu-f32 nccl-1 1e-6
+}
+
+# 2 ranks on the one GPU through mpirun (NCCL refuses two ranks on a GPU, so
+# MPI sums the gradients through host memory) against the 1-rank GPU run.
+mpi_2_ranks() {
+  set -e
+  command -v mpirun > /dev/null || { echo "mpirun is not on this machine (pack_openmpi in build)"; exit 77; }
+  prepare_shards
+  [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+  LAUNCH="mpirun -np 2 --bind-to none -x LD_LIBRARY_PATH -x PATH" THREADS=4 \
+    run_tiny mpi-2 "$GPU" f32 distributed.bucket_mb=1
+  grep -m2 "data parallel\|GPU ranks" "$WORK/mpi-2.out" | sed 's/^.*\] //' >> "$WORK/notes.txt" || true
+  compare_losses gpu-f32 mpi-2 1e-4
+}
+
 memcheck_step() {
   command -v compute-sanitizer > /dev/null || { echo "compute-sanitizer is not installed"; exit 77; }
   local ok=0 suite
@@ -308,6 +368,12 @@ run_checks() {
   if [[ -z $dry ]]; then
     : "${OUT:?gpu_check run: \$OUT (the device tool output folder) is not set}"
     gpu_unpack "$pack_dir"
+    if [[ -f $pack_dir/openmpi.tar.xz ]]; then  # mpirun for the MPI steps, relocated
+      tar xJf "$pack_dir/openmpi.tar.xz" -C "$pack_dir"
+      export OPAL_PREFIX=$ROOT/$pack_dir/openmpi PATH=$ROOT/$pack_dir/openmpi/bin:$PATH
+      export PMIX_INSTALL_PREFIX=$OPAL_PREFIX/pmix2
+      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$OPAL_PREFIX/lib/x86_64-linux-gnu/openmpi/lib:$OPAL_PREFIX/deps
+    fi
     export GPU=cuda E2E_STEPS=${E2E_STEPS:-100} E2E_MODEL=${E2E_MODEL:-}
     export GOLDEN_REQUIRE=--require-transformers PYTHON=${PYTHON:-python3}
   else
@@ -332,6 +398,8 @@ run_checks() {
   step cross_device 150 cross_device
   step finetune 120 finetune_step
   step e2e_bf16 120 e2e_bf16
+  step nccl_1 90 nccl_1
+  step mpi_2_ranks 120 mpi_2_ranks
   step memcheck 300 memcheck_step
   summary "gpu_check: $failed step(s) failed in $((SECONDS - start_time)) s; logs in logs.tar.gz"
   pack_logs
