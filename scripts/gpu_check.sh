@@ -62,15 +62,9 @@
 # bookkeeping and the device step are shared with scripts/gpu_bench.sh, in
 # scripts/gpu_common.sh (BUILD_DIR picks another build directory).
 set -uo pipefail
-if [[ ${1:-} == __lib ]]; then
-  cd "$ROOT"  # sourced by step(): ROOT is exported
-else
-  cd "$(dirname "$0")/.."
-  ROOT=$PWD
-fi
-export STEP_LIB=$ROOT/scripts/gpu_check.sh
 # shellcheck source=scripts/gpu_common.sh
-source "$ROOT/scripts/gpu_common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+gpu_script_init "${BASH_SOURCE[0]}" "${1:-}"
 
 mode=${1:-}
 pack_dir=.gpu
@@ -418,7 +412,7 @@ case $mode in
   dry) run_checks dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)
-    sed -n '2,63p' "$0"
+    gpu_usage "$0"
     exit 2
     ;;
 esac

@@ -4,14 +4,31 @@
 # and the step bookkeeping (each step under its own time limit and a common
 # budget, logged, recorded in $OUT/summary.txt). Sourced, not run.
 #
-# The sourcing script sets, before calling these:
-#   ROOT       the repository root (exported: steps run in child bashes)
-#   STEP_LIB   the script itself; a step's child bash sources it with the
-#              argument __lib to get its functions without running anything
-#   SUMMARY    (optional) the summary file's name under $OUT, summary.txt by default
-# and, for the steps: OUT, WORK, BUDGET (seconds for all steps together).
+# A script starts with
+#   source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+#   gpu_script_init "${BASH_SOURCE[0]}" "${1:-}"
+# and sets, for the steps: OUT, WORK, BUDGET (seconds for all steps together)
+# and optionally SUMMARY (the summary file's name under $OUT, summary.txt).
 
 gpu_build_dir=${BUILD_DIR:-build-gpu}
+
+# gpu_script_init SCRIPT MODE: into the repository root, ROOT exported (steps
+# run in child bashes), and STEP_LIB set to SCRIPT, which each step's child
+# bash sources with MODE __lib to get its functions without running anything.
+gpu_script_init() {
+  if [[ $2 == __lib ]]; then
+    cd "$ROOT" || exit 1
+  else
+    cd "$(dirname "$1")/.." || exit 1
+    export ROOT=$PWD
+  fi
+  export STEP_LIB=$ROOT/scripts/${1##*/}
+}
+
+# gpu_usage SCRIPT: the script's header comment (its usage).
+gpu_usage() {
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$1"
+}
 
 # gpu_build_and_pack PACK_DIR TARGET...: configures $gpu_build_dir for sm_90
 # with the CUDA kernels (benchmarks configured too, so one build directory

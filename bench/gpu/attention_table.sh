@@ -17,7 +17,10 @@
 # One device call: run(command="bench/gpu/attention_table.sh run", carry=[".gpu-attention"])
 # A caller with its own bundle (scripts/gpu_bench.sh) may put attention_bench on PATH
 # first (or set ATTENTION_BENCH); then .gpu-attention is not needed. Extra arguments
-# after `run` are the lengths to measure.
+# after `run` are the lengths to measure. For that caller:
+#   bench/gpu/attention_table.sh targets   the CMake targets to pack, one per line
+#   bench/gpu/attention_table.sh dry       exits 77 (skip): the kernels need a GPU
+#   ATTENTION_OUT=<dir>                     where attention_table.txt goes (else $OUT)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -105,16 +108,22 @@ run() {
   "${PYTHON:-python3}" bench/gpu/attention_bench_torch.py "$@" 2>&1 | tee -a "$log"
   echo
   table < "$log" | tee -a "$log"
-  [[ -n ${OUT:-} ]] && cp "$log" "$OUT/attention_table.txt"
+  local out=${ATTENTION_OUT:-${OUT:-}}
+  if [[ -n $out ]]; then cp "$log" "$out/attention_table.txt"; fi
   rm -f "$log"
 }
 
 case $mode in
   build) build ;;
   run) run "$@" ;;
+  targets) echo attention_bench ;;
+  dry)
+    echo "attention_table: the attention kernels need a GPU (dry run: skipped)"
+    exit 77
+    ;;
   table) table ;;  # the table of benchmark lines on stdin
   *)
-    sed -n '2,22p' "$0"
+    sed -n '2,23p' "$0"
     exit 2
     ;;
 esac

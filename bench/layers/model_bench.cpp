@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/layers/synthetic_mlm_batch.h"
 #include "core/precision.h"
 #include "core/profile.h"
 #include "layers/roformer.h"
 
 namespace {
 
-using roformer::Generator;
 using roformer::Tensor;
 
 struct Size {
@@ -59,28 +59,10 @@ double run_ours(const Size& s, const Options& opt, roformer::DType matmul, std::
   c.max_position_embeddings = std::max<int64_t>(512, s.seq);
   roformer::RoFormerForMaskedLM model(c, 1);
 
-  const int64_t B = s.batch, S = s.seq, N = B * S;
-  Generator data{42, 0};
-  std::vector<int32_t> ids(static_cast<size_t>(N)), types(static_cast<size_t>(N));
-  std::vector<int32_t> labels(static_cast<size_t>(N), -100);
-  const auto u = Tensor::rand({N, 3}, data, roformer::DType::f64).to_vector<double>();
-  for (int64_t i = 0; i < N; ++i) {
-    ids[size_t(i)] = int32_t(1 + int64_t(u[size_t(3 * i)] * double(kVocab - 1)));
-    types[size_t(i)] = (i % S) >= S / 2;
-  }
-  // Exactly round(15%) labelled rows, picked by a Philox shuffle.
-  std::vector<int64_t> order(static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) order[size_t(i)] = i;
-  std::sort(order.begin(), order.end(),
-            [&](int64_t a, int64_t b) { return u[size_t(3 * a + 1)] < u[size_t(3 * b + 1)]; });
-  const int64_t masked = std::max<int64_t>(1, int64_t(kMaskProb * double(N) + 0.5));
-  for (int64_t i = 0; i < masked; ++i)
-    labels[size_t(order[size_t(i)])] =
-        int32_t(1 + int64_t(u[size_t(3 * order[size_t(i)] + 2)] * double(kVocab - 1)));
-  const Tensor t_ids = Tensor::from_vector(ids, {B, S});
-  const Tensor t_types = Tensor::from_vector(types, {B, S});
-  const Tensor t_mask = Tensor::ones({B, S}, roformer::DType::i32);
-  const Tensor t_labels = Tensor::from_vector(labels, {B, S});
+  const roformer::bench::MlmBatch batch =
+      roformer::bench::synthetic_mlm_batch(s.batch, s.seq, kVocab, kMaskProb);
+  const Tensor &t_ids = batch.ids, &t_types = batch.types, &t_mask = batch.mask,
+               &t_labels = batch.labels;
 
   std::vector<double> times;
   for (int step = 0; step < opt.warmup + opt.steps; ++step) {

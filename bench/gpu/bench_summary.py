@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""The table of scripts/gpu_bench.sh: reads the JSON lines that
+mlm_step_bench (ours) and hf_roformer_bench.py (the peer) wrote, puts every
+row on one FLOP scale (the FLOPs of each row's shape from
+`mlm_step_bench --flops-for`, i.e. train/telemetry's mlm_training_flops, also
+for the peer, whose full-head set-up does more work than that counts) and
+writes a Markdown table ready for docs/performance.md: tokens/s, TFLOP/s, MFU,
+peak memory, ours over the best peer per sequence length, and the cost per
+token at the longest length over that at 512 (--reference-seq), with issue 14's targets.
+
+  bench_summary.py RESULTS.jsonl --flops-cmd "mlm_step_bench --size base --device cuda" [--out FILE]
+"""
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+
+
+def load(path):
+    rows = []
+    for line in open(path):
+        line = line.strip()
+        if line:
+            rows.append(json.loads(line))
+    return rows
+
+
+def add_flops(rows, flops_cmd):
+    """Fills flops_per_step, tflops and mfu of ok rows that lack them, per precision."""
+    todo = [r for r in rows if r.get("status") == "ok" and "flops_per_step" not in r]
+    for precision in sorted({r["precision"] for r in todo}):
+        part = [r for r in todo if r["precision"] == precision]
+        shapes = ",".join(f"{r['seq']}:{r['batch']}:{r['masked']}" for r in part)
+        cmd = shlex.split(flops_cmd) + ["--precision", precision, "--flops-for", shapes]
+        lines = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()
+        answers = [json.loads(l) for l in lines if l.startswith("{")]
+        if len(answers) != len(part):
+            raise SystemExit(f"bench_summary: {' '.join(cmd)} gave {len(answers)} answers for {len(part)} rows")
+        for r, a in zip(part, answers):
+            step_s = r["step_ms"] / 1e3
+            r["flops_per_step"] = a["flops_per_step"]
+            r["peak_tflops"] = a["peak_tflops"]
+            r["tflops"] = a["flops_per_step"] / step_s / 1e12
+            r["mfu"] = r["tflops"] / a["peak_tflops"]
+
+
+def tflops(v):
+    return f"{v:.1f}" if v >= 1 else f"{v:.3f}"
+
+
+def mib(v):
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def table(rows, reference):
+    out = []
+    ok = [r for r in rows if r.get("status") == "ok"]
+    seqs = sorted({r["seq"] for r in rows})
+    out.append("| seq | set-up | batch | tokens/s | step ms | TFLOP/s | MFU | peak allocated MiB | peak reserved MiB |")
+    out.append("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for s in seqs:
+        for r in [r for r in rows if r["seq"] == s]:
+            if r.get("status") == "ok":
+                out.append(f"| {s} | {r['setup']} | {r['batch']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | "
+                           f"{tflops(r['tflops'])} | {100 * r['mfu']:.1f}% | {mib(r.get('peak_allocated_mb'))} | "
+                           f"{mib(r.get('peak_reserved_mb'))} |")
+            else:
+                out.append(f"| {s} | {r['setup']} | {r.get('status')}: {r.get('message', '')} | | | | | | |")
+    out.append("")
+    # Ours over the best peer, per precision and sequence length.
+    out.append("| seq | ours | best peer set-up | ours / best peer (tokens/s) |")
+    out.append("|---:|---|---|---:|")
+    for s in seqs:
+        for mine in [r for r in ok if r["seq"] == s and r["framework"] == "ours"]:
+            peers = [r for r in ok if r["seq"] == s and r["framework"] != "ours"]
+            if not peers:
+                out.append(f"| {s} | {mine['setup']} | (no peer row) | - |")
+                continue
+            best = max(peers, key=lambda r: r["tokens_per_s"])
+            out.append(f"| {s} | {mine['setup']} | {best['setup']} | "
+                       f"{mine['tokens_per_s'] / best['tokens_per_s']:.2f}x |")
+    out.append("")
+    # Cost per token at the longest length over the reference (issue 14: at most 1.3 at 1536 over 512).
+    longest = max(seqs) if seqs else 0
+    if reference in seqs and longest > reference:
+        out.append(f"| set-up | cost per token at {longest} / at {reference} |")
+        out.append("|---|---:|")
+        for setup in dict.fromkeys(r["setup"] for r in ok):
+            at = {r["seq"]: r for r in ok if r["setup"] == setup}
+            if reference in at and longest in at:
+                ratio = at[reference]["tokens_per_s"] / at[longest]["tokens_per_s"]
+                out.append(f"| {setup} | {ratio:.2f} |")
+        out.append("")
+    return out, ok, seqs
+
+
+def targets(ok, seqs):
+    """Issue 14's targets, as far as these rows answer them."""
+    lines = []
+    ours = {(r["seq"], r["precision"]): r for r in ok if r["framework"] == "ours"}
+    mine = ours.get((512, "bf16"))
+    peers = [r for r in ok if r["seq"] == 512 and r["framework"] != "ours"]
+    if mine and peers:
+        best = max(peers, key=lambda r: r["tokens_per_s"])
+        ratio = mine["tokens_per_s"] / best["tokens_per_s"]
+        lines.append(f"target: >= 2x the best peer at seq 512: {ratio:.2f}x ({best['setup']}) -> "
+                     f"{'met' if ratio >= 2 else 'not met'}")
+    if mine:
+        lines.append(f"target: >= 45% MFU at seq 512: {100 * mine['mfu']:.1f}% -> "
+                     f"{'met' if mine['mfu'] >= 0.45 else 'not met'}")
+    long_run = ours.get((1536, "bf16"))
+    if mine and long_run:
+        cost = mine["tokens_per_s"] / long_run["tokens_per_s"]
+        lines.append(f"target: cost per token at 1536 <= 1.3x that at 512: {cost:.2f}x -> "
+                     f"{'met' if cost <= 1.3 else 'not met'}")
+    if not lines:
+        lines.append("targets: no ours bf16 row at seq 512 to judge them by")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("results")
+    ap.add_argument("--flops-cmd", required=True, help="mlm_step_bench with --size and --device")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--title", default="")
+    ap.add_argument("--reference-seq", type=int, default=512, help="the cost per token is compared with this length")
+    args = ap.parse_args()
+    rows = load(args.results)
+    add_flops(rows, args.flops_cmd)
+    lines = [args.title] if args.title else []
+    body, ok, seqs = table(rows, args.reference_seq)
+    lines += body + targets(ok, seqs)
+    lines.append("FLOPs per step (every row, ours and the peer): tokens x (6 x P_layers + 12 x layers x hidden x "
+                 "seq) + masked x 6 x P_head (train/telemetry.h); MFU against the peak in each row's peak_tflops.")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        open(args.out, "w").write(text)
+        with open(args.results + ".filled", "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

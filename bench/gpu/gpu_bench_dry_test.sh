@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# scripts/gpu_bench.sh dry, from a build directory, and what its results must
+# show: ours and the peer measured at every length, both batch searches having
+# backed off (the memory cap, the simulated out-of-memory errors), every
+# measured row given an MFU by the summary, and the summary's ratio tables.
+#   gpu_bench_dry_test.sh BUILD_DIR
+set -euo pipefail
+build=$(cd "${1:?usage: gpu_bench_dry_test.sh BUILD_DIR}" && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+python=$([[ -x /usr/bin/python3 ]] && echo /usr/bin/python3 || echo python3)
+"$python" -c 'import torch' 2> /dev/null || { echo "SKIP: $python has no torch (python3-torch)"; exit 77; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OUT=$tmp/out GPU_BENCH_WORK=$tmp/work BUILD_DIR=$build PYTHON=$python
+rc=0
+bash "$root/scripts/gpu_bench.sh" dry > "$tmp/dry.log" 2>&1 || rc=$?
+if ((rc != 0)); then
+  cat "$tmp/dry.log"
+  echo "gpu_bench.sh dry failed (exit $rc)"
+  exit 1
+fi
+"$python" - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+rows = [json.loads(l) for l in open(os.path.join(out, "results.jsonl")) if l.strip()]
+ok = [r for r in rows if r["status"] == "ok"]
+seqs = {64, 128, 32}
+ours = {r["seq"] for r in ok if r["framework"] == "ours"}
+peer = {r["seq"] for r in ok if r["framework"] != "ours"}
+assert ours == seqs, f"ours measured at {sorted(ours)}, expected {sorted(seqs)}"
+assert peer == seqs, f"the peer measured at {sorted(peer)}, expected {sorted(seqs)}"
+for who, pick in (("ours", lambda r: r["framework"] == "ours"), ("the peer", lambda r: r["framework"] != "ours")):
+    backed = [r for r in ok if pick(r) and any(not t["fits"] for t in r["search"])]
+    assert backed, f"{who}: no batch search backed off from a step that did not fit"
+    for r in backed:
+        fitted = [t["batch"] for t in r["search"] if t["fits"]]
+        failed = [t["batch"] for t in r["search"] if not t["fits"]]
+        assert r["batch"] == max(fitted) and r["batch"] < min(failed), (who, r["search"], r["batch"])
+# The tiny model's FLOPs by hand (docs/performance.md): ours and the peer on one scale.
+layers, hidden, ffn, vocab = 2, 64, 128, 1000
+p_layers = layers * (4 * hidden * hidden + 2 * hidden * ffn)
+p_head = hidden * hidden + hidden * vocab
+for r in ok:
+    want = r["tokens"] * (6 * p_layers + 12 * layers * hidden * r["seq"]) + r["masked"] * 6 * p_head
+    assert abs(r["flops_per_step"] - want) <= 1e-9 * want, (r["setup"], r["flops_per_step"], want)
+    assert r["masked"] == max(1, int(0.15 * r["tokens"] + 0.5)), r
+    assert 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0, r
+    assert abs(r["tokens_per_s"] - r["tokens"] / (r["step_ms"] / 1e3)) < 1e-6 * r["tokens_per_s"], r
+    assert abs(r["mfu"] - r["flops_per_step"] / (r["step_ms"] / 1e3) / (r["peak_tflops"] * 1e12)) < 1e-9, r
+text = open(os.path.join(out, "bench_summary.txt")).read()
+# Each "ours / best peer" line: ours' tokens/s over the fastest peer row at that length.
+for r in (r for r in ok if r["framework"] == "ours"):
+    best = max((p for p in ok if p["framework"] != "ours" and p["seq"] == r["seq"]), key=lambda p: p["tokens_per_s"])
+    line = f"| {r['seq']} | {r['setup']} | {best['setup']} | {r['tokens_per_s'] / best['tokens_per_s']:.2f}x |"
+    assert line in text, f"bench_summary.txt lacks {line!r}:\n{text}"
+for needle in ("| seq | set-up | batch | tokens/s", "ours / best peer", "cost per token at 128 / at 64"):
+    assert needle in text, f"bench_summary.txt lacks {needle!r}:\n{text}"
+print(f"gpu_bench dry: {len(ok)} measured rows, both searches backed off, summary complete")
+PY

@@ -1,0 +1,479 @@
+// RoFormer MLM training step on one device (issue 14, the benchmark): forward,
+// backward, global gradient norm, clipping and the AdamW update, as the
+// trainer does them, at each sequence length with the largest micro-batch that
+// fits. The peer is bench/gpu/hf_roformer_bench.py (transformers'
+// RoFormerForMaskedLM); scripts/gpu_bench.sh runs both in one device call and
+// docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
+//
+//   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
+//                  [--precision bf16,f32] [--batch N | --start-batch N]
+//                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
+//                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
+//                  [--json FILE] [--f32-if-refused] [--budget-s T]
+//   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
+//                  [--precision P] [--peak-tflops T]
+//
+// The batch search doubles the micro-batch from --start-batch (default: 8192
+// tokens' worth) until a step runs out of device memory (the caching
+// allocator's error), would pass --max-tokens, or takes longer than
+// --max-step-s (throughput is flat by then, and the device call stays short),
+// and keeps the last size that fitted; a start that does not fit halves
+// instead. --memory-cap-mb counts a step whose peak reserved memory passes the
+// cap as not fitting, so the search is tested on the CPU. --f32-if-refused
+// measures f32 where the device refuses bf16 (run.precision's own check), so
+// a device call still gets our figures. --budget-s T times fewer steps (down
+// to 2) when the search and the steps would pass T seconds per length. Each
+// result is one JSON object per line in --json (the fields
+// hf_roformer_bench.py writes too) and one line of the table.
+//
+// --flops-for runs nothing: it prints, one JSON object per line, the model
+// FLOPs of one step of those shapes (train/telemetry's mlm_training_flops, the
+// formula of the training log's MFU) and the device's peak, so the summary
+// puts the peer's rows on the same scale (bench/gpu/bench_summary.py).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/layers/synthetic_mlm_batch.h"
+#include "core/error.h"
+#include "core/stream.h"
+#include "layers/roformer.h"
+#include "optim/adamw.h"
+#include "optim/grad_norm.h"
+#include "train/config.h"
+#include "train/run_device.h"
+#include "train/run_precision.h"
+#include "train/telemetry.h"
+
+namespace {
+
+using namespace roformer;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kMaskProb = 0.15;
+
+struct Options {
+  std::string device = "cuda", size = "base";
+  std::vector<int64_t> seqs = {128, 512, 1536};
+  std::vector<std::string> precisions = {"bf16"};
+  int64_t batch = 0;             // > 0: this batch only, no search
+  int64_t start_batch = 0;       // 0: 8192 tokens' worth
+  int64_t max_tokens = 1 << 17;  // the search stops here (throughput is flat beyond)
+  double memory_cap_mb = 0;      // > 0: a step above this peak reserved memory "does not fit"
+  double max_step_s = 3;         // the search stops doubling after a step this long
+  double budget_s = 0;           // > 0: seconds per length; fewer timed steps to fit
+  int steps = 5, warmup = 2, threads = 0;
+  double peak_tflops = 0;  // 0: train/telemetry's default for the device and precision
+  std::string json;
+  std::string flops_for;        // SEQ:BATCH:MASKED,...: print the FLOPs of these steps, run nothing
+  bool f32_if_refused = false;  // bf16 refused on this device: measure f32 instead
+};
+
+// The model sizes: RoFormer-base as issue 14 sets it, and a tiny one for CPU dry runs.
+ModelConfig model_config(const std::string& size, int64_t max_seq) {
+  ModelConfig c;
+  if (size == "base") {
+    c.vocab_size = 50000;
+    c.hidden_size = 768;
+    c.num_hidden_layers = 12;
+    c.num_attention_heads = 12;
+    c.intermediate_size = 3072;
+  } else if (size == "tiny") {
+    c.vocab_size = 1000;
+    c.hidden_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 2;
+    c.intermediate_size = 128;
+  } else {
+    throw InputError("--size: expected base or tiny, got '" + size + "'");
+  }
+  c.max_position_embeddings = max_seq;
+  return c;
+}
+
+bool out_of_memory(const std::exception& e) {
+  const std::string what = e.what();
+  return what.find("out of memory") != std::string::npos ||
+         what.find("ALLOC_FAILED") != std::string::npos;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The model, its optimizer and one micro-batch on the device: the trainer's
+// step without the data loader.
+class Bench {
+ public:
+  Bench(const ModelConfig& config, Device device)
+      : device_(device), model_(config, 1), vocab_(config.vocab_size) {
+    model_.to(device);
+    for (const NamedTensor& p : model_.named_parameters())
+      params_.push_back({p.name, p.tensor, optim::decays_by_default(p.name)});
+    const OptimConfig defaults;  // the trainer's defaults
+    adamw_.emplace(params_, optim::AdamWOptions{defaults.betas[0], defaults.betas[1], defaults.eps,
+                                                defaults.weight_decay});
+  }
+
+  void set_batch(int64_t B, int64_t S) {
+    clear_batch();  // the previous batch's device memory first
+    bench::MlmBatch host = bench::synthetic_mlm_batch(B, S, vocab_, kMaskProb);
+    // Labels stay on the host: forward_mlm picks the masked rows there.
+    batch_ = {host.ids.to(device_), host.types.to(device_), host.mask.to(device_), host.labels,
+              host.masked};
+  }
+  void clear_batch() { batch_ = {}; }
+  int64_t masked() const { return batch_.masked; }
+
+  // One optimizer step; returns its loss (waits for the device).
+  double step(uint64_t index) {
+    DropoutContext dropout{7, index, 0};
+    const MlmOutput out =
+        model_.forward_mlm(batch_.ids, batch_.types, batch_.mask, batch_.labels, true, dropout);
+    out.loss.backward();
+    const double gnorm = optim::global_grad_norm(params_);
+    adamw_->step(1e-4, optim::clip_scale(gnorm, 1.0));
+    adamw_->zero_grad();
+    const double loss = out.loss.item();
+    if (!device_.is_cpu()) synchronize(current_stream(device_));
+    return loss;
+  }
+
+  // After an out-of-memory error: the gradients of the failed step dropped,
+  // cached blocks given back.
+  void recover() {
+    adamw_->zero_grad();
+    release_device_cache(device_);
+  }
+
+ private:
+  Device device_;
+  RoFormerForMaskedLM model_;
+  int64_t vocab_;
+  std::vector<optim::NamedParameter> params_;
+  std::optional<optim::AdamW> adamw_;
+  bench::MlmBatch batch_;
+};
+
+struct Trial {
+  int64_t batch = 0;
+  bool fits = false;
+  double peak_reserved_mb = 0;
+  double step_s = 0;
+};
+
+// One step at batch B: does it fit (no out-of-memory error, under the cap)?
+Trial try_batch(Bench& bench, Device device, int64_t B, int64_t S, const Options& opt) {
+  Trial t{B, false, 0, 0};
+  try {
+    bench.set_batch(B, S);
+    reset_device_peak(device);
+    const auto start = Clock::now();
+    bench.step(0);
+    t.step_s = std::chrono::duration<double>(Clock::now() - start).count();
+    t.peak_reserved_mb = device_memory(device).peak_reserved_mb;
+    t.fits = opt.memory_cap_mb <= 0 || t.peak_reserved_mb <= opt.memory_cap_mb;
+  } catch (const std::exception& e) {
+    if (!out_of_memory(e)) throw;
+    bench.clear_batch();
+    bench.recover();
+  }
+  return t;
+}
+
+// The largest micro-batch that fits, by doubling (or halving from a start that does not fit).
+int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
+                     std::vector<Trial>& trials) {
+  const int64_t cap = std::max<int64_t>(1, opt.max_tokens / S);
+  int64_t b = std::min(cap, opt.start_batch > 0 ? opt.start_batch : std::max<int64_t>(1, 8192 / S));
+  trials.push_back(try_batch(bench, device, b, S, opt));
+  if (!trials.back().fits) {
+    while (b > 1 && !trials.back().fits) trials.push_back(try_batch(bench, device, b /= 2, S, opt));
+    return trials.back().fits ? b : 0;
+  }
+  while (b * 2 <= cap && trials.back().step_s <= opt.max_step_s) {
+    trials.push_back(try_batch(bench, device, b * 2, S, opt));
+    if (!trials.back().fits) break;
+    b *= 2;
+  }
+  return b;
+}
+
+// The fields every row starts with (hf_roformer_bench.py writes the same).
+nlohmann::json row_head(const Config& run, int64_t S) {
+  const std::string precision = run.run.precision == Precision::kBf16 ? "bf16" : "f32";
+  return {{"framework", "ours"},
+          {"setup", "ours " + precision},
+          {"device", run.run.device.str()},
+          {"precision", precision},
+          {"seq", S},
+          {"head", "masked rows"}};
+}
+
+nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, int64_t S,
+                       const Options& opt) {
+  const Device device = run.run.device;
+  const auto began = Clock::now();
+  nlohmann::json r = row_head(run, S);
+  std::vector<Trial> trials;
+  const int64_t B = opt.batch > 0 ? opt.batch : search_batch(bench, device, S, opt, trials);
+  nlohmann::json search = nlohmann::json::array();
+  for (const Trial& t : trials)
+    search.push_back({{"batch", t.batch},
+                      {"fits", t.fits},
+                      {"peak_reserved_mb", t.peak_reserved_mb},
+                      {"step_s", t.step_s}});
+  r["search"] = search;
+  if (B == 0) {
+    r["status"] = "error";
+    r["message"] = "not even a micro-batch of one sequence fits";
+    return r;
+  }
+  bench.set_batch(B, S);
+  // Within --budget-s, fewer timed steps (at least 2) when steps are slow.
+  int steps = opt.steps;
+  const auto fitted = std::find_if(trials.rbegin(), trials.rend(),
+                                   [&](const Trial& t) { return t.fits && t.batch == B; });
+  if (opt.budget_s > 0 && fitted != trials.rend() && fitted->step_s > 0) {
+    const double left = opt.budget_s - std::chrono::duration<double>(Clock::now() - began).count();
+    steps = std::clamp(int(left / fitted->step_s) - opt.warmup, 2, opt.steps);
+  }
+  for (int i = 0; i < opt.warmup; ++i) bench.step(uint64_t(1 + i));
+  reset_device_peak(device);
+  std::vector<double> times;
+  double loss = 0;
+  for (int i = 0; i < steps; ++i) {
+    const auto start = Clock::now();
+    loss = bench.step(uint64_t(100 + i));
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  const DeviceMemory mem = device_memory(device);
+  const double step_s = median(times), tokens = double(B * S);
+  const double flops = mlm_training_flops(mc, S, B * S, bench.masked());
+  const double peak = peak_tflops(run, omp_get_max_threads());
+  r.update({{"status", std::isfinite(loss) ? "ok" : "error"},
+            {"batch", B},
+            {"tokens", B * S},
+            {"masked", bench.masked()},
+            {"loss", loss},
+            {"step_ms", 1e3 * step_s},
+            {"tokens_per_s", tokens / step_s},
+            {"flops_per_step", flops},
+            {"tflops", flops / step_s / 1e12},
+            {"peak_tflops", peak},
+            {"mfu", flops / step_s / (peak * 1e12)},
+            {"peak_allocated_mb", mem.peak_allocated_mb},
+            {"peak_reserved_mb", mem.peak_reserved_mb},
+            {"steps", steps}});
+  if (!std::isfinite(loss)) r["message"] = "non-finite loss";
+  bench.clear_batch();
+  release_device_cache(device);
+  return r;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int64_t integer(const std::string& text, const std::string& key) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw InputError(key + ": expected a non-negative integer, got '" + text + "'");
+}
+
+Options parse(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw InputError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--device") {
+      opt.device = value();
+    } else if (a == "--size") {
+      opt.size = value();
+    } else if (a == "--seq") {
+      opt.seqs.clear();
+      for (const std::string& s : split(value())) opt.seqs.push_back(integer(s, a));
+    } else if (a == "--precision") {
+      opt.precisions = split(value());
+    } else if (a == "--batch") {
+      opt.batch = integer(value(), a);
+    } else if (a == "--start-batch") {
+      opt.start_batch = integer(value(), a);
+    } else if (a == "--max-tokens") {
+      opt.max_tokens = integer(value(), a);
+    } else if (a == "--budget-s") {
+      opt.budget_s = std::stod(value());
+    } else if (a == "--max-step-s") {
+      opt.max_step_s = std::stod(value());
+    } else if (a == "--memory-cap-mb") {
+      opt.memory_cap_mb = double(integer(value(), a));
+    } else if (a == "--steps") {
+      opt.steps = int(integer(value(), a));
+    } else if (a == "--warmup") {
+      opt.warmup = int(integer(value(), a));
+    } else if (a == "--threads") {
+      opt.threads = int(integer(value(), a));
+    } else if (a == "--peak-tflops") {
+      opt.peak_tflops = std::stod(value());
+    } else if (a == "--json") {
+      opt.json = value();
+    } else if (a == "--f32-if-refused") {
+      opt.f32_if_refused = true;
+    } else if (a == "--flops-for") {
+      opt.flops_for = value();
+    } else {
+      throw InputError(
+          "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
+          "[--precision bf16,f32] [--batch N | --start-batch N] [--max-tokens N] [--max-step-s T] "
+          "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
+          "[--f32-if-refused] [--budget-s T] "
+          "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
+          "[--device D] [--precision P] [--peak-tflops T]" +
+          (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));
+    }
+  }
+  if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
+  for (const std::string& p : opt.precisions)
+    if (p != "bf16" && p != "f32")
+      throw InputError("--precision: expected bf16 and/or f32, got '" + p + "'");
+  return opt;
+}
+
+void print_row(const nlohmann::json& r) {
+  if (r.value("status", "") != "ok") {
+    std::printf("%-10s %6lld  %s: %s\n", r.value("setup", "").c_str(),
+                (long long)r.value("seq", int64_t(0)), r.value("status", "").c_str(),
+                r.value("message", "").c_str());
+  } else {
+    std::printf("%-10s %6lld %6lld %12.0f %9.1f %7.1f%% %10.0f %10.0f\n",
+                r["setup"].get<std::string>().c_str(), (long long)r["seq"].get<int64_t>(),
+                (long long)r["batch"].get<int64_t>(), r["tokens_per_s"].get<double>(),
+                r["step_ms"].get<double>(), 100 * r["mfu"].get<double>(),
+                r["peak_allocated_mb"].get<double>(), r["peak_reserved_mb"].get<double>());
+  }
+  std::fflush(stdout);
+}
+
+// The FLOPs of steps of given shapes and the peak they are measured against
+// (the device need not be present).
+void print_flops(const Options& opt) {
+  Config run;
+  run.run.device = parse_device(opt.device);
+  run.run.precision = opt.precisions.front() == "bf16" ? Precision::kBf16 : Precision::kF32;
+  run.log.peak_tflops = opt.peak_tflops;
+  for (const std::string& shape : split(opt.flops_for)) {
+    std::vector<int64_t> v;
+    std::stringstream in(shape);
+    for (std::string part; std::getline(in, part, ':');) v.push_back(integer(part, "--flops-for"));
+    if (v.size() != 3 || v[0] < 1 || v[1] < 1)
+      throw InputError("--flops-for: expected SEQ:BATCH:MASKED, got '" + shape + "'");
+    const ModelConfig mc = model_config(opt.size, v[0]);
+    const nlohmann::json r = {{"seq", v[0]},
+                              {"batch", v[1]},
+                              {"masked", v[2]},
+                              {"flops_per_step", mlm_training_flops(mc, v[0], v[0] * v[1], v[2])},
+                              {"peak_tflops", peak_tflops(run, omp_get_max_threads())}};
+    std::printf("%s\n", r.dump().c_str());
+  }
+}
+
+int run(int argc, char** argv) {
+  const Options opt = parse(argc, argv);
+  if (opt.threads > 0) omp_set_num_threads(opt.threads);
+  if (!opt.flops_for.empty()) {
+    print_flops(opt);
+    return 0;
+  }
+  const Device device = device_option(opt.device, "--device");
+  const int64_t max_seq = *std::max_element(opt.seqs.begin(), opt.seqs.end());
+  const ModelConfig mc = model_config(opt.size, max_seq);
+  std::ofstream json;
+  if (!opt.json.empty()) {
+    json.open(opt.json, std::ios::app);
+    if (!json) throw InputError("--json: cannot write " + opt.json);
+  }
+  std::printf(
+      "RoFormer MLM training step (%s: %lld layers, hidden %lld, %lld heads, FFN %lld, vocab "
+      "%lld) on %s: forward, backward, grad norm, AdamW; %.0f%% rows masked, head on them only; "
+      "median of %d steps after %d\n",
+      opt.size.c_str(), (long long)mc.num_hidden_layers, (long long)mc.hidden_size,
+      (long long)mc.num_attention_heads, (long long)mc.intermediate_size, (long long)mc.vocab_size,
+      device.str().c_str(), 100 * kMaskProb, opt.steps, opt.warmup);
+  std::printf("%-10s %6s %6s %12s %9s %8s %10s %10s\n", "setup", "seq", "batch", "tokens/s",
+              "step ms", "MFU", "peak MiB", "reserved");
+  std::vector<std::string> precisions = opt.precisions;
+  for (size_t i = 0; i < precisions.size(); ++i) {
+    const std::string precision = precisions[i];
+    Config run;
+    run.run.device = device;
+    run.run.precision = precision == "bf16" ? Precision::kBf16 : Precision::kF32;
+    run.log.peak_tflops = opt.peak_tflops;
+    run.source = "mlm_step_bench --precision " + precision;
+    std::optional<RunPrecision> scope;
+    std::optional<Bench> bench;
+    std::string refused;
+    try {
+      scope.emplace(run);
+      bench.emplace(mc, device);
+    } catch (const InputError& e) {
+      refused = e.what();  // bf16 not available on this device or CPU
+      const bool listed =
+          std::find(precisions.begin(), precisions.end(), "f32") != precisions.end();
+      if (opt.f32_if_refused && !listed) precisions.push_back("f32");
+    }
+    for (const int64_t S : opt.seqs) {
+      nlohmann::json r;
+      if (!refused.empty()) {
+        r = row_head(run, S);
+        r.update({{"status", "skip"}, {"message", refused}});
+      } else {
+        try {
+          r = measure(*bench, mc, run, S, opt);
+        } catch (const std::exception& e) {  // the other lengths may still run
+          r = row_head(run, S);
+          r.update({{"status", "error"}, {"message", e.what()}});
+          bench->clear_batch();
+          bench->recover();
+        }
+      }
+      print_row(r);
+      if (json.is_open()) json << r.dump() << "\n" << std::flush;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const roformer::InputError& e) {
+    std::fprintf(stderr, "mlm_step_bench: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mlm_step_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# The RoFormer-base benchmark of issue 14 in one device call: ours
+# (bench/gpu/mlm_step_bench) beside transformers' RoFormerForMaskedLM
+# (bench/gpu/hf_roformer_bench.py: eager, torch.compile, SDPA if offered), then
+# the attention-kernel table (bench/gpu/attention_table.sh, when it exists).
+#
+#   scripts/gpu_bench.sh build     here (no GPU needed): the sm_90 build of the
+#                                  bench programs, packed into .gpu/bench/
+#   scripts/gpu_bench.sh run       on the GPU machine, from the repository root
+#   scripts/gpu_bench.sh dry       here, without a GPU: the same steps on the CPU
+#                                  with a tiny model and short sequences, from
+#                                  the build directory, to test this script
+#
+# The one device call (.gpu/ is ignored, so it must be carried):
+#
+#   run(command="scripts/gpu_bench.sh run", carry=[".gpu"], timeout_s=600)
+#
+# Steps, each under its own limit and all under GPU_BENCH_BUDGET seconds (510
+# by default; the table gets 45 more). Ours and the peer alternate per
+# sequence length, 512 first (the length of the targets), so drifts of the
+# machine hit both alike and a budget cut loses the least important rows:
+#   device         nvidia-smi, nvcc, torch and transformers versions
+#   ours_S, hf_S   for S in BENCH_SEQS (512 1536 128): bf16 (ours: f32 where
+#                  the device refuses bf16), the largest micro-batch that fits
+#                  (doubling search, out-of-memory errors caught, no doubling
+#                  after a 3 s step), median of 5 steps after 2; the peer's
+#                  head on the masked rows (HF_HEAD=full: every position), its
+#                  set-ups in the order eager, sdpa, compile (the slowest to
+#                  start last, so a time limit cuts only it)
+#   attention      bench/gpu/attention_table.sh run, if present (after the
+#                  first two lengths)
+#   hf_full_512    the peer's stock forward (logits at every position), eager
+#   ours_f32       ours in f32 at the lengths not yet measured in f32 (last)
+#   summary        bench/gpu/bench_summary.py: the table
+# What comes back in $OUT:
+#   bench_summary.txt   the Markdown table for docs/performance.md (tokens/s,
+#                       TFLOP/s, MFU, peak memory, ours / best peer per length,
+#                       cost per token at 1536 over 512, the targets)
+#   summary.txt         one line per step
+#   results.jsonl       every row, as the programs wrote them (MFU filled in)
+#   logs.tar.gz         every step's log
+#
+# bench/gpu/attention_table.sh, written on another branch, is called as
+#   ATTENTION_OUT=<dir> bash bench/gpu/attention_table.sh run|dry
+# with the bundle's programs on PATH and PYTHON set; it prints its table on
+# stdout (kept in bench_summary.txt) and exits 0, or 77 to skip. The build
+# asks it `bash bench/gpu/attention_table.sh targets` for the CMake targets to
+# pack (one per line).
+set -uo pipefail
+# shellcheck source=scripts/gpu_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_common.sh"
+gpu_script_init "${BASH_SOURCE[0]}" "${1:-}"
+
+mode=${1:-}
+pack_dir=.gpu/bench
+attention_script=bench/gpu/attention_table.sh
+
+build() {
+  local targets=(mlm_step_bench)
+  if [[ -f $attention_script ]]; then
+    mapfile -t -O 1 targets < <(bash "$attention_script" targets 2>/dev/null | grep -v '^$')
+    targets[0]=mlm_step_bench
+  fi
+  gpu_build_and_pack "$pack_dir" "${targets[@]}"
+  echo "gpu_bench: ${targets[*]} built for sm_90 and packed into $pack_dir/bundle.tar.xz; on the GPU machine:"
+  echo '  run(command="scripts/gpu_bench.sh run", carry=[".gpu"], timeout_s=600)'
+}
+
+# --- the steps (each runs in its own bash: set -e is fine here) -------------------------
+
+ours_step() {  # ours_step PRECISIONS SEQS [ARGS]: bf16 falls back to f32 where it is refused
+  mlm_step_bench --device "$DEVICE" --size "$SIZE" --precision "$1" --seq "$2" \
+    --json "$WORK/results.jsonl" $OURS_ARGS "${@:3}"
+}
+
+ours_f32_step() {  # ours_f32_step SEQS: the f32 rows the bf16 steps have not measured already
+  set -e
+  local todo
+  todo=$($PYTHON - "$WORK/results.jsonl" "$1" <<'PY'
+import json, os, sys
+path, seqs = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+done = {r["seq"] for r in rows if r["setup"] == "ours f32" and r["status"] == "ok"}
+print(",".join(str(s) for s in seqs if s not in done))
+PY
+  )
+  [[ -n $todo ]] || { echo "f32 already measured at every length (bf16 was refused)"; exit 77; }
+  ours_step f32 "$todo" --budget-s 18
+}
+
+hf_step() {  # hf_step SEQ [ARGS]
+  $PYTHON bench/gpu/hf_roformer_bench.py --device "$DEVICE" --size "$SIZE" --seq "$1" \
+    --setups "$HF_SETUPS" --head "$HF_HEAD" --json "$WORK/results.jsonl" $HF_ARGS "${@:2}"
+}
+
+attention_step() {
+  [[ -f $attention_script ]] || { echo "$attention_script is not in this tree"; exit 77; }
+  mkdir -p "$WORK/attention"
+  local rc=0
+  ATTENTION_OUT=$WORK/attention bash "$attention_script" "$ATTENTION_MODE" | tee "$WORK/attention_table.txt" ||
+    rc=$?
+  return $rc
+}
+
+summary_step() {
+  set -e
+  [[ -s $WORK/results.jsonl ]] || { echo "no results were written"; exit 1; }
+  $PYTHON bench/gpu/bench_summary.py "$WORK/results.jsonl" \
+    --flops-cmd "mlm_step_bench --size $SIZE --device $DEVICE" --out "$OUT/bench_summary.txt" \
+    --reference-seq "$REFERENCE_SEQ" \
+    --title "RoFormer-$SIZE MLM training step, $DEVICE_NAME, $(date -u '+%Y-%m-%d'), commit $COMMIT"
+  cp "$WORK/results.jsonl.filled" "$OUT/results.jsonl"
+  if [[ -s $WORK/attention_table.txt ]]; then
+    { echo; echo "Attention kernels (bench/gpu/attention_table.sh):"; cat "$WORK/attention_table.txt"; } \
+      >> "$OUT/bench_summary.txt"
+  fi
+}
+
+run_bench() {
+  local dry=${1:-}
+  if [[ -z $dry ]]; then
+    : "${OUT:?gpu_bench run: \$OUT (the device tool output folder) is not set}"
+    gpu_unpack "$pack_dir"
+    export DEVICE=cuda SIZE=base PYTHON=${PYTHON:-python3} ATTENTION_MODE=run
+    export OURS_ARGS=${OURS_ARGS:-} HF_ARGS=${HF_ARGS:-}
+    BENCH_SEQS=${BENCH_SEQS:-512 1536 128}
+    export REFERENCE_SEQ=512
+    export HF_SETUPS=${HF_SETUPS:-eager,sdpa,compile}
+  else
+    # Here: the CPU, a tiny model, short sequences and small micro-batches; the
+    # memory cap and the simulated out-of-memory errors make both searches back off.
+    export OUT=${OUT:-/tmp/gpu_bench_dry/out}
+    rm -rf "$OUT" && mkdir -p "$OUT"
+    gpu_dry_path
+    export DEVICE=cpu SIZE=tiny PYTHON=${PYTHON:-$(gpu_dry_python)} ATTENTION_MODE=dry
+    local common="--steps 2 --warmup 1 --threads 2 --max-tokens 2048 --start-batch 4"
+    export OURS_ARGS=${OURS_ARGS:-"$common --memory-cap-mb 20"}
+    export HF_ARGS=${HF_ARGS:-"$common --simulate-oom-tokens 1024"}
+    # Without transformers here, the harness runs on the plain-PyTorch stand-in.
+    $PYTHON -c 'import transformers' 2>/dev/null || HF_ARGS+=" --model standin"
+    BENCH_SEQS=${BENCH_SEQS:-64 128 32}
+    export REFERENCE_SEQ=64
+    export HF_SETUPS=${HF_SETUPS:-eager,sdpa,compile}
+  fi
+  export HF_HEAD=${HF_HEAD:-masked}
+  export WORK=${GPU_BENCH_WORK:-/tmp/gpu_bench}
+  export BUDGET=${GPU_BENCH_BUDGET:-510} ROOT SUMMARY=summary.txt
+  export COMMIT DEVICE_NAME
+  COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+  DEVICE_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  DEVICE_NAME=${DEVICE_NAME:-$(hostname) CPU}
+  rm -rf "$WORK" && mkdir -p "$WORK"
+  : > "$OUT/summary.txt"
+  summary "gpu_bench $COMMIT on $DEVICE_NAME, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  step device 30 device_info
+  local seq n=0
+  for seq in $BENCH_SEQS; do
+    ((n++ == 2)) && step attention 150 attention_step
+    step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused --budget-s 45
+    step "hf_$seq" 120 hf_step "$seq"
+  done
+  ((n <= 2)) && step attention 150 attention_step
+  seq=${BENCH_SEQS%% *}
+  step "hf_full_$seq" 60 hf_step "$seq" --setups eager --head full
+  step ours_f32 60 ours_f32_step "${BENCH_SEQS// /,}"
+  # The table is written whatever the budget left: it only reads the results.
+  BUDGET=$((BUDGET + 45)) step summary 30 summary_step
+  [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt"
+  summary "gpu_bench: $failed step(s) failed in $((SECONDS - start_time)) s; logs in logs.tar.gz"
+  pack_logs
+  exit "$failed"
+}
+
+case $mode in
+  build) build ;;
+  run) run_bench ;;
+  dry) run_bench dry ;;
+  __lib) ;;  # sourced by step(): the functions only
+  *)
+    gpu_usage "$0"
+    exit 2
+    ;;
+esac
