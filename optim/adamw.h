@@ -69,6 +69,9 @@ class AdamW {
   std::shared_ptr<FlatParameters> flat_;
   AdamWOptions options_;
   Tensor m_, v_;  // flat layout, padding included
+  // On a GPU under bf16 products: the parameters rounded to bf16, written by
+  // the update kernel (flat layout).
+  Tensor working_bf16_;
   int64_t step_ = 0;
 };
 

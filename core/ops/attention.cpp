@@ -77,6 +77,12 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
   const bool low = autocast_bf16(device, q.dtype());
   auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
   const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
+  // The CUDA kernel reads q, k, v and the output in one dtype: under bf16 it
+  // gets the bf16 operands widened back to f32 (its products still see
+  // exactly the bf16 values, accumulated in f32), and backward keeps the bf16
+  // copies, as on the CPU.
+  const bool widen = low && device.is_cuda();
+  auto kernel_operand = [widen](const Tensor& t) { return widen ? t.to(DType::f32) : t; };
   // The kernel reads the mask itself (nonzero = attend): no host copy.
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
 
@@ -88,18 +94,20 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     out.fill_(0.0);
     return out;
   }
-  launch::attention_forward(device, params, qd, kd, vd, mask, out, lse, bits);
+  launch::attention_forward(device, params, kernel_operand(qd), kernel_operand(kd),
+                            kernel_operand(vd), mask, out, lse, bits);
   if (!needs_grad({&q, &k, &v})) return out;
 
   const SavedTensor sq(qd, "attention"), sk(kd, "attention"), sv(vd, "attention");
   const SavedTensor so(out, "attention"), smask(mask, "attention");
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   return record("attention", out, {&q, &k, &v}, [=](const Tensor& g) {
-    const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
+    const Tensor grad_out = kernel_operand(low ? to_bf16(g) : unit_last_stride(g));
     Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
     Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());
-    launch::attention_backward(g.device(), params, sq.get(), sk.get(), sv.get(), smask.get(),
+    launch::attention_backward(g.device(), params, kernel_operand(sq.get()),
+                               kernel_operand(sk.get()), kernel_operand(sv.get()), smask.get(),
                                so.get(), lse, bits, grad_out, dq, dk, dv);
     return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
   });
