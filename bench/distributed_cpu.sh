@@ -7,12 +7,18 @@
 # step the gradient all-reduce kept rank 0 waiting (metrics.jsonl's
 # comm_share: communication not hidden behind backward, load imbalance
 # included). Figures: docs/performance.md, "Data parallelism on CPU".
-# Usage: bench/distributed_cpu.sh [ROFORMER_BINARY] [STEPS] [ROUNDS]
+#
+# With MODE zero: 2 ranks x 1 thread with distributed.zero 0 and 1 instead,
+# printing tokens/s, the share of the step spent in ZeRO-1's parameter
+# all-gather, the AdamW moments' MiB per rank and each rank's peak RSS
+# (docs/performance.md, "ZeRO-1 on CPU").
+# Usage: bench/distributed_cpu.sh [ROFORMER_BINARY] [STEPS] [ROUNDS] [MODE: threads|zero]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 roformer=${1:-build/roformer}
 steps=${2:-30}
 rounds=${3:-3}
+mode=${4:-threads}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
 work=$(mktemp -d)
@@ -28,6 +34,34 @@ import json, sys
 rows = [json.loads(l) for l in open('$1') if '\"train\"' in l][1:]
 print('%.4g' % (sum(r.get('$2', 0) for r in rows) / max(len(rows), 1)))"
 }
+
+if [[ $mode == zero ]]; then
+  # summary FILE: tokens/s and gather share (means over the train records
+  # after the first), the last record's moment bytes per rank and peak RSS per rank.
+  summary() {
+    python3 - "$1" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+steady = rows[1:] or rows
+tok_s = sum(r["tokens_per_s"] for r in steady) / len(steady)
+gather = sum(r.get("param_gather_s", 0) for r in steady)
+share = gather / max(steady[-1]["elapsed_s"] - rows[0]["elapsed_s"], 1e-9)
+print("%10.0f %12.2f%% %24s %20s" % (tok_s, 100 * share,
+      "/".join("%.1f" % (b / 2**20) for b in rows[-1]["optimizer_state_bytes_per_rank"]),
+      "/".join("%.0f" % m for m in rows[-1]["peak_rss_mb_per_rank"])))
+PY
+  }
+
+  printf "%-5s %-8s %10s %13s %24s %20s\n" round zero tokens/s gather_share "moments MiB per rank" "peak RSS MB per rank"
+  for r in $(seq 1 "$rounds"); do
+    for z in 0 1; do
+      mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1 "$roformer" pretrain "${args[@]}" \
+        run.threads=1 "distributed.zero=$z" "run.dir=$work/z$z-$r" >/dev/null 2>&1
+      printf "%-5s %-8s %s\n" "$r" "$z" "$(summary "$work/z$z-$r/metrics.jsonl")"
+    done
+  done
+  exit 0
+fi
 
 printf "%-5s %-22s %10s %10s\n" round run tokens/s comm_share
 for r in $(seq 1 "$rounds"); do

@@ -27,8 +27,20 @@ std::vector<Tensor> tensors_of(const std::vector<NamedParameter>& params) {
 }
 }  // namespace
 
-AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
-    : params_(std::move(params)), options_(options) {
+std::vector<int64_t> AdamW::shard_bounds(int64_t padded_numel, int count) {
+  RF_CHECK(count > 0 && padded_numel >= 0, "AdamW::shard_bounds: ", count, " shares of ",
+           padded_numel);
+  const int64_t a = FlatParameters::kAlignment;
+  const int64_t per = ((padded_numel + count - 1) / count + a - 1) / a * a;
+  std::vector<int64_t> bounds;
+  for (int r = 0; r <= count; ++r) bounds.push_back(std::min(padded_numel, per * r));
+  return bounds;
+}
+
+AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options, MomentShard shard)
+    : params_(std::move(params)), options_(options), shard_(shard) {
+  RF_CHECK(shard.count > 0 && shard.index >= 0 && shard.index < shard.count, "AdamW: shard ",
+           shard.index, " of ", shard.count);
   for (const NamedParameter& p : params_) {
     if (!p.tensor.defined() || p.tensor.dtype() != DType::f32 || !p.tensor.is_contiguous())
       throw Error("AdamW: parameter '" + p.name + "' must be a contiguous f32 tensor, got " +
@@ -44,8 +56,21 @@ AdamW::AdamW(std::vector<NamedParameter> params, AdamWOptions options)
                     "order; pass the flattened module's named_parameters()");
     flat_ = FlatParameters::create(tensors);
   }
-  m_ = Tensor::zeros({flat_->padded_numel()}, DType::f32, flat_->device());
-  v_ = Tensor::zeros({flat_->padded_numel()}, DType::f32, flat_->device());
+  if (sharded() && !flat_->device().is_cpu())
+    throw InputError("AdamW: sharded moments (ZeRO-1) need CPU parameters; they are on " +
+                     flat_->device().str());
+  const std::vector<int64_t> bounds = shard_bounds(flat_->padded_numel(), shard_.count);
+  begin_ = bounds[size_t(shard_.index)];
+  end_ = bounds[size_t(shard_.index) + 1];
+  m_ = Tensor::zeros({end_ - begin_}, DType::f32, flat_->device());
+  v_ = Tensor::zeros({end_ - begin_}, DType::f32, flat_->device());
+}
+
+const Tensor& AdamW::whole(const Tensor& moment) const {
+  if (sharded())
+    throw Error(detail::concat("AdamW: the moments are sharded over ", shard_.count,
+                               " processes; gather them first (train/distributed/zero.h)"));
+  return moment;
 }
 
 void AdamW::step(double lr, double grad_scale) {
@@ -94,16 +119,16 @@ void AdamW::step(double lr, double grad_scale) {
 
   float* p = flat.data().data_as<float>();
   const float* g = flat.grad().data_as<float>();
-  float* m = m_.data_as<float>();
-  float* v = v_.data_as<float>();
-  // Fixed-size chunks of the flat buffers in parallel, each walking the runs it
-  // overlaps: one pass, balanced whatever the parameter sizes.
+  // Indexed in flat coordinates: element j's moments are m[j], v[j].
+  float* m = m_.data_as<float>() - begin_;
+  float* v = v_.data_as<float>() - begin_;
+  // Fixed-size chunks of this shard of the flat buffers in parallel, each
+  // walking the runs it overlaps: one pass, balanced whatever the parameter sizes.
   constexpr int64_t kChunk = 32768;
-  const int64_t n = flat.padded_numel();
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int64_t chunks = (end_ - begin_ + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 2)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    const int64_t lo = begin_ + c * kChunk, hi = std::min(end_, lo + kChunk);
     auto it = std::partition_point(spans.begin(), spans.end(),
                                    [lo](const Span& s) { return s.end <= lo; });
     for (; it != spans.end() && it->begin < hi; ++it) {
@@ -132,8 +157,17 @@ void AdamW::load_state(const Tensor& exp_avg, const Tensor& exp_avg_sq, int64_t 
   if (exp_avg.numel() != total || exp_avg_sq.numel() != total)
     throw InputError(detail::concat("AdamW: saved moments have ", exp_avg.numel(), " and ",
                                     exp_avg_sq.numel(), " elements, the model has ", total));
-  flat_->unpack(exp_avg.to(DType::f32), m_);
-  flat_->unpack(exp_avg_sq.to(DType::f32), v_);
+  if (!sharded()) {
+    flat_->unpack(exp_avg.to(DType::f32), m_);
+    flat_->unpack(exp_avg_sq.to(DType::f32), v_);
+  } else {
+    // Through one whole flat buffer, kept only while this share is copied out.
+    Tensor whole = Tensor::zeros({flat_->padded_numel()}, DType::f32, flat_->device());
+    for (auto [packed, mine] : {std::pair{&exp_avg, &m_}, std::pair{&exp_avg_sq, &v_}}) {
+      flat_->unpack(packed->to(DType::f32), whole);
+      std::copy_n(whole.data_as<float>() + begin_, end_ - begin_, mine->data_as<float>());
+    }
+  }
   step_ = step;
 }
 

@@ -50,11 +50,18 @@
 #                 pretrained checkpoint, then evaluate --device cuda
 #   e2e_bf16      the same pretraining in run.precision bf16 on the GPU, within
 #                 2e-2 of the CPU f32 losses; GPU reserved memory flat as in f32
+#   nccl_1        the tiny config with the NCCL communicator at world size 1
+#                 (ROFORMER_FORCE_COMMUNICATOR=1): gradient buckets summed by
+#                 NCCL on the GPU, losses against e2e_f32's GPU run
+#   mpi_2_ranks   2 ranks sharing the one GPU through mpirun (gradients summed
+#                 by MPI through host memory) against e2e_f32's 1-rank GPU run
 #   memcheck      compute-sanitizer --tool memcheck over the CUDA op, optimizer,
 #                 GEMM and upload tests, one suite at a time
 #
 # More checks (NCCL, ...): write a function and add a `step NAME SECONDS FUNC`
-# line in run_checks, before memcheck.
+# line in run_checks, before memcheck. The build, the bundle, the step
+# bookkeeping and the device step are shared with scripts/gpu_bench.sh, in
+# scripts/gpu_common.sh (BUILD_DIR picks another build directory).
 set -uo pipefail
 if [[ ${1:-} == __lib ]]; then
   cd "$ROOT"  # sourced by step(): ROOT is exported
@@ -62,101 +69,47 @@ else
   cd "$(dirname "$0")/.."
   ROOT=$PWD
 fi
+export STEP_LIB=$ROOT/scripts/gpu_check.sh
+# shellcheck source=scripts/gpu_common.sh
+source "$ROOT/scripts/gpu_common.sh"
 
 mode=${1:-}
-build_dir=${BUILD_DIR:-build-gpu}
 pack_dir=.gpu
 # Programs the check runs; the bundle holds only these.
 BUNDLE_TARGETS=(roformer cuda_tests op_table_tests core_tests layers_tests train_golden_tests)
 
 build() {
-  set -e
-  local pack=${GPU_PACK:-}
-  if [[ -z $pack ]]; then
-    for candidate in ../shared/tools/gpu-pack /work/shared/tools/gpu-pack; do
-      [[ -x $candidate ]] && pack=$candidate && break
-    done
-  fi
-  [[ -n $pack ]] || { echo "gpu_check: gpu-pack not found (set GPU_PACK)" >&2; exit 1; }
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
-  cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DROFORMER_WITH_CUDA=ON -DROFORMER_CUDA_KERNELS=ON -DROFORMER_BUILD_BENCH=OFF \
-    -DROFORMER_NATIVE=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
-  grep -q 'ROFORMER_CUDA_KERNELS:BOOL=ON' "$build_dir/CMakeCache.txt"
-  cmake --build "$build_dir" -j"${JOBS:-2}" --target "${BUNDLE_TARGETS[@]}"
-  local stage
-  stage=$(mktemp -d)
-  for t in "${BUNDLE_TARGETS[@]}"; do
-    find "$build_dir" -name "$t" -type f -perm -u+x -not -path '*/CMakeFiles/*' -exec cp {} "$stage/" \;
-  done
-  "$pack" "$stage" "$pack_dir"
-  rm -rf "$stage"
+  gpu_build_and_pack "$pack_dir" "${BUNDLE_TARGETS[@]}"
+  pack_openmpi
   echo "gpu_check: built for sm_90 and packed into $pack_dir/bundle.tar.xz; now, on the GPU machine:"
   echo '  run(command="scripts/gpu_check.sh run", carry=[".gpu"], timeout_s=600)'
 }
 
-# --- bookkeeping ----------------------------------------------------------------------
-
-failed=0
-start_time=$SECONDS
-summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
-note() { echo "$*" >> "$WORK/notes.txt"; }  # a step's key numbers, shown after its line
-pack_logs() { tar czf "$OUT/logs.tar.gz" -C "$WORK" --exclude='*.h5' --exclude='shards' . 2>/dev/null; }
-
-step() {  # step NAME SECONDS FUNCTION: runs under a time limit, logs, records the result
-  local name=$1 limit=$2
-  shift 2
-  local left=$((BUDGET - (SECONDS - start_time) - 15))
-  if ((left < 20)); then
-    summary "SKIP  $name (the ${BUDGET} s budget is spent)"
-    return
-  fi
-  ((limit > left)) && limit=$left
-  : > "$WORK/notes.txt"
-  local t0=$SECONDS rc=0
-  # A function runs in a child bash so `timeout` can stop it with everything it started.
-  timeout --kill-after=10 "$limit" bash -c "source '$ROOT/scripts/gpu_check.sh' __lib; $*" \
-    > "$WORK/$name.log" 2>&1 || rc=$?
-  local took=$((SECONDS - t0))
-  if ((rc == 0)); then
-    summary "ok    $name (${took} s)"
-  elif ((rc == 77)); then
-    summary "SKIP  $name (${took} s): $(tail -n 1 "$WORK/$name.log")"
-  else
-    ((rc == 124 || rc == 137)) && echo "gpu_check: stopped at its ${limit} s limit" >> "$WORK/$name.log"
-    summary "FAIL  $name (${took} s, exit $rc): tail of $name.log"
-    tail -n 12 "$WORK/$name.log" | sed 's/^/      /' | tee -a "$OUT/summary.txt"
-    failed=$((failed + 1))
-  fi
-  [[ -s $WORK/notes.txt ]] && sed 's/^/      /' "$WORK/notes.txt" | tee -a "$OUT/summary.txt"
-  pack_logs
+# OpenMPI for the data-parallel steps (the GPU machine has none): mpirun, orted,
+# the MCA plugins and their libraries, relocated under OPAL_PREFIX there.
+pack_openmpi() {
+  command -v mpirun > /dev/null || { echo "gpu_check: no mpirun here; the MPI steps will skip"; return 0; }
+  local stage lib=/usr/lib/x86_64-linux-gnu
+  stage=$(mktemp -d)/openmpi
+  mkdir -p "$stage/bin" "$stage/lib/x86_64-linux-gnu" "$stage/share" "$stage/deps"
+  cp -L "$(command -v mpirun)" "$stage/bin/mpirun"
+  cp -L "$(command -v orted)" "$stage/bin/orted"
+  cp -a "$lib/openmpi" "$stage/lib/x86_64-linux-gnu/"
+  cp -a /usr/share/openmpi "$stage/share/"
+  # OpenMPI's PMIx has plugins of its own (relocated by PMIX_INSTALL_PREFIX).
+  [[ -d $lib/pmix2 ]] && cp -a "$lib/pmix2" "$stage/pmix2" && rm -rf "$stage/pmix2/include" "$stage"/pmix2/lib/*.a
+  # Libraries the plugins and programs load, but not glibc's or CUDA's.
+  local skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so|libnvidia)'
+  find "$stage" -type f \( -name '*.so*' -o -path '*/bin/*' \) -exec ldd {} \; 2>/dev/null |
+    awk '$3 ~ /^\// {print $1, $3}' | sort -u | while read -r name path; do
+      [[ $name =~ $skip ]] || [[ -e $stage/deps/$name ]] || cp -L "$path" "$stage/deps/$name"
+    done
+  tar cJf "$pack_dir/openmpi.tar.xz" -C "$(dirname "$stage")" openmpi
+  rm -rf "$(dirname "$stage")"
+  echo "gpu_check: OpenMPI packed into $pack_dir/openmpi.tar.xz ($(du -h "$pack_dir/openmpi.tar.xz" | cut -f1))"
 }
 
 # --- the steps (each runs in its own bash: set -e is fine here) ---------------------
-
-device_info() {
-  nvidia-smi || true
-  nvcc --version 2>/dev/null | tail -1 || true
-  $PYTHON - <<'PY' || true
-import importlib
-for name in ("torch", "transformers", "h5py", "numpy"):
-    try:
-        m = importlib.import_module(name)
-        print(name, getattr(m, "__version__", "?"))
-    except Exception as e:  # noqa: BLE001
-        print(name, "missing:", e)
-try:
-    import torch
-    print("cuda device:", torch.cuda.get_device_name(0))
-except Exception as e:  # noqa: BLE001
-    print("torch.cuda:", e)
-PY
-  local gpu
-  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
-  [[ -n $gpu ]] && note "$gpu"
-  return 0
-}
 
 cuda_tests_step() {
   cuda_tests --gtest_output="xml:$WORK/cuda_tests.xml"
@@ -188,8 +141,8 @@ run_tiny() {
   local name=$1 device=$2 precision=$3
   shift 3
   local half=$((E2E_STEPS / 2))
-  roformer pretrain --config configs/tiny.yaml \
-    run.dir="$WORK/$name" run.device="$device" run.precision="$precision" run.threads=16 \
+  ${LAUNCH:-} roformer pretrain --config configs/tiny.yaml \
+    run.dir="$WORK/$name" run.device="$device" run.precision="$precision" run.threads=${THREADS:-16} \
     data.vocab="$ROOT/tests/fixtures/bert-base-uncased-vocab.txt" \
     "data.inputs=[$ROOT/tests/fixtures/corpus/*/*.txt]" data.shard_dir="$WORK/shards" \
     data.validation_fraction=0.05 \
@@ -373,6 +326,36 @@ e2e_bf16() {
   return $ok
 }
 
+# The NCCL communicator at world size 1 (no launcher needed): the gradient
+# buckets summed by NCCL on the GPU change nothing, so the losses are the
+# plain GPU run's.
+nccl_1() {
+  set -e
+  prepare_shards
+  [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
+  ROFORMER_FORCE_COMMUNICATOR=1 run_tiny nccl-1 "$GPU" f32 distributed.bucket_mb=1
+  grep -m2 "data parallel\|GPU ranks" "$WORK/nccl-1.out" | sed 's/^.*\] //' >> "$WORK/notes.txt" || true
+  if [[ $GPU != cpu ]] && ! grep -q "NCCL on cuda" "$WORK/nccl-1.out"; then
+    echo "the run did not use NCCL:"; grep -m3 "GPU ranks\|NCCL" "$WORK/nccl-1.out"; return 1
+  fi
+  compare_losses gpu-f32 nccl-1 1e-6
+}
+
+# 2 ranks on the one GPU through mpirun (NCCL refuses two ranks on a GPU, so
+# MPI sums the gradients through host memory) against the 1-rank GPU run.
+mpi_2_ranks() {
+  set -e
+  command -v mpirun > /dev/null || { echo "mpirun is not on this machine (pack_openmpi in build)"; exit 77; }
+  prepare_shards
+  [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+  LAUNCH="mpirun -np 2 --bind-to none -x LD_LIBRARY_PATH -x PATH" THREADS=4 \
+    run_tiny mpi-2 "$GPU" f32 distributed.bucket_mb=1
+  grep -m2 "data parallel\|GPU ranks" "$WORK/mpi-2.out" | sed 's/^.*\] //' >> "$WORK/notes.txt" || true
+  compare_losses gpu-f32 mpi-2 1e-4
+}
+
 memcheck_step() {
   command -v compute-sanitizer > /dev/null || { echo "compute-sanitizer is not installed"; exit 77; }
   local ok=0 suite
@@ -395,21 +378,22 @@ run_checks() {
   local dry=${1:-}
   if [[ -z $dry ]]; then
     : "${OUT:?gpu_check run: \$OUT (the device tool output folder) is not set}"
-    [[ -f $pack_dir/bundle.tar.xz ]] || { echo "gpu_check: no $pack_dir/bundle.tar.xz (carry .gpu)"; exit 1; }
-    tar xJf "$pack_dir/bundle.tar.xz" -C "$pack_dir"
-    # shellcheck disable=SC1091
-    source "$pack_dir/gpubundle/env.sh"
-    export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, nvcc
+    gpu_unpack "$pack_dir"
+    if [[ -f $pack_dir/openmpi.tar.xz ]]; then  # mpirun for the MPI steps, relocated
+      tar xJf "$pack_dir/openmpi.tar.xz" -C "$pack_dir"
+      export OPAL_PREFIX=$ROOT/$pack_dir/openmpi PATH=$ROOT/$pack_dir/openmpi/bin:$PATH
+      export PMIX_INSTALL_PREFIX=$OPAL_PREFIX/pmix2
+      export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$OPAL_PREFIX/lib/x86_64-linux-gnu/openmpi/lib:$OPAL_PREFIX/deps
+    fi
     export GPU=cuda E2E_STEPS=${E2E_STEPS:-100} E2E_MODEL=${E2E_MODEL:-}
     export GOLDEN_REQUIRE=--require-transformers PYTHON=${PYTHON:-python3}
   else
     # Dry run here: the programs of build-gpu, CPU in place of the GPU, a small model.
     export OUT=${OUT:-/tmp/gpu_check_dry/out}
     rm -rf "$OUT" && mkdir -p "$OUT"
-    export PATH=$ROOT/$build_dir:$(find "$ROOT/$build_dir/tests" -type d | tr '\n' ':')$PATH
+    gpu_dry_path
     export GPU=cpu E2E_STEPS=${E2E_STEPS:-6} GOLDEN_REQUIRE=
-    # The system interpreter has torch and h5py here (Debian), not transformers.
-    export PYTHON=${PYTHON:-$([[ -x /usr/bin/python3 ]] && echo /usr/bin/python3 || echo python3)}
+    export PYTHON=${PYTHON:-$(gpu_dry_python)}
     export E2E_MODEL=${E2E_MODEL:-"model.hidden_size=32 model.num_hidden_layers=1 model.num_attention_heads=2 model.intermediate_size=64"}
   fi
   export WORK=${GPU_CHECK_WORK:-/tmp/gpu_check}
@@ -425,6 +409,8 @@ run_checks() {
   step cross_device 150 cross_device
   step finetune 120 finetune_step
   step e2e_bf16 120 e2e_bf16
+  step nccl_1 90 nccl_1
+  step mpi_2_ranks 120 mpi_2_ranks
   step memcheck 300 memcheck_step
   summary "gpu_check: $failed step(s) failed in $((SECONDS - start_time)) s; logs in logs.tar.gz"
   pack_logs
@@ -437,7 +423,7 @@ case $mode in
   dry) run_checks dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)
-    sed -n '2,52p' "$0"
+    sed -n '2,63p' "$0"
     exit 2
     ;;
 esac

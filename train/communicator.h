@@ -32,6 +32,15 @@ class Communicator {
   virtual void barrier() = 0;
   // `all` ([world_size * mine.size()]) ends with every rank's `mine`, in rank order.
   virtual void all_gather(std::span<const float> mine, std::span<float> all) = 0;
+  // Parts of unequal size (ZeRO-1's shards): rank r's part is counts[r]
+  // floats, the parts lie back to back in rank order in a buffer of
+  // sum(counts). In place: `values` holds this rank's part at its offset and
+  // every rank ends with every part.
+  virtual void all_gather_in_place(std::span<float> values, std::span<const int64_t> counts) = 0;
+  // `mine` ([counts[rank]]) lands at its offset of `root`'s `all`
+  // ([sum(counts)]); `all` is not touched on the other ranks.
+  virtual void gather(std::span<const float> mine, std::span<float> all,
+                      std::span<const int64_t> counts, int root) = 0;
 
   // Overlapped reductions: start_all_reduce_sum() begins an in-place sum and
   // returns at once (the memory must stay untouched until wait_started());
@@ -40,6 +49,15 @@ class Communicator {
   virtual void start_all_reduce_sum(std::span<float> values) { all_reduce_sum(values); }
   virtual void progress() {}
   virtual void wait_started() {}
+
+  // Gradients on a GPU. True when start_all_reduce_sum_device sums device
+  // memory in place (NCCL); otherwise the gradient buckets are staged
+  // through host memory and summed with start_all_reduce_sum.
+  virtual bool sums_device_memory() const { return false; }
+  // Starts an in-place sum of `count` floats of this rank's GPU memory, after
+  // the work queued so far on `stream` (a cudaStream_t; null: the default
+  // stream); wait_started() waits for it. Only when sums_device_memory().
+  virtual void start_all_reduce_sum_device(float* values, size_t count, void* stream);
 
   // Conveniences built on the operations above.
   int64_t sum(int64_t value);
@@ -60,6 +78,9 @@ class SingleProcessCommunicator final : public Communicator {
   void broadcast(std::span<std::byte>, int) override {}
   void barrier() override {}
   void all_gather(std::span<const float> mine, std::span<float> all) override;
+  void all_gather_in_place(std::span<float> values, std::span<const int64_t> counts) override;
+  void gather(std::span<const float> mine, std::span<float> all, std::span<const int64_t> counts,
+              int root) override;
 };
 
 }  // namespace roformer

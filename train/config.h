@@ -181,6 +181,7 @@ struct LogConfig {
 struct DistributedConfig {
   double bucket_mb = 25;   // gradient all-reduce bucket size, MiB
   double timeout_s = 120;  // a collective waiting longer throws (a peer died or hangs)
+  int64_t zero = 0;        // 1: ZeRO-1, the AdamW moments sharded over the ranks
   bool operator==(const DistributedConfig&) const = default;
 };
 

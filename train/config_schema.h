@@ -171,6 +171,7 @@ template <class V, class D>
 void visit_distributed(V& v, D& c) {
   v.field("bucket_mb", c.bucket_mb, Opt{.range = kPositive});
   v.field("timeout_s", c.timeout_s, Opt{.range = kPositive});
+  v.field("zero", c.zero, Opt{.range = kFraction});  // a stage: 0 (off) or 1
 }
 
 template <class V, class F>

@@ -18,6 +18,7 @@
 #include "optim/grad_norm.h"
 #include "train/communicator.h"
 #include "train/distributed/gradient_reducer.h"
+#include "train/distributed/zero.h"
 #include "train/metrics.h"
 #include "train/run_device.h"
 #include "train/run_directory.h"
@@ -150,16 +151,27 @@ TrainerResult Trainer::run() {
   for (const NamedTensor& p : model.named_parameters())
     params.push_back(
         {p.name, p.tensor, config_.optim.decay_bias_and_norm || optim::decays_by_default(p.name)});
-  optim::AdamW adamw(params, {config_.optim.betas[0], config_.optim.betas[1], config_.optim.eps,
-                              config_.optim.weight_decay});
+  // ZeRO-1: this rank keeps and updates one share of the moments (distributed/zero.h).
+  optim::AdamW adamw(params,
+                     {config_.optim.betas[0], config_.optim.betas[1], config_.optim.eps,
+                      config_.optim.weight_decay},
+                     distributed::zero_shard(config_.distributed.zero, comm, device));
   // Data parallelism: gradients are summed over ranks in buckets during backward.
   std::unique_ptr<distributed::GradientReducer> reducer;
-  if (comm.world_size() > 1) {
+  if (options_.communicator) {
     std::vector<Tensor> tensors;
     for (const optim::NamedParameter& p : params) tensors.push_back(p.tensor);
     reducer = std::make_unique<distributed::GradientReducer>(
         FlatParameters::of(tensors), comm, int64_t(config_.distributed.bucket_mb * kMiB));
   }
+  const distributed::MemoryPerRank memory = distributed::memory_per_rank(adamw, comm);
+  spdlog::info(
+      "memory per rank: parameters {:.1f} MiB, gradients {:.1f} MiB, AdamW moments {:.1f} "
+      "MiB{}",
+      double(memory.param_bytes) / kMiB, double(memory.grad_bytes) / kMiB,
+      double(memory.optimizer_state_bytes) / kMiB,
+      adamw.sharded() ? fmt::format(" (ZeRO-1: 1/{} of them)", comm.world_size()) : "");
+  double param_gather_s = 0;  // ZeRO-1's all-gathers of the updated parameters
   const optim::LrSchedule schedule = task_.lr_schedule();
   const CheckpointPolicy policy = task_.checkpoint_policy();
   const std::string phase = task_.phase_name();
@@ -211,6 +223,8 @@ TrainerResult Trainer::run() {
         checkpoint_file_name(state.global_step, phase_end && policy.mark_phase_ends
                                                     ? std::optional<int64_t>(state.stage)
                                                     : std::nullopt);
+    // Every rank sends its share of the moments (ZeRO-1) before rank 0 writes.
+    distributed::Moments moments = distributed::gather_moments(adamw, comm, 0);
     if (!writer) {
       result.last_checkpoint = path;
       return;
@@ -218,8 +232,8 @@ TrainerResult Trainer::run() {
     CheckpointData data;
     data.state = state;
     data.parameters = model.named_parameters();
-    data.exp_avg = adamw.exp_avg();
-    data.exp_avg_sq = adamw.exp_avg_sq();
+    data.exp_avg = std::move(moments.exp_avg);
+    data.exp_avg_sq = std::move(moments.exp_avg_sq);
     data.optimizer_step = adamw.step_count();
     data.config_yaml = task_.config_yaml();
     data.created_by = task_.created_by();
@@ -256,6 +270,7 @@ TrainerResult Trainer::run() {
     Totals window, whole;
     auto window_start = Clock::now();
     double window_comm_start = reducer ? reducer->blocked_seconds() : 0.0;
+    double window_gather_start = param_gather_s;
     // Where the phase stands: in tokens when it was given in tokens.
     auto position = [&](bool aligned) {
       if (plan.token_budget > 0)
@@ -356,6 +371,11 @@ TrainerResult Trainer::run() {
         Tensor before;
         if (logged && adamw.flat().device().is_cpu()) before = adamw.flat().data().clone();
         adamw.step(lr, clip);
+        if (adamw.sharded()) {
+          const auto gather_start = Clock::now();
+          distributed::all_gather_parameters(adamw, comm);
+          param_gather_s += seconds_since(gather_start);
+        }
         if (before.defined()) {
           const double w = std::sqrt(optim::sum_of_squares(adamw.flat().data()));
           const double u = std::sqrt(optim::sum_of_squares(sub(adamw.flat().data(), before)));
@@ -439,13 +459,27 @@ TrainerResult Trainer::run() {
             {"skipped_steps", state.nonfinite_skipped},
             {"allocated_mb", mem.allocated_mb},
             {"cached_mb", mem.cached_mb},
-            {"peak_rss_mb", mem.peak_rss_mb}};
+            {"peak_rss_mb", mem.peak_rss_mb},
+            {"param_bytes", memory.param_bytes},
+            {"grad_bytes", memory.grad_bytes},
+            {"optimizer_state_bytes", memory.optimizer_state_bytes}};
+        if (comm.world_size() > 1) {
+          record["optimizer_state_bytes_per_rank"] = memory.optimizer_state_bytes_per_rank;
+          std::vector<float> rss(size_t(comm.world_size()));
+          const float mine = float(mem.peak_rss_mb);
+          comm.all_gather(std::span<const float>(&mine, 1), rss);
+          record["peak_rss_mb_per_rank"] = rss;
+        }
         if (reducer) {
           // Communication not hidden behind backward: its share of the window.
           const double blocked = reducer->blocked_seconds() - window_comm_start;
           record["comm_blocked_s"] = blocked;
           record["comm_share"] = blocked / std::max(secs, 1e-9);
           window_comm_start = reducer->blocked_seconds();
+        }
+        if (adamw.sharded()) {
+          record["param_gather_s"] = param_gather_s - window_gather_start;
+          window_gather_start = param_gather_s;
         }
         metrics.write(record);
         if (!device.is_cpu()) log_device_memory(metrics, device, state.global_step);

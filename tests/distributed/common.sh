@@ -62,3 +62,31 @@ compare() {
       if (rel > max) { printf "%s: step %d loss %.9g vs %.9g (rel %.2e > %g)\n", label, $1, $2, $4, rel, max; bad = 1 } }
     END { printf "%s: %d steps, largest relative difference %.2e\n", label, NR, worst; exit bad }'
 }
+
+# The newest logged loss of each step (a resumed run logs its rerun steps again).
+last_losses() { losses "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n; }
+
+# kill_then_resume NAME FIRST_RANKS THEN_RANKS: a run of $work/dp.yaml killed
+# (every rank, SIGKILL) before global step 5, after its step-4 checkpoint,
+# then resumed to the end; its last losses go to $work/NAME.txt. The arrays
+# first_args and then_args add overrides to each half.
+first_args=()
+then_args=()
+kill_then_resume() {
+  local dir=$work/$1
+  local first=("$ROFORMER" pretrain --config "$work/dp.yaml" "run.dir=$dir" "${first_args[@]}")
+  local then=("$ROFORMER" pretrain --config "$work/dp.yaml" "run.dir=$dir" "${then_args[@]}")
+  if [[ $2 -eq 1 ]]; then
+    ROFORMER_TEST_KILL_AT_STEP=5 "${first[@]}" >"$work/$1.first.log" 2>&1 &&
+      { echo "$1: the killed run exited 0"; exit 1; }
+  else
+    launch "$2" -x ROFORMER_TEST_KILL_AT_STEP=5 "${first[@]}" >"$work/$1.first.log" 2>&1 &&
+      { echo "$1: the killed run exited 0"; exit 1; }
+  fi
+  [[ -f $dir/checkpoints/ckpt-00000004.h5 ]] || { echo "$1: no step-4 checkpoint"; ls "$dir/checkpoints"; exit 1; }
+  if [[ $3 -eq 1 ]]; then "${then[@]}" >"$work/$1.log" 2>&1; else launch "$3" "${then[@]}" >"$work/$1.log" 2>&1; fi ||
+    { cat "$work/$1.log"; exit 1; }
+  grep -q "resuming from .*ckpt-00000004.h5" "$work/$1.log" ||
+    { echo "$1: did not resume from step 4"; cat "$work/$1.log"; exit 1; }
+  last_losses "$dir/metrics.jsonl" > "$work/$1.txt"
+}

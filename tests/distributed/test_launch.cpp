@@ -36,6 +36,17 @@ TEST(Launch, NoLauncherIsOneProcess) {
   EXPECT_FALSE(info.distributed());
 }
 
+TEST(Launch, ForcedCommunicatorAtOneRank) {
+  const LaunchInfo alone = detect({{"ROFORMER_FORCE_COMMUNICATOR", "1"}});
+  EXPECT_EQ(alone.world_size, 1);
+  EXPECT_FALSE(alone.distributed());
+  EXPECT_TRUE(alone.needs_communicator());
+  EXPECT_FALSE(detect({{"ROFORMER_FORCE_COMMUNICATOR", "0"}}).needs_communicator());
+  EXPECT_FALSE(detect({}).needs_communicator());
+  const LaunchInfo two = detect({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  EXPECT_TRUE(two.needs_communicator());
+}
+
 TEST(Launch, OpenMpiVariables) {
   const LaunchInfo info = detect({{"OMPI_COMM_WORLD_RANK", "3"},
                                   {"OMPI_COMM_WORLD_SIZE", "4"},

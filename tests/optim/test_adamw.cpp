@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
@@ -186,6 +187,108 @@ TEST(AdamW, SavedStateResumesBitForBit) {
   for (size_t i = 0; i < straight.size(); ++i)
     EXPECT_EQ(straight[i].tensor.to_vector<float>(), resumed[i].tensor.to_vector<float>());
   EXPECT_THROW(b.load_state(Tensor::zeros({3}), Tensor::zeros({3}), 1), InputError);
+}
+
+TEST(AdamW, ShardBoundsAreAlignedContiguousAndCoverTheBuffer) {
+  for (int64_t n : {0, 16, 48, 70064, 70080}) {
+    for (int count : {1, 2, 3, 7}) {
+      const std::vector<int64_t> b = AdamW::shard_bounds(n, count);
+      ASSERT_EQ(b.size(), size_t(count) + 1);
+      EXPECT_EQ(b.front(), 0);
+      EXPECT_EQ(b.back(), n);
+      for (int r = 0; r < count; ++r) {
+        EXPECT_LE(b[r], b[r + 1]);
+        EXPECT_LE(b[r + 1] - b[r], b[1] - b[0]) << "share " << r << " larger than the first";
+        if (b[r] < n) {
+          EXPECT_EQ(b[r] % FlatParameters::kAlignment, 0);
+        }
+      }
+      // A share is at most one alignment unit above an even split.
+      EXPECT_LE(b[1] - b[0], (n + count - 1) / count + FlatParameters::kAlignment);
+    }
+  }
+}
+
+TEST(AdamW, ShardedMomentsGiveBitIdenticalUpdatesAndResumeFromWholeState) {
+  // The whole optimizer and three sharded ones on copies of the same
+  // parameters; after each sharded step the shares are copied across (the
+  // all-gather of train/distributed/zero.h).
+  auto make = [](uint64_t seed) {
+    return std::vector<NamedParameter>{{"a.weight", random_param({40000}, seed), true},
+                                       {"a.bias", random_param({7}, seed + 1), false},
+                                       {"b.weight", random_param({333}, seed + 2), true}};
+  };
+  constexpr int kShards = 3;
+  std::vector<NamedParameter> whole_params = make(20);
+  AdamW whole(whole_params, {0.9, 0.999, 1e-8, 0.1});
+  std::vector<std::vector<NamedParameter>> copies;
+  std::vector<std::unique_ptr<AdamW>> shards;
+  for (int r = 0; r < kShards; ++r) {
+    copies.push_back(make(20));
+    shards.push_back(std::make_unique<AdamW>(copies.back(), AdamWOptions{0.9, 0.999, 1e-8, 0.1},
+                                             MomentShard{r, kShards}));
+  }
+  EXPECT_THROW(shards[0]->exp_avg(), Error);
+  const std::vector<int64_t> bounds = AdamW::shard_bounds(whole.flat().padded_numel(), kShards);
+  int64_t state = 0;
+  for (int r = 0; r < kShards; ++r) {
+    EXPECT_EQ(shards[r]->shard_begin(), bounds[r]);
+    EXPECT_EQ(shards[r]->shard_end(), bounds[r + 1]);
+    state += shards[r]->state_bytes();
+  }
+  EXPECT_EQ(state, whole.state_bytes());
+
+  auto step_all = [&](uint64_t seed) {
+    auto grads = [seed](std::vector<NamedParameter>& ps, bool skip_bias) {
+      Generator gen{seed, 0};
+      for (auto& p : ps) {
+        const Tensor g = Tensor::randn(p.tensor.shape(), gen);
+        if (!(skip_bias && p.name == "a.bias")) p.tensor.set_grad(g);
+      }
+    };
+    const bool skip_bias = seed % 2 == 1;  // parameters without a gradient stay put
+    grads(whole_params, skip_bias);
+    whole.step(1e-2, 0.7);
+    whole.zero_grad();
+    for (int r = 0; r < kShards; ++r) {
+      grads(copies[r], skip_bias);
+      shards[r]->step(1e-2, 0.7);
+      shards[r]->zero_grad();
+    }
+    for (int r = 0; r < kShards; ++r)
+      for (int o = 0; o < kShards; ++o)
+        std::copy(shards[r]->flat().data().data_as<float>() + bounds[r],
+                  shards[r]->flat().data().data_as<float>() + bounds[r + 1],
+                  shards[o]->flat().data().data_as<float>() + bounds[r]);
+  };
+  auto expect_same = [&](const char* when) {
+    for (int r = 0; r < kShards; ++r)
+      EXPECT_EQ(shards[r]->flat().data().to_vector<float>(), whole.flat().data().to_vector<float>())
+          << when << ", copy " << r;
+  };
+  for (uint64_t s = 0; s < 4; ++s) step_all(300 + s);
+  expect_same("after 4 steps");
+
+  // The shares laid side by side are the whole optimizer's moments.
+  Tensor m = Tensor::zeros({whole.flat().padded_numel()});
+  for (int r = 0; r < kShards; ++r)
+    std::copy_n(shards[r]->exp_avg_shard().data_as<float>(), bounds[r + 1] - bounds[r],
+                m.data_as<float>() + bounds[r]);
+  EXPECT_EQ(whole.flat().pack(m).to_vector<float>(), whole.exp_avg().to_vector<float>());
+
+  // Sharded optimizers loaded from the whole state continue identically.
+  for (int r = 0; r < kShards; ++r) {
+    copies[r] = make(99);
+    for (size_t i = 0; i < copies[r].size(); ++i) {
+      NoGradGuard no_grad;
+      copies[r][i].tensor.copy_(whole_params[i].tensor);
+    }
+    shards[r] = std::make_unique<AdamW>(copies[r], AdamWOptions{0.9, 0.999, 1e-8, 0.1},
+                                        MomentShard{r, kShards});
+    shards[r]->load_state(whole.exp_avg(), whole.exp_avg_sq(), whole.step_count());
+  }
+  for (uint64_t s = 0; s < 2; ++s) step_all(400 + s);
+  expect_same("after resuming from the whole state");
 }
 
 TEST(AdamW, RejectsPartOfAFlatSet) {

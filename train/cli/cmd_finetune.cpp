@@ -23,17 +23,18 @@ class FinetuneCommand : public roformer::cli::Command {
   }
   int run(const roformer::cli::Invocation& inv) override {
     roformer::cli::LaunchedRun launched(*inv.config);
-    return launched.run([&] { return run_rank(inv, launched.communicator()); });
+    return launched.run([&] { return run_rank(inv, launched.config(), launched.communicator()); });
   }
 
  private:
-  int run_rank(const roformer::cli::Invocation& inv, roformer::Communicator* comm) {
-    if (!comm || comm->rank() == 0) roformer::preflight_finetune(*inv.config);
+  int run_rank(const roformer::cli::Invocation& inv, const roformer::Config& config,
+               roformer::Communicator* comm) {
+    if (!comm || comm->rank() == 0) roformer::preflight_finetune(config);
     const roformer::StopRequest stop;
     roformer::FinetuneOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);
     options.communicator = comm;
-    const roformer::FinetuneResult r = roformer::run_finetune(*inv.config, options);
+    const roformer::FinetuneResult r = roformer::run_finetune(config, options);
     if (comm && comm->rank() != 0) return r.interrupted ? 130 : 0;
     if (r.interrupted) {
       spdlog::warn("interrupted; resume with: {}", options.resume_command);

@@ -28,17 +28,18 @@ class PretrainCommand : public roformer::cli::Command {
   }
   int run(const roformer::cli::Invocation& inv) override {
     roformer::cli::LaunchedRun launched(*inv.config);
-    return launched.run([&] { return run_rank(inv, launched.communicator()); });
+    return launched.run([&] { return run_rank(inv, launched.config(), launched.communicator()); });
   }
 
  private:
-  int run_rank(const roformer::cli::Invocation& inv, roformer::Communicator* comm) {
-    if (!comm || comm->rank() == 0) roformer::preflight_pretrain(*inv.config);
+  int run_rank(const roformer::cli::Invocation& inv, const roformer::Config& config,
+               roformer::Communicator* comm) {
+    if (!comm || comm->rank() == 0) roformer::preflight_pretrain(config);
     roformer::StopRequest stop;
     roformer::PretrainOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);
     options.communicator = comm;
-    const roformer::PretrainResult r = roformer::run_pretrain(*inv.config, options);
+    const roformer::PretrainResult r = roformer::run_pretrain(config, options);
     if (comm && comm->rank() != 0) return 0;
     if (r.interrupted) {
       std::cerr << "roformer: interrupted; checkpoint "

@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/stream.h"
 
 namespace roformer::distributed {
 
@@ -11,8 +12,6 @@ GradientReducer::GradientReducer(std::shared_ptr<FlatParameters> flat, Communica
                                  int64_t bucket_bytes)
     : flat_(std::move(flat)), comm_(comm) {
   RF_CHECK(flat_, "GradientReducer: the parameters are not flat");
-  RF_CHECK(flat_->device().is_cpu(), "GradientReducer: the MPI path reduces CPU gradients; ",
-           "parameters are on ", flat_->device().str());
   const size_t n = flat_->size();
   bucket_of_.assign(n, 0);
   ready_.assign(n, 0);
@@ -56,14 +55,30 @@ void GradientReducer::start_ready_buckets() {
 }
 
 void GradientReducer::start(const Bucket& b) {
-  float* g = flat_->grad().data_as<float>();
-  comm_.start_all_reduce_sum(std::span<float>(g + b.begin, size_t(b.end - b.begin)));
+  const size_t n = size_t(b.end - b.begin);
+  const Tensor& grad = flat_->grad();
+  if (flat_->device().is_cpu()) {
+    comm_.start_all_reduce_sum(std::span<float>(grad.data_as<float>() + b.begin, n));
+  } else if (comm_.sums_device_memory()) {
+    // NCCL: in place on the GPU, after the backward work queued so far.
+    comm_.start_all_reduce_sum_device(grad.data_as<float>() + b.begin, n,
+                                      current_stream(flat_->device()).handle);
+  } else {
+    // GPU ranks without NCCL (ranks sharing a GPU): through host memory;
+    // the copy waits for the bucket's backward work.
+    Tensor host = grad.narrow(0, b.begin, int64_t(n)).to(Device::cpu());
+    comm_.start_all_reduce_sum(std::span<float>(host.data_as<float>(), n));
+    staged_.push_back({b.begin, std::move(host)});
+  }
 }
 
 void GradientReducer::finish() {
   const auto t0 = std::chrono::steady_clock::now();
   while (next_ < buckets_.size()) start(buckets_[next_++]);
   comm_.wait_started();
+  for (const Staged& st : staged_)
+    flat_->grad().narrow(0, st.begin, st.host.numel()).copy_(st.host);
+  staged_.clear();
   // Which parameters got a gradient anywhere: the same set on every rank, so
   // AdamW updates (and decays) the same parameters everywhere.
   const size_t n = flat_->size();

@@ -9,6 +9,11 @@
 // k only after bucket k-1, whatever order the hooks fire in), each is one
 // sum over the same ranks, and the loss weights already divide by the global
 // unit count, so the summed gradient is the global batch's mean gradient.
+//
+// Where the gradients live decides the path: CPU buffers are summed in place
+// by the communicator (MPI); GPU buffers in place on the device when the
+// communicator sums device memory (NCCL), otherwise each bucket is copied to
+// the host, summed there and copied back in finish().
 #pragma once
 
 #include <cstdint>
@@ -49,6 +54,12 @@ class GradientReducer {
   void start_ready_buckets();
   void start(const Bucket& b);
 
+  // A bucket of GPU gradients summed through host memory (no NCCL).
+  struct Staged {
+    int64_t begin;
+    Tensor host;
+  };
+
   std::shared_ptr<FlatParameters> flat_;
   Communicator& comm_;
   std::vector<Bucket> buckets_;  // in start order
@@ -56,6 +67,7 @@ class GradientReducer {
   std::vector<char> ready_;
   size_t next_ = 0;  // the next bucket to start
   bool armed_ = false;
+  std::vector<Staged> staged_;  // started, copied back in finish()
   double blocked_s_ = 0;
 };
 

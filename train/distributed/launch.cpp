@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -38,6 +39,10 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv) 
   auto get = [&](const char* name) -> const char* {
     return getenv ? getenv(name) : std::getenv(name);
   };
+  auto forced = [&] {
+    const char* force = get("ROFORMER_FORCE_COMMUNICATOR");
+    return force && std::string_view(force) == "1";
+  };
   for (const Names& n : kLaunchers) {
     const char* rank = get(n.rank);
     const char* size = get(n.size);
@@ -51,9 +56,13 @@ LaunchInfo detect_launch(const std::function<const char*(const char*)>& getenv) 
     if (info.world_size < 1 || info.rank >= info.world_size)
       throw InputError(detail::concat(n.rank, "=", info.rank, " is not a rank of ", n.size, "=",
                                       info.world_size));
+    info.forced = forced();
     return info;
   }
-  return {};
+  LaunchInfo none;
+  none.forced = forced();
+  if (none.forced) none.launcher = "ROFORMER_FORCE_COMMUNICATOR";
+  return none;
 }
 
 }  // namespace roformer::distributed

@@ -14,7 +14,11 @@ struct LaunchInfo {
   int world_size = 1;
   int local_rank = 0;    // rank among the processes of this machine (picks cuda:<local rank>)
   std::string launcher;  // "mpirun", "pmi", "slurm"; "" when none
+  // ROFORMER_FORCE_COMMUNICATOR=1: the MPI (or NCCL) communicator even for
+  // one rank, so its path can be checked at world size 1 (the GPU check).
+  bool forced = false;
   bool distributed() const { return world_size > 1; }
+  bool needs_communicator() const { return distributed() || forced; }
 };
 
 // Reads the launcher's variables through `getenv` (std::getenv by default;

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -135,6 +136,57 @@ void MpiCommunicator::all_gather(std::span<const float> mine, std::span<float> a
                            MPI_FLOAT, s_->comm, &r),
             "all-gather");
   s_->wait_one(r, "an all-gather of optimizer state");
+}
+
+namespace {
+// MPI's counts and displacements are ints: parts of unequal size as two
+// arrays, or an error for a buffer beyond 2^31 - 1 floats.
+struct Parts {
+  std::vector<int> counts, displs;
+};
+Parts parts_of(std::span<const int64_t> counts, int size, const char* what) {
+  RF_CHECK(counts.size() == size_t(size), what, ": ", counts.size(), " parts for ", size, " ranks");
+  Parts p;
+  int64_t offset = 0;
+  for (int64_t c : counts) {
+    if (c < 0 || offset + c > std::numeric_limits<int>::max())
+      throw Error(
+          detail::concat(what, ": ", offset + c, " floats exceed MPI's int counts (2^31 - 1)"));
+    p.counts.push_back(int(c));
+    p.displs.push_back(int(offset));
+    offset += c;
+  }
+  return p;
+}
+}  // namespace
+
+void MpiCommunicator::all_gather_in_place(std::span<float> values,
+                                          std::span<const int64_t> counts) {
+  const Parts p = parts_of(counts, s_->size, "all_gather_in_place");
+  RF_CHECK(int64_t(values.size()) == int64_t(p.displs.back()) + p.counts.back(),
+           "all_gather_in_place: ", values.size(), " values for parts summing to ",
+           int64_t(p.displs.back()) + p.counts.back());
+  MPI_Request r;
+  s_->check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), p.counts.data(),
+                            p.displs.data(), MPI_FLOAT, s_->comm, &r),
+            "all-gather (parameters)");
+  s_->wait_one(r, "the all-gather of the updated parameters (ZeRO-1)");
+}
+
+void MpiCommunicator::gather(std::span<const float> mine, std::span<float> all,
+                             std::span<const int64_t> counts, int root) {
+  const Parts p = parts_of(counts, s_->size, "gather");
+  RF_CHECK(int64_t(mine.size()) == p.counts[size_t(s_->rank)], "gather: ", mine.size(),
+           " values for a part of ", p.counts[size_t(s_->rank)]);
+  if (s_->rank == root)
+    RF_CHECK(int64_t(all.size()) == int64_t(p.displs.back()) + p.counts.back(),
+             "gather: ", all.size(), " slots for parts summing to ",
+             int64_t(p.displs.back()) + p.counts.back());
+  MPI_Request r;
+  s_->check(MPI_Igatherv(mine.data(), int(mine.size()), MPI_FLOAT, all.data(), p.counts.data(),
+                         p.displs.data(), MPI_FLOAT, root, s_->comm, &r),
+            "gather (optimizer state)");
+  s_->wait_one(r, "the gather of the optimizer state for a checkpoint (ZeRO-1)");
 }
 
 void MpiCommunicator::start_all_reduce_sum(std::span<float> values) {

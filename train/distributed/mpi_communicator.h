@@ -31,6 +31,9 @@ class MpiCommunicator final : public Communicator {
   void broadcast(std::span<std::byte> bytes, int root) override;
   void barrier() override;
   void all_gather(std::span<const float> mine, std::span<float> all) override;
+  void all_gather_in_place(std::span<float> values, std::span<const int64_t> counts) override;
+  void gather(std::span<const float> mine, std::span<float> all, std::span<const int64_t> counts,
+              int root) override;
   void start_all_reduce_sum(std::span<float> values) override;
   void progress() override;
   void wait_started() override;

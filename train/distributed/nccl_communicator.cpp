@@ -17,6 +17,8 @@ struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
   bool failed = false;  // aborted: ncclCommDestroy must not be called
   cuda::CudaStream stream;
+  cuda::CudaEvent ready;  // the compute stream's gradients are complete up to here
+  bool started = false;   // gradient sums enqueued since the last wait_started()
   cuda::UniqueHandle<void*, cuda::ReleaseDeviceMemory> staging;
   size_t staging_floats = 0;
 
@@ -72,6 +74,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<MpiCommunicator> mpi, int cud
   s_->mpi->broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
   RF_CUDA_CHECK(ncclCommInitRank(&s_->comm, s_->mpi->world_size(), id, s_->mpi->rank()));
   s_->stream = cuda::CudaStream::create_non_blocking();
+  s_->ready = cuda::CudaEvent::create();
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -101,6 +104,16 @@ void NcclCommunicator::all_gather(std::span<const float> mine, std::span<float> 
   s_->mpi->all_gather(mine, all);
 }
 
+void NcclCommunicator::all_gather_in_place(std::span<float> values,
+                                           std::span<const int64_t> counts) {
+  s_->mpi->all_gather_in_place(values, counts);
+}
+
+void NcclCommunicator::gather(std::span<const float> mine, std::span<float> all,
+                              std::span<const int64_t> counts, int root) {
+  s_->mpi->gather(mine, all, counts, root);
+}
+
 void NcclCommunicator::all_reduce_sum(std::span<float> values) {
   if (values.empty()) return;
   cuda::DeviceGuard on(s_->device);
@@ -118,6 +131,29 @@ void NcclCommunicator::all_reduce_sum(std::span<float> values) {
   RF_CUDA_CHECK(cudaMemcpyAsync(values.data(), device, values.size_bytes(), cudaMemcpyDeviceToHost,
                                 s_->stream.get()));
   s_->wait("copy back");
+}
+
+void NcclCommunicator::start_all_reduce_sum_device(float* values, size_t count, void* stream) {
+  s_->check_usable();
+  cuda::DeviceGuard on(s_->device);
+  // NCCL's stream waits for the backward work that produced the bucket.
+  s_->ready.record(static_cast<cudaStream_t>(stream));
+  s_->ready.block(s_->stream.get());
+  RF_CUDA_CHECK(
+      ncclAllReduce(values, values, count, ncclFloat32, ncclSum, s_->comm, s_->stream.get()));
+  s_->started = true;
+}
+
+void NcclCommunicator::wait_started() {
+  if (!s_->started) return;
+  s_->started = false;
+  cuda::DeviceGuard on(s_->device);
+  s_->wait("gradient all-reduce");
+}
+
+void NcclCommunicator::abort(int exit_code) {
+  s_->abort_comm();
+  s_->mpi->abort(exit_code);
 }
 
 void NcclCommunicator::all_reduce_sum_device(float* values, size_t count) {

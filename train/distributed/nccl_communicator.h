@@ -7,8 +7,8 @@
 // makes the wait call ncclCommAbort (so no kernel spins forever) and throw
 // after `timeout_s` seconds. The communicator is then unusable; the run stops.
 //
-// Compiled in every CUDA + MPI build; it has not yet run on a GPU (see
-// docs/distributed.md).
+// Chosen by make_communicator (communicators.h) for run.device cuda when
+// every rank has a GPU of its own (NCCL refuses two ranks on one GPU).
 #pragma once
 
 #include <cstddef>
@@ -37,6 +37,19 @@ class NcclCommunicator final : public Communicator {
   void broadcast(std::span<std::byte> bytes, int root) override;
   void barrier() override;
   void all_gather(std::span<const float> mine, std::span<float> all) override;
+  void all_gather_in_place(std::span<float> values, std::span<const int64_t> counts) override;
+  void gather(std::span<const float> mine, std::span<float> all, std::span<const int64_t> counts,
+              int root) override;
+
+  // Gradient buckets: enqueued on NCCL's stream after `stream`'s work so
+  // far; wait_started() waits for all of them with the deadline.
+  bool sums_device_memory() const override { return true; }
+  void start_all_reduce_sum_device(float* values, size_t count, void* stream) override;
+  void wait_started() override;
+
+  // For a rank that failed: aborts NCCL (no kernel left waiting for peers),
+  // then ends every rank through MPI_Abort. Does not return.
+  [[noreturn]] void abort(int exit_code);
 
   // In place on device memory of this rank's GPU; returns when the sum is done.
   void all_reduce_sum_device(float* values, size_t count);
