@@ -55,6 +55,12 @@ Tensor sum_to(const Tensor& a, const Shape& shape);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] * weight[out, in]^T + bias[out] (bias may be undefined).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// The feed-forward block with the tanh GELU (Hugging Face's "gelu_new"):
+// linear(gelu_tanh(linear(x, w1, b1)), w2, b2), gelu_tanh(u) = u/2 (1 +
+// tanh(sqrt(2/pi) (u + 0.044715 u^3))). On CUDA the GELU and its gradient
+// (with b1's) run in cuBLASLt's GEMM epilogues; not the erf GELU of gelu().
+Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                     const Tensor& b2);
 
 // --- normalisation and probabilities (core/ops/softmax.cpp, layer_norm.cpp) ---
 Tensor softmax(const Tensor& x);      // over the last dim

@@ -32,7 +32,8 @@ MatmulPrecisionScope::~MatmulPrecisionScope() {
 }
 
 bool autocast_bf16(Device device, DType dtype) {
-  return dtype == DType::f32 && device.is_cpu() && g_matmul_dtype.load() == DType::bf16;
+  return dtype == DType::f32 && (device.is_cpu() || device.is_cuda()) &&
+         g_matmul_dtype.load() == DType::bf16;
 }
 
 bool cpu_has_native_bf16() {
@@ -72,10 +73,20 @@ struct CachedCast {
   Tensor cast;
 };
 
+// The registered bf16 working copy (set_bf16_working_copy).
+struct WorkingCopy {
+  std::weak_ptr<StorageImpl> storage;
+  int64_t offset = 0, numel = 0;  // the source's elements in its storage
+  uint64_t version = 0;
+  Tensor working;
+};
+
 struct WeightCache {
   std::mutex mutex;
   std::unordered_map<std::string, CachedCast> entries;
   int64_t casts = 0;
+  WorkingCopy working;
+  int64_t working_hits = 0;
 };
 
 WeightCache& weight_cache() {
@@ -94,6 +105,27 @@ std::string cache_key(const Tensor& w) {
   key += '/';
   for (int64_t s : w.strides()) key += ',' + std::to_string(s);
   return key;
+}
+
+// `weight` as a view of the working copy, or an undefined tensor when the copy
+// does not hold it (another storage, a newer version, elements outside).
+Tensor from_working_copy(const WorkingCopy& copy, const Tensor& weight) {
+  if (!copy.working.defined() || copy.storage.lock() != weight.impl().storage ||
+      copy.version != weight.version() || weight.numel() == 0)
+    return Tensor();
+  int64_t last = weight.offset();
+  for (int64_t d = 0; d < weight.dim(); ++d) {
+    if (weight.stride(d) < 0) return Tensor();
+    last += (weight.size(d) - 1) * weight.stride(d);
+  }
+  if (weight.offset() < copy.offset || last >= copy.offset + copy.numel) return Tensor();
+  auto view = std::make_shared<TensorImpl>();
+  view->storage = copy.working.impl().storage;
+  view->shape = weight.shape();
+  view->strides = weight.strides();
+  view->offset = copy.working.offset() + (weight.offset() - copy.offset);
+  view->dtype = DType::bf16;
+  return Tensor(view);
 }
 
 }  // namespace
@@ -123,6 +155,10 @@ Tensor bf16_weight(const Tensor& weight) {
   WeightCache& cache = weight_cache();
   const std::string key = cache_key(weight);
   std::lock_guard<std::mutex> lock(cache.mutex);
+  if (Tensor view = from_working_copy(cache.working, weight); view.defined()) {
+    ++cache.working_hits;
+    return view;
+  }
   auto it = cache.entries.find(key);
   if (it != cache.entries.end() && it->second.storage.lock() == weight.impl().storage &&
       it->second.version == weight.version())
@@ -142,6 +178,24 @@ int64_t bf16_weight_casts() {
 void clear_bf16_weights() {
   std::lock_guard<std::mutex> lock(weight_cache().mutex);
   weight_cache().entries.clear();
+  weight_cache().working = WorkingCopy{};
+}
+
+void set_bf16_working_copy(const Tensor& source, const Tensor& working) {
+  if (!source.is_contiguous() || source.dtype() != DType::f32 || !working.is_contiguous() ||
+      working.dtype() != DType::bf16 || working.numel() != source.numel() ||
+      working.device() != source.device())
+    throw Error(detail::concat("bf16 working copy: expected a contiguous bf16 copy of ",
+                               source.desc(), " on ", source.device().str(), ", got ",
+                               working.desc(), " on ", working.device().str()));
+  std::lock_guard<std::mutex> lock(weight_cache().mutex);
+  weight_cache().working = WorkingCopy{source.impl().storage, source.offset(), source.numel(),
+                                       source.version(), working};
+}
+
+int64_t bf16_working_copy_hits() {
+  std::lock_guard<std::mutex> lock(weight_cache().mutex);
+  return weight_cache().working_hits;
 }
 
 }  // namespace roformer

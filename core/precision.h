@@ -1,6 +1,6 @@
 // Mixed precision for the matrix products ("autocast"). While a
 // MatmulPrecisionScope(DType::bf16) is alive, linear, matmul and softmax
-// attention on the CPU cast their f32 operands to bf16, multiply with f32
+// attention on the CPU and on CUDA devices cast their f32 operands to bf16, multiply with f32
 // accumulation and return f32; everything else (parameters, gradients,
 // optimizer state, layer norm, softmax, loss) stays f32. The choice is taken
 // when an op runs forward and kept by its backward.
@@ -31,7 +31,8 @@ class MatmulPrecisionScope {
 };
 
 // True when an op on `device` with operands of `dtype` should run its products
-// in bf16: the scope asks for bf16, the operands are f32, the device is the CPU.
+// in bf16: the scope asks for bf16 and the operands are f32 (on the CPU or a
+// CUDA device).
 bool autocast_bf16(Device device, DType dtype);
 
 // --- CPU support ------------------------------------------------------------------
@@ -52,8 +53,18 @@ void require_native_bf16(const std::string& key);
 Tensor bf16_weight(const Tensor& weight);
 // Number of casts bf16_weight has made since start (for tests).
 int64_t bf16_weight_casts();
-// Drops every cached copy.
+// Drops every cached copy (and the registered working copy below).
 void clear_bf16_weights();
+
+// A bf16 working copy kept by the storage's writer: `working` (contiguous
+// bf16, source's element count) holds the flat f32 `source` (contiguous)
+// rounded to bf16 as of source's current version. The device AdamW writes it
+// in its update pass; until the storage's version moves again, bf16_weight
+// serves every weight inside `source` as a view of `working`, with no cast.
+// One working copy is registered at a time (the model's flat parameters).
+void set_bf16_working_copy(const Tensor& source, const Tensor& working);
+// Number of weights bf16_weight has served from the working copy (for tests).
+int64_t bf16_working_copy_hits();
 
 // A bf16 copy of `t` (no history), contiguous. The caller must not write to
 // it: a repeated call for the same unchanged tensor returns the same copy.

@@ -78,10 +78,11 @@ std::optional<ConfigIssue> find_model_config_issue(const ModelConfig& c,
         positive_number("rope_base", c.rope_base)}) {
     if (check) return check;
   }
-  if (c.hidden_act != "gelu")
-    return issue(
-        {"hidden_act"},
-        fmt::format("only \"gelu\" (the erf form) is implemented, got \"{}\"", c.hidden_act));
+  if (c.hidden_act != "gelu" && c.hidden_act != "gelu_new")
+    return issue({"hidden_act"},
+                 fmt::format("expected \"gelu\" (the erf form) or \"gelu_new\" (the tanh "
+                             "approximation), got \"{}\"",
+                             c.hidden_act));
   if (c.pad_token_id < 0 || c.pad_token_id >= c.vocab_size)
     return issue({"pad_token_id", "vocab_size"},
                  fmt::format("expected an id in [0, {}vocab_size={}), got {}", p, c.vocab_size,

@@ -75,7 +75,7 @@ struct ModelConfig {
   int64_t num_hidden_layers = 12;
   int64_t num_attention_heads = 12;
   int64_t intermediate_size = 3072;
-  std::string hidden_act = "gelu";  // only the erf form of GELU is implemented
+  std::string hidden_act = "gelu";  // "gelu" (erf) or "gelu_new" (tanh approximation)
   double hidden_dropout_prob = 0.1;
   double attention_probs_dropout_prob = 0.1;
   int64_t max_position_embeddings = 1536;

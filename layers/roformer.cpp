@@ -18,9 +18,18 @@ int64_t checked_num_labels(int64_t num_labels) {
   return num_labels;
 }
 
-Tensor gelu_profiled(const Tensor& x) {
+// hidden_act: "gelu" is the erf GELU; "gelu_new" the tanh approximation,
+// here written out with elementwise ops (the heads; the layers' FFN runs it
+// fused in gelu_tanh_ffn).
+Tensor activation_profiled(const Tensor& x, bool tanh_gelu) {
   RF_PROFILE("gelu");
-  return gelu(x);
+  if (!tanh_gelu) return gelu(x);
+  const Tensor u = mul(add(x, mul(pow(x, 3.0), 0.044715)), 0.79788456080286535588);
+  return mul(mul(x, 0.5), add(tanh(u), 1.0));
+}
+
+bool tanh_gelu(const ModelConfig& config) {
+  return config.hidden_act == "gelu_new";
 }
 
 // Host copy of a [B, S]-shaped integer tensor, checked against the ids' shape.
@@ -114,7 +123,13 @@ RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_
 
 Tensor RoFormerResidualOutput::forward(const Tensor& x, const Tensor& residual, bool training,
                                        DropoutContext& ctx, const Tensor& dropout_tokens) const {
-  const Tensor y = dropout_.forward(dense_.forward(x), training, ctx, dropout_tokens);
+  return finish(dense_.forward(x), residual, training, ctx, dropout_tokens);
+}
+
+Tensor RoFormerResidualOutput::finish(const Tensor& dense_out, const Tensor& residual,
+                                      bool training, DropoutContext& ctx,
+                                      const Tensor& dropout_tokens) const {
+  const Tensor y = dropout_.forward(dense_out, training, ctx, dropout_tokens);
   Tensor sum_xy;
   {
     RF_PROFILE("add");
@@ -130,7 +145,8 @@ RoFormerLayer::RoFormerLayer(const ModelConfig& config)
       intermediate_dense_(config.hidden_size, config.intermediate_size, true,
                           config.initializer_range),
       intermediate_(intermediate_dense_),
-      output_(config, config.intermediate_size) {
+      output_(config, config.intermediate_size),
+      tanh_gelu_(tanh_gelu(config)) {
   register_module("attention", attention_);
   register_module("intermediate", intermediate_);
   register_module("output", output_);
@@ -140,16 +156,30 @@ Tensor RoFormerLayer::forward(const Tensor& hidden, const Tensor& key_mask, cons
                               bool training, DropoutContext& ctx) const {
   const Tensor context = self_.forward(hidden, key_mask, positions, training, ctx);
   const Tensor attended = attention_output_.forward(context, hidden, training, ctx);
-  const Tensor inner = gelu_profiled(intermediate_dense_.forward(attended));
-  return output_.forward(inner, attended, training, ctx);
+  return feed_forward(attended, training, ctx, Tensor());
 }
 
 Tensor RoFormerLayer::forward(const Tensor& hidden, const TokenLayout& layout, bool training,
                               DropoutContext& ctx) const {
   const Tensor context = self_.forward(hidden, layout, training, ctx);
   const Tensor attended = attention_output_.forward(context, hidden, training, ctx, layout.tokens);
-  const Tensor inner = gelu_profiled(intermediate_dense_.forward(attended));
-  return output_.forward(inner, attended, training, ctx, layout.tokens);
+  return feed_forward(attended, training, ctx, layout.tokens);
+}
+
+Tensor RoFormerLayer::feed_forward(const Tensor& attended, bool training, DropoutContext& ctx,
+                                   const Tensor& dropout_tokens) const {
+  if (!tanh_gelu_) {
+    const Tensor inner = activation_profiled(intermediate_dense_.forward(attended), false);
+    return output_.forward(inner, attended, training, ctx, dropout_tokens);
+  }
+  Tensor y;
+  {
+    RF_PROFILE("ffn");  // both products and the GELU in one op (GEMM epilogues on CUDA)
+    const Linear& out = output_.dense();
+    y = gelu_tanh_ffn(attended, intermediate_dense_.weight(), intermediate_dense_.bias(),
+                      out.weight(), out.bias());
+  }
+  return output_.finish(y, attended, training, ctx, dropout_tokens);
 }
 
 // --- model -----------------------------------------------------------------------------
@@ -206,7 +236,8 @@ RoFormerLMHead::RoFormerLMHead(const ModelConfig& config, const Embedding& word_
     : word_embeddings_(word_embeddings),
       dense_(config.hidden_size, config.embedding_dim(), true, config.initializer_range),
       layer_norm_(config.embedding_dim(), config.layer_norm_eps),
-      transform_(dense_, layer_norm_) {
+      transform_(dense_, layer_norm_),
+      tanh_gelu_(tanh_gelu(config)) {
   bias_ = register_parameter("bias", Tensor::zeros({config.vocab_size}));
   register_module("transform", transform_);
 }
@@ -216,7 +247,7 @@ void RoFormerLMHead::init_own(Generator&) {
 }
 
 Tensor RoFormerLMHead::forward(const Tensor& rows) const {
-  const Tensor h = layer_norm_.forward(gelu_profiled(dense_.forward(rows)));
+  const Tensor h = layer_norm_.forward(activation_profiled(dense_.forward(rows), tanh_gelu_));
   RF_PROFILE("decoder");
   return linear(h, word_embeddings_.weight(), bias_);
 }
@@ -313,7 +344,8 @@ RoFormerClassificationHead::RoFormerClassificationHead(const ModelConfig& config
                                                        int64_t num_labels)
     : dense_(config.hidden_size, config.hidden_size, true, config.initializer_range),
       out_proj_(config.hidden_size, num_labels, true, config.initializer_range),
-      dropout_(config.hidden_dropout_prob) {
+      dropout_(config.hidden_dropout_prob),
+      tanh_gelu_(tanh_gelu(config)) {
   register_module("dense", dense_);
   register_module("out_proj", out_proj_);
 }
@@ -327,7 +359,7 @@ Tensor RoFormerClassificationHead::forward_first_tokens(const Tensor& first_toke
                                                         DropoutContext& ctx) const {
   // [N, hidden]: one position per row, so dropout keys row n as the padded head does.
   Tensor x = dropout_.forward(first_tokens, training, ctx);
-  x = gelu_profiled(dense_.forward(x));
+  x = activation_profiled(dense_.forward(x), tanh_gelu_);
   x = dropout_.forward(x, training, ctx);
   return out_proj_.forward(x);
 }

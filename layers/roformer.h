@@ -44,6 +44,10 @@ class RoFormerResidualOutput : public Module {
   // dropout_tokens: the layout's [T, 2] keys for a token-stream x (else undefined).
   Tensor forward(const Tensor& x, const Tensor& residual, bool training, DropoutContext& ctx,
                  const Tensor& dropout_tokens = Tensor()) const;
+  // The same from dense's output, computed by the caller (a fused op).
+  Tensor finish(const Tensor& dense_out, const Tensor& residual, bool training, DropoutContext& ctx,
+                const Tensor& dropout_tokens = Tensor()) const;
+  const Linear& dense() const { return dense_; }
 
  private:
   Linear dense_;
@@ -76,12 +80,17 @@ class RoFormerLayer : public Module {
     explicit Intermediate(Linear& dense) { register_module("dense", dense); }
   };
 
+  // intermediate -> activation -> output, with the residual and LayerNorm.
+  Tensor feed_forward(const Tensor& attended, bool training, DropoutContext& ctx,
+                      const Tensor& dropout_tokens) const;
+
   RoFormerSelfAttention self_;
   RoFormerResidualOutput attention_output_;
   Attention attention_;
   Linear intermediate_dense_;
   Intermediate intermediate_;
   RoFormerResidualOutput output_;
+  bool tanh_gelu_;  // hidden_act gelu_new: the fused gelu_tanh_ffn
 };
 
 // roformer.*: embeddings (+ embeddings_project) and the encoder stack.
@@ -152,6 +161,7 @@ class RoFormerLMHead : public Module {
   LayerNorm layer_norm_;
   Transform transform_;
   Tensor bias_;
+  bool tanh_gelu_;
 };
 
 struct MlmOutput {
@@ -210,6 +220,7 @@ class RoFormerClassificationHead : public Module {
  private:
   Linear dense_, out_proj_;
   Dropout dropout_;
+  bool tanh_gelu_;
 };
 
 struct ClassificationOutput {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/autograd.h"
+#include "core/precision.h"
 #include "optim/device_passes.h"
 
 namespace roformer::optim {
@@ -104,8 +105,15 @@ void AdamW::step(double lr, double grad_scale) {
     // The same pass as one fused kernel on the device (optim/device_passes.h).
     std::vector<device_passes::Run> runs;
     for (const Span& sp : spans) runs.push_back({sp.begin, sp.end, sp.decay});
+    // Under bf16 products the same pass writes the bf16 weights the next
+    // forward reads (core/precision.h): no separate cast per weight.
+    if (matmul_dtype() != DType::bf16)
+      working_bf16_ = Tensor();
+    else if (!working_bf16_.defined())
+      working_bf16_ = Tensor::empty({flat.padded_numel()}, DType::bf16, flat.device());
     device_passes::adamw(flat.data(), flat.grad(), m_, v_, runs,
-                         {b1, b2, eps, step_size, bc2_sqrt, scale, decay_factor});
+                         {b1, b2, eps, step_size, bc2_sqrt, scale, decay_factor}, working_bf16_);
+    if (working_bf16_.defined()) set_bf16_working_copy(flat.data(), working_bf16_);
     return;
   }
 

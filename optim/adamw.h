@@ -101,6 +101,9 @@ class AdamW {
   MomentShard shard_;
   int64_t begin_ = 0, end_ = 0;  // the flat range the moments cover
   Tensor m_, v_;                 // flat layout of [begin_, end_), padding included
+  // On a GPU under bf16 products: the parameters rounded to bf16, written by
+  // the update kernel (flat layout).
+  Tensor working_bf16_;
   int64_t step_ = 0;
 };
 

@@ -67,7 +67,7 @@ GradSummary grad_summary(const Tensor& flat_grad) {
 }
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-           const std::vector<Run>& runs, const AdamWStep& step) {
+           const std::vector<Run>& runs, const AdamWStep& step, const Tensor& working_bf16) {
   const int64_t n = param.numel();
   check_flat(param, n, "the parameters");
   check_flat(grad, n, "the gradient");
@@ -76,6 +76,14 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
   const Device device = param.device();
   if (grad.device() != device || m.device() != device || v.device() != device)
     throw Error("optimizer: the flat buffers are on different devices");
+  if (working_bf16.defined() &&
+      (working_bf16.device() != device || working_bf16.dtype() != DType::bf16 ||
+       !working_bf16.is_contiguous() || working_bf16.numel() != n))
+    throw Error(
+        detail::concat("optimizer: the bf16 working copy must be a contiguous bf16 tensor "
+                       "of ",
+                       n, " elements on ", device.str(), ", got ", working_bf16.desc(), " on ",
+                       working_bf16.device().str()));
   const Segments seg = segments_of(runs, n);
   const int64_t count = int64_t(seg.modes.size());
   // Starts and modes in one upload: count + 1 int64 starts, then the bytes.
@@ -94,10 +102,12 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
   a.decay = step.decay;
   const int64_t* starts = table.data_as<int64_t>();
   cuda::adamw_step(param.data_as<float>(), grad.data_as<float>(), m.data_as<float>(),
-                   v.data_as<float>(), nullptr, n, starts,
-                   reinterpret_cast<const uint8_t*>(starts + count + 1), int(count), a,
+                   v.data_as<float>(),
+                   working_bf16.defined() ? static_cast<uint16_t*>(working_bf16.data()) : nullptr,
+                   n, starts, reinterpret_cast<const uint8_t*>(starts + count + 1), int(count), a,
                    cuda::native(current_stream(device)));
   param.bump_version();
+  if (working_bf16.defined()) working_bf16.bump_version();
 }
 
 #else
@@ -113,7 +123,7 @@ GradSummary grad_summary(const Tensor& flat_grad) {
 }
 
 void adamw(const Tensor& param, const Tensor&, const Tensor&, const Tensor&,
-           const std::vector<Run>&, const AdamWStep&) {
+           const std::vector<Run>&, const AdamWStep&, const Tensor&) {
   no_cuda(param);
 }
 

@@ -33,9 +33,13 @@ struct AdamWStep {
   float decay = 1;  // 1 - lr * weight_decay
 };
 // One update of `param` from `grad` with moments `m` and `v` (flat f32
-// buffers of one length on one GPU), over `runs` (sorted, disjoint).
+// buffers of one length on one GPU), over `runs` (sorted, disjoint). When
+// `working_bf16` is defined (contiguous bf16 of that length, same GPU) the
+// same pass writes every element of the updated `param` into it rounded to
+// bf16, the ones outside the runs included.
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-           const std::vector<Run>& runs, const AdamWStep& step);
+           const std::vector<Run>& runs, const AdamWStep& step,
+           const Tensor& working_bf16 = Tensor());
 
 // The runs as the kernel's segments covering [0, n): starts (num_segments + 1
 // entries, the last n) and a mode per segment (0 no decay, 1 decay, 2 skip).

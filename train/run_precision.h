@@ -13,9 +13,9 @@
 namespace roformer {
 
 // Sets the matrix-product precision of `config.run.precision` for its
-// lifetime. bf16 needs the CPU device and a CPU with bf16 dot products
-// (AVX512-BF16 or AMX-BF16): otherwise it throws InputError naming
-// run.precision and what is missing (no silent fallback to f32).
+// lifetime. bf16 on the CPU needs bf16 dot products (AVX512-BF16 or
+// AMX-BF16): otherwise it throws InputError naming run.precision and what is
+// missing (no silent fallback to f32). CUDA devices always take bf16.
 class RunPrecision {
  public:
   explicit RunPrecision(const Config& config);

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -80,11 +81,37 @@ void make_layout(LayoutDesc& layout, cudaDataType_t type, int64_t rows, int64_t 
   }
 }
 
+// Sets one attribute of a matmul descriptor, naming it when cuBLASLt refuses.
+template <class V>
+void set_desc(const MatmulDesc& op, cublasLtMatmulDescAttributes_t attribute, const V& value,
+              const char* call, int line) {
+  check_status(cublasLtMatmulDescSetAttribute(op.h, attribute, &value, sizeof(value)), call,
+               __FILE__, line);
+}
+#define RF_SET_DESC(op, attribute, value) \
+  set_desc(op, attribute, value, "cublasLtMatmulDescSetAttribute(" #attribute ")", __LINE__)
+
+cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
+  switch (g.epilogue) {
+    case GemmEpilogue::kGeluAux:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGeluBiasGrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kNone:
+      break;
+  }
+  return g.bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
 std::string describe(const GemmArgs& g) {
-  return detail::concat("gemm ", g.batch, " x [", g.m, " x ", g.k, "]", g.trans_a ? "^T" : "",
-                        " * [", g.k, " x ", g.n, "]", g.trans_b ? "^T" : "", " (",
-                        dtype_name(g.input_dtype), " -> ", dtype_name(g.output_dtype),
-                        g.bias ? ", bias" : "", ")");
+  return detail::concat(
+      "gemm ", g.batch, " x [", g.m, " x ", g.k, "]", g.trans_a ? "^T" : "", " * [", g.k, " x ",
+      g.n, "]", g.trans_b ? "^T" : "", " (", dtype_name(g.input_dtype), " -> ",
+      dtype_name(g.output_dtype), g.bias ? ", bias" : "",
+      g.epilogue == GemmEpilogue::kGeluAux         ? ", GELU (tanh) with aux"
+      : g.epilogue == GemmEpilogue::kDGeluBiasGrad ? ", dGELU (tanh) and bias gradient"
+                                                   : "",
+      ")");
 }
 
 // Heuristic answers by problem, so each shape asks cuBLASLt once.
@@ -104,8 +131,13 @@ bool allow_tf32() {
 }
 
 void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
+  RF_CHECK(try_gemm(g, device, stream), describe(g),
+           ": cuBLASLt has no algorithm for this problem");
+}
+
+bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   RF_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, describe(g), ": bad sizes");
-  if (g.m == 0 || g.n == 0) return;
+  if (g.m == 0 || g.n == 0) return true;
   const cudaDataType_t in_type = cuda_type(g.input_dtype, "the inputs");
   const cudaDataType_t out_type = cuda_type(g.output_dtype, "the output");
   DeviceContext& ctx = context(device);
@@ -119,59 +151,59 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   // Column-major view: D^T[N x M] = X * Y with X = B's memory, Y = A's memory.
   const cublasOperation_t op_x = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_y = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  RF_CUDA_CHECK(
-      cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSA, &op_x, sizeof(op_x)));
-  RF_CUDA_CHECK(
-      cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_TRANSB, &op_y, sizeof(op_y)));
+  RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_TRANSA, op_x);
+  RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_TRANSB, op_y);
+  RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(g));
   if (g.bias) {
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    RF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                 sizeof(epilogue)));
-    RF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
-                                                 sizeof(g.bias)));
-    const cudaDataType_t bias_type = cuda_type(g.bias_dtype, "the bias");
-    RF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                 &bias_type, sizeof(bias_type)));
-    const int64_t bias_stride = 0;  // one bias for every batch entry
-    RF_CUDA_CHECK(cublasLtMatmulDescSetAttribute(op.h, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE,
-                                                 &bias_stride, sizeof(bias_stride)));
+    // Read (the bias), or written (the bias gradient of the DGELU epilogue):
+    // [n] in our terms, the rows of the column-major D^T.
+    RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+    RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_dtype, "the bias"));
+    RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t(0));  // one for every entry
+  }
+  if (g.epilogue != GemmEpilogue::kNone) {
+    // The GELU input, [m x n] row-major in C's dtype (column-major [n x m] for cuBLASLt).
+    RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ld_aux);
   }
 
   LayoutDesc x, y, d;
-  if (g.trans_b)
-    make_layout(x, in_type, g.k, g.n, g.ldb, g.batch, g.stride_b);
-  else
-    make_layout(x, in_type, g.n, g.k, g.ldb, g.batch, g.stride_b);
-  if (g.trans_a)
-    make_layout(y, in_type, g.m, g.k, g.lda, g.batch, g.stride_a);
-  else
-    make_layout(y, in_type, g.k, g.m, g.lda, g.batch, g.stride_a);
+  make_layout(x, in_type, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.ldb, g.batch, g.stride_b);
+  make_layout(y, in_type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda, g.batch, g.stride_a);
   make_layout(d, out_type, g.n, g.m, g.ldc, g.batch, g.stride_c);
 
   const uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b);
   const uint32_t align_c = alignment_of(g.c);
   const uint32_t align_bias = g.bias ? alignment_of(g.bias) : 256;
-  const AlgoKey key{device,
-                    g.m,
-                    g.n,
-                    g.k,
-                    g.batch,
-                    g.lda,
-                    g.ldb,
-                    g.ldc,
-                    int(g.trans_a) | int(g.trans_b) << 1 | int(g.beta != 0.0f) << 2,
-                    int(g.input_dtype),
-                    int(g.output_dtype),
-                    g.bias ? int(g.bias_dtype) : -1,
-                    int(compute),
-                    g.stride_a,
-                    g.stride_b,
-                    g.stride_c,
-                    uint64_t(align_a) | uint64_t(align_b) << 9 | uint64_t(align_c) << 18 |
-                        uint64_t(align_bias) << 27};
+  RF_CHECK(g.epilogue == GemmEpilogue::kNone ||
+               (g.batch == 1 && g.aux && g.ld_aux >= g.n && g.ld_aux % 8 == 0 &&
+                alignment_of(g.aux) >= 16 && g.bias),
+           describe(g),
+           ": the GELU epilogues take one matrix, a bias (or bias gradient) and an aux matrix "
+           "16-byte aligned with a row stride >= n and a multiple of 8");
+  const AlgoKey key{
+      device,
+      g.m,
+      g.n,
+      g.k,
+      g.batch,
+      g.lda,
+      g.ldb,
+      g.ldc,
+      int(g.trans_a) | int(g.trans_b) << 1 | int(g.beta != 0.0f) << 2 | int(g.epilogue) << 3,
+      int(g.input_dtype),
+      int(g.output_dtype),
+      g.bias ? int(g.bias_dtype) : -1,
+      int(compute),
+      g.stride_a,
+      g.stride_b,
+      g.stride_c,
+      uint64_t(align_a) | uint64_t(align_b) << 9 | uint64_t(align_c) << 18 |
+          uint64_t(align_bias) << 27};
   static std::mutex cache_mutex;
-  static auto* cache = new std::map<AlgoKey, cublasLtMatmulAlgo_t>();
-  cublasLtMatmulAlgo_t algo;
+  // The heuristic's answer, or nullopt when it has none (asked once too).
+  static auto* cache = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();
+  std::optional<cublasLtMatmulAlgo_t> algo;
   bool found = false;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
@@ -196,16 +228,19 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
       RF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, attribute, &value, sizeof(value)));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    RF_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle.get(), op.h, x.h, y.h, d.h, d.h, pref.h,
-                                                 1, &result, &returned));
-    RF_CHECK(returned > 0, describe(g), ": cuBLASLt has no algorithm for this problem");
-    algo = result.algo;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        ctx.handle.get(), op.h, x.h, y.h, d.h, d.h, pref.h, 1, &result, &returned);
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+      check_status(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
     std::lock_guard<std::mutex> lock(cache_mutex);
     (*cache)[key] = algo;
   }
+  if (!algo) return false;
   RF_CUDA_CHECK(cublasLtMatmul(ctx.handle.get(), op.h, &g.alpha, g.b, x.h, g.a, y.h, &g.beta, g.c,
-                               d.h, g.c, d.h, &algo, ctx.workspace.get(), ctx.workspace.size(),
+                               d.h, g.c, d.h, &*algo, ctx.workspace.get(), ctx.workspace.size(),
                                stream));
+  return true;
 }
 
 }  // namespace roformer::cuda

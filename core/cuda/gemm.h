@@ -8,6 +8,13 @@
 // matrices; stride_* are the distances between batch entries (0 broadcasts).
 // Inputs f32 or bf16 with f32 accumulation; C f32 or bf16; the bias has C's
 // dtype or f32. f32 inputs use TF32 tensor cores only when allow_tf32.
+//
+// The GELU epilogues (cuBLASLt's GELU is the tanh approximation, HF's
+// "gelu_new"; not the erf GELU) take one matrix (batch 1) and an aux matrix
+// [m x n] row-major in C's dtype, row stride ld_aux (a multiple of 8):
+//   kGeluAux        aux = product + bias; C = gelu_tanh(aux)
+//   kDGeluBiasGrad  C = product * gelu_tanh'(aux); bias (written, [n]) = the
+//                   column sums of C: the bias gradient
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +24,8 @@
 #include "core/dtype.h"
 
 namespace roformer::cuda {
+
+enum class GemmEpilogue : uint8_t { kNone, kGeluAux, kDGeluBiasGrad };
 
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
@@ -31,8 +40,11 @@ struct GemmArgs {
   int64_t ldc = 0, stride_c = 0;
   DType input_dtype = DType::f32;   // of A and B
   DType output_dtype = DType::f32;  // of C
-  const void* bias = nullptr;       // [n], or nullptr
+  const void* bias = nullptr;       // [n], or nullptr (written by kDGeluBiasGrad)
   DType bias_dtype = DType::f32;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  void* aux = nullptr;  // the GELU input of the epilogues
+  int64_t ld_aux = 0;
   float alpha = 1.0f, beta = 0.0f;
   bool allow_tf32 = false;
 };
@@ -47,5 +59,8 @@ bool allow_tf32();
 // cuBLASLt workspace is shared: run GEMMs of one device on one stream at a time. Throws naming the
 // shapes when cuBLASLt has no algorithm for them, and the call when one fails.
 void gemm(const GemmArgs& args, int device, cudaStream_t stream);
+// The same, returning false (nothing queued) when cuBLASLt has no algorithm
+// for the problem: callers with an unfused way (the GELU epilogues) take it.
+bool try_gemm(const GemmArgs& args, int device, cudaStream_t stream);
 
 }  // namespace roformer::cuda

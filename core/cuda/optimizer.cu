@@ -1,32 +1,26 @@
 #include <cuda_bf16.h>
 
 #include "core/cuda/check.h"
+#include "core/cuda/kernels/common.cuh"
 #include "core/cuda/optimizer.h"
 
 namespace roformer::cuda {
 
 namespace {
 
+// The kernels' deterministic block reduction (a fixed order for a block
+// size) and launch size.
+using kernels::cuda::block_sum;
+using kernels::cuda::grid_for;
+
 constexpr int kNormBlocks = 512;  // fixed, so the summation order depends only on n
 constexpr int kNormThreads = 256;
-
-template <class T>
-__device__ T block_sum(T value, T* shared) {
-  // A fixed tree: the same order on every run.
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int width = blockDim.x / 2; width > 0; width /= 2) {
-    if (int(threadIdx.x) < width) shared[threadIdx.x] += shared[threadIdx.x + width];
-    __syncthreads();
-  }
-  return shared[0];
-}
 
 __global__ void grad_norm_partials(const float* __restrict__ g, int64_t n,
                                    double* __restrict__ sums,
                                    unsigned long long* __restrict__ bad) {
-  __shared__ double shared_sum[kNormThreads];
-  __shared__ unsigned long long shared_bad[kNormThreads];
+  __shared__ double shared_sum[32];
+  __shared__ unsigned long long shared_bad[32];
   double sum = 0.0;
   unsigned long long count = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -46,8 +40,8 @@ __global__ void grad_norm_partials(const float* __restrict__ g, int64_t n,
 __global__ void grad_norm_finish(const double* __restrict__ sums,
                                  const unsigned long long* __restrict__ bad,
                                  GradStats* __restrict__ out) {
-  __shared__ double shared_sum[kNormBlocks];
-  __shared__ unsigned long long shared_bad[kNormBlocks];
+  __shared__ double shared_sum[32];
+  __shared__ unsigned long long shared_bad[32];
   const double total = block_sum(sums[threadIdx.x], shared_sum);
   const unsigned long long total_bad = block_sum(bad[threadIdx.x], shared_bad);
   if (threadIdx.x == 0) {
@@ -73,7 +67,11 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
       else
         hi = mid - 1;
     }
-    if (decays[lo] == kSegmentSkip) continue;
+    if (decays[lo] == kSegmentSkip) {
+      // Untouched, but the working copy must still hold every parameter.
+      if (working) working[i] = __float2bfloat16_rn(p[i]);
+      continue;
+    }
     const float decay = decays[lo] == kSegmentDecay ? a.decay : 1.0f;
     // Explicit rounding intrinsics: no contraction into FMAs, as on the CPU.
     const float gi = __fmul_rn(g[i], a.grad_scale);
@@ -88,11 +86,6 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
     p[i] = pi;
     if (working) working[i] = __float2bfloat16_rn(pi);
   }
-}
-
-int grid_for(int64_t n, int threads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return int(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
 }
 
 }  // namespace

@@ -42,8 +42,9 @@ enum SegmentMode : uint8_t {
 
 // Parameters [0, n) are split in segments [starts[i], starts[i + 1]) (device
 // array of num_segments + 1 entries) with segment_decays[i] a SegmentMode.
-// `working_bf16` (may be null) receives the updated parameters rounded to
-// bf16 in the same pass.
+// `working_bf16` (may be null) receives every parameter (updated or skipped)
+// rounded to nearest-even bf16 in the same pass: the weights the bf16 matrix
+// products read (core/precision.h, set_bf16_working_copy).
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                 uint16_t* working_bf16, int64_t n, const int64_t* segment_starts,
                 const uint8_t* segment_decays, int num_segments, const AdamWArgs& args,

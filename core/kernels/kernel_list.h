@@ -94,6 +94,12 @@ struct AttentionParams {
   /* --- matrix products (core/cpu/matmul.cpp) --------------------------------------------- */\
   /* out[..., M, N] = a[..., M, K] b[..., K, N] (+ bias[N]); batch dims may broadcast. */       \
   X(matmul, void(Stream, KT a, KT b, KT bias, KT out))                                          \
+  /* --- products with the tanh-GELU epilogue (core/cpu/gelu_gemm.cpp; CUDA: cuBLASLt --- */    \
+  /* GELU_AUX_BIAS / DGELU_BGRAD). 2-D; a, b as matmul's; pre, y, dpre [M, N]. */               \
+  /* pre = a b + bias, y = gelu_tanh(pre) */                                                    \
+  X(gemm_gelu_forward, void(Stream, KT a, KT b, KT bias, KT pre, KT y))                         \
+  /* dpre = (a b) * gelu_tanh'(pre), dbias[N] = column sums of dpre */                          \
+  X(gemm_dgelu_backward, void(Stream, KT a, KT b, KT pre, KT dpre, KT dbias))                   \
   /* --- softmax, layer norm, GELU (core/cpu/softmax.cpp, layer_norm.cpp, gelu.cpp) -------- */\
   X(softmax_forward, void(Stream, KT x, KT y, bool log))                                        \
   X(softmax_backward, void(Stream, KT y, KT dy, KT dx, bool log))                               \

@@ -1,4 +1,5 @@
-// matmul and linear on oneDNN's matmul primitive. Backward passes transposed
+// matmul, linear and the tanh-GELU feed-forward block on the matmul kernels
+// (oneDNN on the CPU, cuBLASLt on CUDA). Backward passes transposed
 // views of the saved operands straight to the kernel: no transposed copies.
 // Under a bf16 MatmulPrecisionScope (core/precision.h) f32 operands are cast
 // to bf16 (weights through the per-step cache), the products accumulate in
@@ -95,6 +96,66 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (gw) grad_w = product(eg.transpose(0, 1), saved_x.get(), Tensor(), "linear", dt);
     if (gbias) grad_b = sum(g2, {0});
     return std::vector<Tensor>{grad_x, grad_w, grad_b};
+  });
+}
+
+Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                     const Tensor& b2) {
+  constexpr const char* op = "gelu_tanh_ffn";
+  kernel_device(op, {&x, &w1, &b1, &w2, &b2});
+  if (w1.dim() != 2 || w2.dim() != 2 || x.dim() < 1 || x.shape().back() != w1.size(1) ||
+      w2.size(1) != w1.size(0) || !b1.defined() || b1.dim() != 1 || b1.size(0) != w1.size(0) ||
+      !b2.defined() || b2.dim() != 1 || b2.size(0) != w2.size(0))
+    throw Error(detail::concat(op, ": expected x [..., in], w1 [inner, in], b1 [inner], w2 [out, ",
+                               "inner], b2 [out]; got x ", x.desc(), ", w1 ", w1.desc(), ", b1 ",
+                               b1.desc(), ", w2 ", w2.desc(), ", b2 ", b2.desc()));
+  for (const Tensor* t : {&w1, &b1, &w2, &b2})
+    if (t->dtype() != x.dtype() || !is_floating(x.dtype()))
+      throw Error(detail::concat(op, ": expected floating tensors of one dtype, got x ", x.desc(),
+                                 " and ", t->desc()));
+  const int64_t in = w1.size(1), inner = w1.size(0), out_features = w2.size(0);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  const bool low = autocast_bf16(x.device(), x.dtype());
+  const DType dt = x.dtype();
+  Tensor x2, we1, we2, pre, h, out;
+  {
+    NoGradGuard no_grad;
+    x2 = low ? to_bf16(x).reshape({-1, in}) : x.reshape({-1, in});
+    we1 = low ? bf16_weight(w1) : w1;
+    we2 = low ? bf16_weight(w2) : w2;
+    pre = Tensor::empty({x2.size(0), inner}, dt, x.device());
+    h = Tensor::empty({x2.size(0), inner}, dt, x.device());
+    // pre = x w1^T + b1 (kept for backward), h = gelu_tanh(pre).
+    launch::gemm_gelu_forward(x.device(), x2, we1.transpose(0, 1), b1.contiguous(), pre, h);
+    if (low) h = to_bf16(h);
+    out = product(h, we2.transpose(0, 1), b2, op, dt).view(out_shape);
+  }
+  const bool gx = x.requires_grad(), gw1 = w1.requires_grad(), gb1 = b1.requires_grad();
+  const bool gw2 = w2.requires_grad(), gb2 = b2.requires_grad();
+  const bool inner_grad = gx || gw1 || gb1;
+  SavedTensor saved_x(gw1 ? x2 : Tensor(), op), saved_w1(gx ? we1 : Tensor(), op);
+  SavedTensor saved_pre(inner_grad ? pre : Tensor(), op), saved_h(gw2 ? h : Tensor(), op);
+  SavedTensor saved_w2(inner_grad ? we2 : Tensor(), op);
+  const Shape x_shape = x.shape();
+  return record(op, out, {&x, &w1, &b1, &w2, &b2}, [=](const Tensor& g) {
+    const Tensor g2 = g.reshape({-1, out_features});
+    const Tensor eg = low ? to_bf16(g2) : g2;
+    Tensor dx, dw1, db1, dw2, db2;
+    if (gw2) dw2 = product(eg.transpose(0, 1), saved_h.get(), Tensor(), op, dt);
+    if (gb2) db2 = sum(g2, {0});
+    if (inner_grad) {
+      // dpre = (g w2) * gelu_tanh'(pre), and b1's gradient in the same pass.
+      const Tensor& p = saved_pre.get();
+      Tensor dpre = Tensor::empty(p.shape(), dt, p.device());
+      Tensor dbias = Tensor::empty({inner}, dt, p.device());
+      launch::gemm_dgelu_backward(p.device(), eg, saved_w2.get(), p, dpre, dbias);
+      if (gb1) db1 = dbias;
+      const Tensor ed = low ? to_bf16(dpre) : dpre;
+      if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, dt);
+      if (gx) dx = product(ed, saved_w1.get(), Tensor(), op, dt).view(x_shape);
+    }
+    return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
   });
 }
 

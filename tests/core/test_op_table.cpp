@@ -11,7 +11,8 @@
 //     attention multiply in bf16 with f32 accumulation) against float64 at
 //     the bfloat16 tolerances;
 //   - every accelerator (CUDA when built and present) against the CPU, with
-//     fresh device memory poisoned (NaN) so unwritten elements show.
+//     fresh device memory poisoned (NaN) so unwritten elements show, and
+//     under bf16 autocast against float64 as on the CPU.
 // An op declared in core/ops.h or a view in core/tensor.h without an entry
 // fails EveryPublicOpHasAnEntry. The binary prints an op x device x dtype
 // coverage table when it ends (run build/tests/core/op_table_tests).
@@ -184,6 +185,18 @@ std::vector<OpCase> make_table() {
                .name = "linear_strided_input_transposed_weight",
                .inputs = {in({6, 4}, strided), in({5, 4}, transposed)},
                .build = [](const X& x) { return linear(x[0], x[1]); }});
+  t.push_back(
+      {.op = "gelu_tanh_ffn",
+       .name = "gelu_tanh_ffn",
+       .inputs = {in({2, 3, 4}, contiguous, -2.0, 2.0), in({6, 4}), in({6}), in({5, 6}), in({5})},
+       .build = [](const X& x) { return gelu_tanh_ffn(x[0], x[1], x[2], x[3], x[4]); }});
+  // 16 inner features: on CUDA the cuBLASLt epilogue path (a multiple of 8),
+  // with a strided input and a transposed weight.
+  t.push_back({.op = "gelu_tanh_ffn",
+               .name = "gelu_tanh_ffn_epilogue_width",
+               .inputs = {in({5, 4}, strided, -2.0, 2.0), in({16, 4}, transposed), in({16}),
+                          in({3, 16}), in({3})},
+               .build = [](const X& x) { return gelu_tanh_ffn(x[0], x[1], x[2], x[3], x[4]); }});
 
   // --- normalisation and probabilities -----------------------------------------------------
   t.push_back({.op = "softmax",
@@ -719,17 +732,45 @@ TEST_P(OpTable, CpuDtypesAgainstFloat64) {
 // Mixed precision: f32 tensors under a bf16 MatmulPrecisionScope. The matrix
 // ops multiply in bf16 and must stay within the bf16 tolerances of f64 while
 // returning f32; every other op must give exactly its f32 result.
-TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
-  const OpCase& c = *GetParam();
-  if (!c.supports(DType::f32)) GTEST_SKIP() << c.name << " has no f32 path";
-  // The table's inputs are bf16-representable, which would hide the casts:
-  // nudge them off the bf16 grid (f32 keeps the nudge, bf16 rounds it away).
+// The table's inputs are bf16-representable, which would hide the casts:
+// nudge them off the bf16 grid (f32 keeps the nudge, bf16 rounds it away).
+std::vector<Tensor> nudged_bases(const OpCase& c) {
   std::vector<Tensor> bases = make_bases(c);
   for (size_t i = 0; i < bases.size(); ++i) {
     if (c.inputs[i].fixed.defined() || !is_floating(bases[i].dtype())) continue;
     NoGradGuard no_grad;
     bases[i] = mul(bases[i], 1.0 + 1.0 / 3000.0);
   }
+  return bases;
+}
+
+// One autocast cell: `got` (f32 under bf16 products on some device) against
+// the f64 reference at the bf16 tolerances for a matrix op, against `plain`
+// (f32 on that device) exactly for every other op.
+void check_autocast(const OpCase& c, const Result& got, const Result& plain, const Result& ref,
+                    const std::string& column) {
+  const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention" ||
+                         c.op == "rope_attention" || c.op == "gelu_tanh_ffn";
+  if (!matrix_op) {
+    // Not a product: the same function, so exactly the plain f32 numbers.
+    const std::string same = compare(c, got, plain, 0.0, 0.0);
+    EXPECT_EQ(same, "") << c.name << ": autocast changed a non-matrix op (" << column << ")";
+    Coverage::get().set(c.name, column, same.empty() ? "= f32" : "FAIL");
+    return;
+  }
+  const std::string diff =
+      compare(c, got, ref, c.tolerance(DType::bf16, false), c.tolerance(DType::bf16, true));
+  EXPECT_EQ(diff, "") << c.name << " under bf16 autocast vs f64 (" << column << ")";
+  // bf16 products must actually have run: the result differs from f32.
+  EXPECT_NE(compare(c, got, plain, 0.0, 0.0), "")
+      << c.name << ": autocast had no effect (" << column << ")";
+  Coverage::get().set(c.name, column, diff.empty() ? errors_cell(got, ref) : "FAIL");
+}
+
+TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
+  const OpCase& c = *GetParam();
+  if (!c.supports(DType::f32)) GTEST_SKIP() << c.name << " has no f32 path";
+  const std::vector<Tensor> bases = nudged_bases(c);
   const Result ref = run(c, bases, DType::f64, Device::cpu(), c.grad);
   const Result plain = run(c, bases, DType::f32, Device::cpu(), c.grad);
   Result got;
@@ -737,21 +778,33 @@ TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
     MatmulPrecisionScope bf16_products(DType::bf16);
     got = run(c, bases, DType::f32, Device::cpu(), c.grad);
   }
-  const bool matrix_op =
-      c.op == "linear" || c.op == "matmul" || c.op == "attention" || c.op == "rope_attention";
-  if (!matrix_op) {
-    // Not a product: the same function, so exactly the plain f32 numbers.
-    const std::string same = compare(c, got, plain, 0.0, 0.0);
-    EXPECT_EQ(same, "") << c.name << ": autocast changed a non-matrix op";
-    Coverage::get().set(c.name, "cpu autocast", same.empty() ? "= f32" : "FAIL");
-    return;
+  check_autocast(c, got, plain, ref, "cpu autocast");
+}
+
+// The same rules on each accelerator (fresh memory poisoned).
+TEST_P(OpTable, DeviceBf16AutocastAgainstFloat64) {
+  const OpCase& c = *GetParam();
+  std::string why;
+  const std::vector<Device> devices = accelerators(&why);
+  if (devices.empty()) {
+    Coverage::get().set(c.name, "cuda autocast", "no GPU");
+    GTEST_SKIP() << why;
   }
-  const std::string diff =
-      compare(c, got, ref, c.tolerance(DType::bf16, false), c.tolerance(DType::bf16, true));
-  EXPECT_EQ(diff, "") << c.name << " under bf16 autocast vs f64";
-  // bf16 products must actually have run: the result differs from f32.
-  EXPECT_NE(compare(c, got, plain, 0.0, 0.0), "") << c.name << ": autocast had no effect";
-  Coverage::get().set(c.name, "cpu autocast", diff.empty() ? errors_cell(got, ref) : "FAIL");
+  if (!c.supports(DType::f32)) GTEST_SKIP() << c.name << " has no f32 path";
+  const std::vector<Tensor> bases = nudged_bases(c);
+  const Result ref = run(c, bases, DType::f64, Device::cpu(), c.grad);
+  for (const Device device : devices) {
+    Result plain, got;
+#ifdef ROFORMER_CUDA
+    const PoisonedCudaAllocations poison;
+#endif
+    plain = run(c, bases, DType::f32, device, c.grad);
+    {
+      MatmulPrecisionScope bf16_products(DType::bf16);
+      got = run(c, bases, DType::f32, device, c.grad);
+    }
+    check_autocast(c, got, plain, ref, "cuda autocast");
+  }
 }
 
 TEST_P(OpTable, DevicesAgainstCpu) {
@@ -908,12 +961,13 @@ class PrintCoverage : public ::testing::Environment {
     for (const char* dev : {"cpu", "cuda"})
       for (DType d : kFloating) columns.push_back(std::string(dev) + " " + dtype_name(d));
     columns.insert(columns.begin() + 3, "cpu autocast");
+    columns.push_back("cuda autocast");
     const std::string t = Coverage::get().table(columns);
     if (t.empty()) return;
     std::printf(
         "\nop table coverage (cpu f64: finite-difference gradient check; other cells: max "
         "forward/backward error over the largest reference value, against cpu f64 or, for "
-        "cuda, against the cpu in the same dtype; cpu autocast: f32 with bf16 products):\n%s",
+        "cuda, against the cpu in the same dtype; autocast: f32 with bf16 products):\n%s",
         t.c_str());
   }
 };

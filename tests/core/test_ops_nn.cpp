@@ -294,6 +294,33 @@ TEST(Gelu, GradcheckF64) {
       gradcheck([](const auto& in) { return gelu(in[0]); }, {random_f64({4, 5}, 70, -4, 4)}));
 }
 
+// The tanh GELU of the fused feed-forward block, written out with the
+// elementwise ops: x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor ref_gelu_tanh(const Tensor& x) {
+  const Tensor u = mul(add(x, mul(pow(x, 3.0), 0.044715)), std::sqrt(2.0 / M_PI));
+  return mul(mul(x, 0.5), add(tanh(u), 1.0));
+}
+
+TEST(GeluTanhFfn, ForwardIsTheTwoProductsAroundTheTanhGelu) {
+  const Tensor x = random_f64({2, 3, 4}, 72, -3, 3), w1 = random_f64({8, 4}, 73);
+  const Tensor b1 = random_f64({8}, 74), w2 = random_f64({5, 8}, 75), b2 = random_f64({5}, 76);
+  const Tensor want = linear(ref_gelu_tanh(linear(x, w1, b1)), w2, b2);
+  const Tensor got = gelu_tanh_ffn(x, w1, b1, w2, b2);
+  EXPECT_EQ(got.shape(), (Shape{2, 3, 5}));
+  EXPECT_TRUE(all_close(got, want, 1e-12, 1e-12));
+  // Not the erf GELU: the two differ visibly at this scale.
+  const Tensor erf_form = linear(gelu(linear(x, w1, b1)), w2, b2);
+  EXPECT_FALSE(all_close(got, erf_form, 1e-6, 1e-6));
+  EXPECT_THROW(gelu_tanh_ffn(x, w1, b1, w2.transpose(0, 1), b2), Error);
+}
+
+TEST(GeluTanhFfn, GradcheckF64) {
+  EXPECT_TRUE(
+      gradcheck([](const auto& in) { return gelu_tanh_ffn(in[0], in[1], in[2], in[3], in[4]); },
+                {random_f64({3, 4}, 77, -3, 3), random_f64({6, 4}, 78), random_f64({6}, 79),
+                 random_f64({5, 6}, 80), random_f64({5}, 81)}));
+}
+
 TEST(Gelu, OnednnBackwardMatchesF64Loop) {
   expect_f32_backward_matches_f64([](const auto& in) { return gelu(in[0]); },
                                   {random_f64({1000}, 71, -6, 6)});

@@ -60,6 +60,36 @@ TEST(Precision, WeightIsCastOncePerVersion) {
   }
 }
 
+// What the GPU AdamW does after its pass (optim/adamw.cpp), done by hand: the
+// registered working copy serves the weights inside the flat buffer, at their
+// offsets, until the buffer's version moves.
+TEST(Precision, WorkingCopyServesWeightsUntilTheyChange) {
+  const Tensor flat = random_f32({64}, 6);
+  const Tensor w = flat.narrow(0, 16, 40).view({5, 8});  // a weight inside the buffer
+  const Tensor x = random_f32({3, 8}, 7);
+  clear_bf16_weights();
+  MatmulPrecisionScope bf16_products(DType::bf16);
+  const Tensor reference = linear(x, w);  // through a fresh cast
+  const int64_t casts = bf16_weight_casts(), hits = bf16_working_copy_hits();
+  Tensor working;
+  {
+    NoGradGuard no_grad;
+    working = mul(flat, 2.0).to(DType::bf16);  // doubled: shows which copy was read
+  }
+  set_bf16_working_copy(flat, working);
+  const std::vector<float> doubled = linear(x, w).to_vector<float>();
+  EXPECT_EQ(bf16_working_copy_hits(), hits + 1);
+  EXPECT_EQ(bf16_weight_casts(), casts);
+  const std::vector<float> ref = reference.to_vector<float>();
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_FLOAT_EQ(doubled[i], 2 * ref[i]) << i;
+  flat.bump_version();  // any write: the copy is stale, the weight is cast again
+  EXPECT_EQ(linear(x, w).to_vector<float>(), ref);
+  EXPECT_EQ(bf16_weight_casts(), casts + 1);
+  EXPECT_EQ(bf16_working_copy_hits(), hits + 1);
+  EXPECT_THROW(set_bf16_working_copy(flat, flat), Error);  // not bf16
+  clear_bf16_weights();
+}
+
 TEST(Precision, GradientsReachTheF32Weights) {
   Tensor w = random_f32({8, 16}, 3), b = random_f32({8}, 4);
   w.set_requires_grad(true);

@@ -4,6 +4,7 @@
 
 #include "core/cuda/gemm.h"
 #include "core/cuda/optimizer.h"
+#include "core/kernels/gelu_tanh.h"
 #include "core/philox.h"
 #include "tests/cuda/gpu_test.h"
 #include "tests/cuda/philox_probe.h"
@@ -83,6 +84,56 @@ INSTANTIATE_TEST_SUITE_P(
         GemmCase{4, 32, 64, 128, false, true, true, DType::bf16, DType::bf16, false, 1e-2},
         GemmCase{2, 128, 96, 64, false, false, true, DType::bf16, DType::f32, false, 1e-4}));
 
+// The GELU epilogues themselves (the ops fall back silently when cuBLASLt
+// refuses, so this is where a refusal shows): bf16 inputs, f32 results,
+// against the tanh GELU in double on the rounded inputs.
+TEST(CudaGemm, GeluEpiloguesMatchTheTanhGeluInDouble) {
+  RF_REQUIRE_GPU();
+  const int64_t m = 48, n = 64, k = 40;
+  Generator gen{33, 0};
+  const Tensor a = Tensor::randn({m, k}, gen).to(DType::bf16),
+               b = Tensor::randn({k, n}, gen).to(DType::bf16);
+  const Tensor bias = Tensor::randn({n}, gen);
+  const std::vector<double> ha = a.to_vector<double>(), hb = b.to_vector<double>();
+  const std::vector<double> hbias = bias.to_vector<double>();
+  std::vector<double> ref_pre(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = hbias[size_t(j)];
+      for (int64_t l = 0; l < k; ++l) s += ha[size_t(i * k + l)] * hb[size_t(l * n + j)];
+      ref_pre[size_t(i * n + j)] = s;
+    }
+  const Tensor da = a.to(kGpu), db = b.to(kGpu), dbias = bias.to(kGpu);
+  const Tensor pre = Tensor::full({m, n}, NAN).to(kGpu), y = Tensor::full({m, n}, NAN).to(kGpu);
+  cuda::GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = da.data(), g.lda = k, g.b = db.data(), g.ldb = n, g.c = y.data(), g.ldc = n;
+  g.input_dtype = DType::bf16, g.output_dtype = DType::f32;
+  g.bias = dbias.data(), g.bias_dtype = DType::f32;
+  g.epilogue = cuda::GemmEpilogue::kGeluAux, g.aux = pre.data(), g.ld_aux = n;
+  ASSERT_TRUE(cuda::try_gemm(g, 0, nullptr)) << "cuBLASLt refused GELU_AUX_BIAS";
+  std::vector<double> ref_y(ref_pre.size());
+  for (size_t i = 0; i < ref_pre.size(); ++i) ref_y[i] = kernels::gelu_tanh(ref_pre[i]);
+  EXPECT_LT(relative_error(pre.to_vector<double>(), ref_pre), 1e-5) << "aux";
+  EXPECT_LT(relative_error(y.to_vector<double>(), ref_y), 1e-5) << "the tanh GELU";
+
+  // Backward: dpre = (a b) * gelu_tanh'(pre), dbias = column sums of dpre.
+  const Tensor dpre = Tensor::full({m, n}, NAN).to(kGpu),
+               dbias_out = Tensor::full({n}, NAN).to(kGpu);
+  g.bias = dbias_out.data(), g.c = dpre.data();
+  g.epilogue = cuda::GemmEpilogue::kDGeluBiasGrad;
+  ASSERT_TRUE(cuda::try_gemm(g, 0, nullptr)) << "cuBLASLt refused DGELU_BGRAD";
+  std::vector<double> ref_d(ref_pre.size()), ref_db(size_t(n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t at = size_t(i * n + j);
+      ref_d[at] = (ref_pre[at] - hbias[size_t(j)]) * kernels::gelu_tanh_grad(ref_pre[at]);
+      ref_db[size_t(j)] += ref_d[at];
+    }
+  EXPECT_LT(relative_error(dpre.to_vector<double>(), ref_d), 1e-5) << "dGELU";
+  EXPECT_LT(relative_error(dbias_out.to_vector<double>(), ref_db), 1e-5) << "bias gradient";
+}
+
 TEST(CudaOptimizer, GradNormAndNonFiniteCountAreExactAndRepeatable) {
   RF_REQUIRE_GPU();
   Generator gen{21, 0};
@@ -125,7 +176,9 @@ TEST(CudaOptimizer, FusedAdamWMatchesTheHostLoopBitForBit) {
   std::vector<float> m = Tensor::randn({n}, gen).to_vector<float>();
   std::vector<float> v = Tensor::rand({n}, gen).to_vector<float>();
   const std::vector<int64_t> starts = {0, 1000, 1100, 50000};
-  const std::vector<int32_t> decays_i = {1, 0, 1, 0};
+  // Decay, no decay, skipped (no gradient: untouched, but still in the bf16
+  // working copy), no decay.
+  const std::vector<int32_t> decays_i = {1, 0, 2, 0};
   std::vector<uint8_t> decays(decays_i.begin(), decays_i.end());
   cuda::AdamWArgs a;
   a.lr = 1e-3f;
@@ -147,7 +200,8 @@ TEST(CudaOptimizer, FusedAdamWMatchesTheHostLoopBitForBit) {
   for (int64_t j = 0; j < n; ++j) {
     int seg = 0;
     while (seg + 1 < 4 && starts[size_t(seg + 1)] <= j) ++seg;
-    const float decay = decays[size_t(seg)] ? a.decay : 1.0f;
+    if (decays[size_t(seg)] == cuda::kSegmentSkip) continue;
+    const float decay = decays[size_t(seg)] == cuda::kSegmentDecay ? a.decay : 1.0f;
     const float gj = g[size_t(j)] * a.grad_scale;
     p[size_t(j)] *= decay;
     m[size_t(j)] = a.beta1 * m[size_t(j)] + (1.0f - a.beta1) * gj;

@@ -2,8 +2,10 @@
 // with strided inputs; fresh CUDA memory is poisoned (NaN), so an element a
 // kernel never writes fails the comparison. Skips without a GPU.
 #include <functional>
+#include <optional>
 
 #include "core/ops.h"
+#include "core/precision.h"
 #include "tests/cuda/gpu_test.h"
 #include "tests/test_support.h"
 
@@ -24,6 +26,9 @@ struct OpCheck {
   std::vector<Tensor> inputs;  // CPU leaves (floating ones get gradients)
   std::function<Tensor(const std::vector<Tensor>&)> build;
   double tol = 1e-5;
+  // The GPU side runs under bf16 autocast (core/precision.h) and must differ
+  // from the CPU's f32 by more than f32 rounding: the products took bf16.
+  bool autocast = false;
 };
 
 std::vector<double> host(const Tensor& t) {
@@ -39,6 +44,8 @@ void check(const OpCheck& c) {
     std::vector<std::vector<double>> grads;
   };
   auto run = [&](Device device) {
+    std::optional<MatmulPrecisionScope> products;
+    if (c.autocast && device.is_cuda()) products.emplace(DType::bf16);
     std::vector<Tensor> leaves;
     for (const Tensor& t : c.inputs) {
       Tensor leaf = t.to(device);
@@ -60,7 +67,11 @@ void check(const OpCheck& c) {
   const Run cpu = run(Device::cpu());
   PoisonGpu poison;
   const Run gpu = run(kGpu);
-  EXPECT_LT(relative_error(gpu.out, cpu.out), c.tol) << "forward";
+  const double forward = relative_error(gpu.out, cpu.out);
+  EXPECT_LT(forward, c.tol) << "forward";
+  if (c.autocast) {
+    EXPECT_GT(forward, 1e-5) << "forward: no sign of bf16 products";
+  }
   ASSERT_EQ(gpu.grads.size(), cpu.grads.size());
   for (size_t i = 0; i < cpu.grads.size(); ++i)
     EXPECT_LT(relative_error(gpu.grads[i], cpu.grads[i]), c.tol) << "gradient of input " << i;
@@ -76,8 +87,8 @@ Tensor rand01(Shape shape, uint64_t seed) {
   return Tensor::rand(shape, gen);
 }
 
-TEST(CudaOps, EveryOpMatchesTheCpu) {
-  RF_REQUIRE_GPU();
+// The op table: every op with strided, broadcast and masked inputs.
+std::vector<OpCheck> op_checks() {
   const Tensor ids = Tensor::from_vector<int64_t>({3, 0, 7, 3, 3, 9, 1, 0}, {2, 4});
   const Tensor targets = Tensor::from_vector<int32_t>({4, -100, 0, 9, 2, 2}, {6});
   const Tensor positions = Tensor::arange(0, 6, DType::i64);
@@ -119,6 +130,13 @@ TEST(CudaOps, EveryOpMatchesTheCpu) {
       {"linear",
        {randn({2, 3, 8}, 21), randn({5, 8}, 22), randn({5}, 23)},
        [](auto& x) { return linear(x[0], x[1], x[2]); }},
+      {"gelu_tanh_ffn, unfused width",
+       {randn({2, 3, 8}, 38), randn({6, 8}, 39), randn({6}, 44), randn({5, 6}, 45), randn({5}, 46)},
+       [](auto& x) { return gelu_tanh_ffn(x[0], x[1], x[2], x[3], x[4]); }},
+      {"gelu_tanh_ffn, epilogue width",
+       {randn({7, 16}, 47), randn({32, 16}, 48), randn({32}, 49), randn({16, 32}, 50),
+        randn({16}, 51)},
+       [](auto& x) { return gelu_tanh_ffn(x[0], x[1], x[2], x[3], x[4]); }},
       {"embedding",
        {randn({10, 6}, 24)},
        [ids](auto& x) { return embedding(x[0], ids.to(x[0].device())); }},
@@ -162,7 +180,31 @@ TEST(CudaOps, EveryOpMatchesTheCpu) {
          return concat({masked_fill(picked, x[1], 2.0), x[1]}, 0);
        }},
   };
-  for (const OpCheck& c : checks) check(c);
+  return checks;
+}
+
+TEST(CudaOps, EveryOpMatchesTheCpu) {
+  RF_REQUIRE_GPU();
+  for (const OpCheck& c : op_checks()) check(c);
+}
+
+// The table's bf16 column: the ops whose products autocast takes to bf16
+// (linear, matmul, attention, the tanh-GELU block), on the GPU under bf16
+// against the CPU in f32.
+TEST(CudaOps, AutocastOpsMatchTheCpuAtBf16Precision) {
+  RF_REQUIRE_GPU();
+  int checked = 0;
+  for (OpCheck c : op_checks()) {
+    if (c.name.rfind("linear", 0) && c.name.rfind("matmul", 0) && c.name.rfind("attention", 0) &&
+        c.name.rfind("gelu_tanh_ffn", 0))
+      continue;
+    c.name += " (bf16 autocast)";
+    c.tol = 1e-2;
+    c.autocast = true;
+    check(c);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 7);
 }
 
 TEST(CudaOps, Bf16MatchesTheCpuAtItsPrecision) {

@@ -103,7 +103,9 @@ TEST(ModelConfig, RejectsBadValues) {
   EXPECT_EQ(error_with([](ModelConfig& c) { c.rope_base = -1.0; }),
             "model.rope_base: expected a positive number, got -1");
   EXPECT_EQ(error_with([](ModelConfig& c) { c.hidden_act = "relu"; }),
-            "model.hidden_act: only \"gelu\" (the erf form) is implemented, got \"relu\"");
+            "model.hidden_act: expected \"gelu\" (the erf form) or \"gelu_new\" (the tanh "
+            "approximation), got \"relu\"");
+  EXPECT_EQ(error_with([](ModelConfig& c) { c.hidden_act = "gelu_new"; }), "");
   EXPECT_EQ(error_with([](ModelConfig& c) { c.pad_token_id = 30522; }),
             "model.pad_token_id: expected an id in [0, model.vocab_size=30522), got 30522");
   EXPECT_EQ(error_with([](ModelConfig& c) {
@@ -228,10 +230,10 @@ TEST(HfConfigJson, BadFilesNameTheKey) {
             "hf/config.json: hidden_size: hidden_size (768) must be divisible by "
             "num_attention_heads (7)");
   j = kHfBase;
-  j["hidden_act"] = "gelu_new";
+  j["hidden_act"] = "gelu_pytorch_tanh";  // the same function, a name we do not read
   EXPECT_EQ(hf_error(j),
-            "hf/config.json: hidden_act: only \"gelu\" (the erf form) is implemented, got "
-            "\"gelu_new\"");
+            "hf/config.json: hidden_act: expected \"gelu\" (the erf form) or \"gelu_new\" (the "
+            "tanh approximation), got \"gelu_pytorch_tanh\"");
   j = kHfBase;
   j["position"] = "alibi";
   EXPECT_EQ(hf_error(j),

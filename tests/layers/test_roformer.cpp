@@ -228,6 +228,7 @@ TEST(RoFormerOptions, EveryVariantTrains) {
       {"half", [](ModelConfig& c) { c.rope_layout = RopeLayout::kHalf; }},
       {"rotary_value", [](ModelConfig& c) { c.rotary_value = true; }},
       {"embedding_size", [](ModelConfig& c) { c.embedding_size = 16; }},
+      {"gelu_new", [](ModelConfig& c) { c.hidden_act = "gelu_new"; }},
       {"linear", [](ModelConfig& c) { c.attention = AttentionKind::kLinear; }},
       {"linear+rotary_value",
        [](ModelConfig& c) {
@@ -281,6 +282,20 @@ TEST(RoFormerOptions, AttentionKernelChangesHowNotWhat) {
     for (size_t i = 0; i < fused.size(); ++i)
       ASSERT_NEAR(fused[i], separate[i], 1e-5 * (1.0 + std::abs(separate[i]))) << "element " << i;
   }
+}
+
+// hidden_act gelu_new (the fused tanh-GELU feed-forward block, the tanh GELU
+// in the head): close to the erf model with the same weights, not equal.
+TEST(RoFormerOptions, GeluNewIsTheTanhApproximationOfGelu) {
+  ModelConfig c = small_config();
+  c.initializer_range = 0.3;
+  RoFormerForMaskedLM erf_model(c, 5);
+  c.hidden_act = "gelu_new";
+  RoFormerForMaskedLM tanh_model(c, 5);
+  const double erf_loss = mlm_step(erf_model, 1).loss.item();
+  const double tanh_loss = mlm_step(tanh_model, 1).loss.item();
+  EXPECT_NE(tanh_loss, erf_loss);
+  EXPECT_NEAR(tanh_loss, erf_loss, 1e-2 * std::abs(erf_loss));
 }
 
 TEST(RoFormerMlm, HeadOnMaskedRowsEqualsFullLogits) {

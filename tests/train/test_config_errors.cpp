@@ -127,8 +127,8 @@ const std::vector<BadConfig>& bad_configs() {
       {"unsupported_activation",
        std::string("model:\n  hidden_act: relu\n") + kStages,
        {},
-       "bad.yaml:2:15: model.hidden_act: only \"gelu\" (the erf form) is implemented, got "
-       "\"relu\""},
+       "bad.yaml:2:15: model.hidden_act: expected \"gelu\" (the erf form) or \"gelu_new\" (the "
+       "tanh approximation), got \"relu\""},
       {"probability_out_of_range",
        std::string("model:\n  hidden_dropout_prob: 1.0\n") + kStages,
        {},

@@ -124,44 +124,44 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   } while (0)
 
 // --- block reductions (fixed order for a given block size: deterministic) -----------
-template <class A>
-__device__ __forceinline__ A warp_sum(A v) {
-#pragma unroll
-  for (int w = 16; w > 0; w /= 2) v += __shfl_xor_sync(0xffffffffu, v, w);
-  return v;
-}
-template <class A>
-__device__ __forceinline__ A warp_max(A v) {
-#pragma unroll
-  for (int w = 16; w > 0; w /= 2) {
-    const A o = __shfl_xor_sync(0xffffffffu, v, w);
-    v = o > v ? o : v;
+struct SumOp {
+  template <class A>
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    return a + b;
   }
+};
+struct MaxOp {
+  template <class A>
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    return b > a ? b : a;
+  }
+};
+template <class A, class Op>
+__device__ __forceinline__ A warp_reduce(A v, Op op) {
+#pragma unroll
+  for (int w = 16; w > 0; w /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, w));
   return v;
 }
-// Every thread gets the block's total; blockDim.x a multiple of 32, <= 1024.
-// `shared` holds 32 values; the call ends with a barrier, so it can be reused.
-template <class A>
-__device__ A block_sum(A v, A* shared) {
-  v = warp_sum(v);
+// Every thread gets op over the block's values (`identity`: op's neutral
+// value); blockDim.x a multiple of 32, <= 1024. `shared` holds 32 values; the
+// call ends with a barrier, so it can be reused.
+template <class A, class Op>
+__device__ A block_reduce(A v, A* shared, Op op, A identity) {
+  v = warp_reduce(v, op);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  A total = lane < warps ? shared[lane] : A(0);
-  total = warp_sum(total);
+  const A total = warp_reduce(lane < warps ? shared[lane] : identity, op);
   __syncthreads();
   return total;
+}
+template <class A>
+__device__ A block_sum(A v, A* shared) {
+  return block_reduce(v, shared, SumOp{}, A(0));
 }
 template <class A>
 __device__ A block_max(A v, A* shared) {
-  v = warp_max(v);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  A total = lane < warps ? shared[lane] : A(-INFINITY);
-  total = warp_max(total);
-  __syncthreads();
-  return total;
+  return block_reduce(v, shared, MaxOp{}, A(-INFINITY));
 }
 
 // The max of a row and the sum of exp(x - max) over it, in A = acc_t<T>: the

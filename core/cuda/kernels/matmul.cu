@@ -4,14 +4,34 @@
 // call per batch entry; an operand without a unit stride in its matrix dims
 // goes through a contiguous copy. f64 (gradient checks) and empty sums use a
 // plain loop kernel.
+#include <optional>
 #include <vector>
 
 #include "core/cuda/gemm.h"
 #include "core/cuda/kernels/common.cuh"
+#include "core/kernels/gelu_tanh.h"
 
 namespace roformer::kernels::cuda {
 
 namespace {
+
+// Element offsets in a, b and out of batch entry `entry` (row-major over the
+// result's batch dims; broadcast dims have stride 0).
+struct BatchOffsets {
+  int64_t a = 0, b = 0, out = 0;
+};
+__host__ __device__ inline BatchOffsets batch_offsets(const KernelTensor& a, const KernelTensor& b,
+                                                      const KernelTensor& out, int64_t entry) {
+  BatchOffsets o;
+  for (int32_t d = out.ndim - 3; d >= 0; --d) {
+    const int64_t idx = entry % out.sizes[d];
+    entry /= out.sizes[d];
+    o.a += idx * a.strides[d];
+    o.b += idx * b.strides[d];
+    o.out += idx * out.strides[d];
+  }
+  return o;
+}
 
 template <class T>
 __global__ void matmul_loop_kernel(KernelTensor a, KernelTensor b, KernelTensor bias,
@@ -24,14 +44,8 @@ __global__ void matmul_loop_kernel(KernelTensor a, KernelTensor b, KernelTensor 
   T* po = out.as<T>();
   RF_GRID_LOOP(i, total) {
     const int64_t n = i % N, m = (i / N) % M;
-    int64_t rest = i / (M * N), oa = 0, ob = 0, oo = 0;
-    for (int32_t d = nd - 3; d >= 0; --d) {
-      const int64_t idx = rest % out.sizes[d];
-      rest /= out.sizes[d];
-      oa += idx * a.strides[d];
-      ob += idx * b.strides[d];
-      oo += idx * out.strides[d];
-    }
+    const BatchOffsets o = batch_offsets(a, b, out, i / (M * N));
+    const int64_t oa = o.a, ob = o.b, oo = o.out;
     double acc = pbias ? convert<double>(pbias[n * bias.strides[bias.ndim - 1]]) : 0.0;
     for (int64_t k = 0; k < K; ++k)
       acc += convert<double>(pa[oa + m * a.strides[nd - 2] + k * a.strides[nd - 1]]) *
@@ -94,6 +108,29 @@ KernelTensor contiguous_copy(const Stream& stream, const KernelTensor& t,
   return c;
 }
 
+// The cuBLASLt problem of out = a b (+ bias) for operands matrix_view takes
+// and a row-major out (batch 1; the caller sets batch strides and pointers).
+::roformer::cuda::GemmArgs product_args(const KernelTensor& a, const KernelTensor& b,
+                                        const KernelTensor& bias, const KernelTensor& out) {
+  RF_CHECK(a.dtype == b.dtype, "matmul kernel: operands of different dtypes");
+  const int32_t nd = out.ndim;
+  const MatrixView av = matrix_view(a), bv = matrix_view(b), ov = matrix_view(out);
+  ::roformer::cuda::GemmArgs g;
+  g.m = out.sizes[nd - 2], g.n = out.sizes[nd - 1], g.k = a.sizes[nd - 1];
+  g.trans_a = av.transposed, g.lda = av.ld;
+  g.trans_b = bv.transposed, g.ldb = bv.ld;
+  g.ldc = ov.ld;
+  g.input_dtype = a.dtype;
+  g.output_dtype = out.dtype;
+  if (bias.defined()) {
+    g.bias = bias.data;
+    g.bias_dtype = bias.dtype;
+  }
+  g.allow_tf32 = ::roformer::cuda::allow_tf32();
+  g.a = a.data, g.b = b.data, g.c = out.data;
+  return g;
+}
+
 }  // namespace
 
 void matmul(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
@@ -124,48 +161,124 @@ void matmul(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
     keep.push_back(std::make_unique<Scratch>(stream, nbytes_of(out)));
     out = contiguous_like(out_in, keep.back()->as<void>(), out_in.dtype);
   }
-  const MatrixView av = matrix_view(a), bv = matrix_view(b), ov = matrix_view(out);
-
-  ::roformer::cuda::GemmArgs g;
-  g.m = M, g.n = N, g.k = K;
-  g.trans_a = av.transposed, g.lda = av.ld;
-  g.trans_b = bv.transposed, g.ldb = bv.ld;
-  g.ldc = ov.ld;
-  g.input_dtype = a.dtype;
-  g.output_dtype = out.dtype;
-  RF_CHECK(a.dtype == b.dtype, "matmul kernel: operands of different dtypes");
-  if (bias.defined()) {
-    g.bias = bias.data;
-    g.bias_dtype = bias.dtype;
-  }
-  g.allow_tf32 = ::roformer::cuda::allow_tf32();
+  ::roformer::cuda::GemmArgs g = product_args(a, b, bias, out);
   const KernelTensor* ops[3] = {&a, &b, &out};
   int64_t count = 1, stride[3];
   const size_t ea = dtype_size(a.dtype), eb = dtype_size(b.dtype), eo = dtype_size(out.dtype);
   if (collapse_batch(out, ops, count, stride)) {
     g.batch = count;
     g.stride_a = stride[0], g.stride_b = stride[1], g.stride_c = stride[2];
-    g.a = a.data, g.b = b.data, g.c = out.data;
     ::roformer::cuda::gemm(g, stream.device_index, native(stream));
   } else {
     // One call per batch entry.
     const int64_t batches = total / (M * N);
     for (int64_t i = 0; i < batches; ++i) {
-      int64_t rest = i, oa = 0, ob = 0, oo = 0;
-      for (int32_t d = nd - 3; d >= 0; --d) {
-        const int64_t idx = rest % out.sizes[d];
-        rest /= out.sizes[d];
-        oa += idx * a.strides[d];
-        ob += idx * b.strides[d];
-        oo += idx * out.strides[d];
-      }
-      g.a = static_cast<const char*>(a.data) + oa * int64_t(ea);
-      g.b = static_cast<const char*>(b.data) + ob * int64_t(eb);
-      g.c = static_cast<char*>(out.data) + oo * int64_t(eo);
+      const BatchOffsets o = batch_offsets(a, b, out, i);
+      g.a = static_cast<const char*>(a.data) + o.a * int64_t(ea);
+      g.b = static_cast<const char*>(b.data) + o.b * int64_t(eb);
+      g.c = static_cast<char*>(out.data) + o.out * int64_t(eo);
       ::roformer::cuda::gemm(g, stream.device_index, native(stream));
     }
   }
   if (!out_direct) copy(stream, out, out_in);
+}
+
+// --- the products with the tanh-GELU epilogue -----------------------------------------
+// cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD epilogues when they can take the
+// problem (f32 or bf16 operands matrix_view takes, a bias, contiguous f32 or
+// bf16 results with n a multiple of 8, 16-byte aligned, an algorithm for it);
+// otherwise the matmul above and the passes below, with the same formulas
+// (core/kernels/gelu_tanh.h).
+
+namespace {
+
+template <class T>
+__global__ void gelu_tanh_kernel(const T* pre, T* y, int64_t n) {
+  using A = acc_t<T>;
+  RF_GRID_LOOP(i, n) y[i] = convert<T>(gelu_tanh(convert<A>(pre[i])));
+}
+
+template <class T>
+__global__ void dgelu_tanh_kernel(const T* pre, T* d, int64_t n) {
+  using A = acc_t<T>;
+  RF_GRID_LOOP(i, n) d[i] = convert<T>(convert<A>(d[i]) * gelu_tanh_grad(convert<A>(pre[i])));
+}
+
+// Column sums of d [M, N], each column's rows in order (deterministic).
+template <class T>
+__global__ void column_sums_kernel(const T* d, T* out, int64_t M, int64_t N) {
+  using A = acc_t<T>;
+  RF_GRID_LOOP(c, N) {
+    A s = 0;
+    for (int64_t m = 0; m < M; ++m) s += convert<A>(d[m * N + c]);
+    out[c] = convert<T>(s);
+  }
+}
+
+void check_gelu_geometry(const KernelTensor& a, const KernelTensor& pre, const KernelTensor& out) {
+  RF_CHECK(a.ndim == 2 && pre.ndim == 2 && out.ndim == 2 && pre.is_contiguous() &&
+               out.is_contiguous() && pre.sizes[0] == out.sizes[0] && pre.sizes[1] == out.sizes[1],
+           "gelu gemm kernel: expected 2-D operands and contiguous [M, N] results");
+}
+
+// The epilogue problem for out = a b with `vector` (bias or bias gradient) and
+// `aux` [M, N], or nullopt when cuBLASLt's epilogue cannot take it.
+std::optional<::roformer::cuda::GemmArgs> epilogue_args(
+    const KernelTensor& a, const KernelTensor& b, const KernelTensor& vector,
+    const KernelTensor& aux, const KernelTensor& out, ::roformer::cuda::GemmEpilogue epilogue) {
+  const bool low = a.dtype == DType::f32 || a.dtype == DType::bf16;
+  const bool result = out.dtype == DType::f32 || out.dtype == DType::bf16;
+  const int64_t N = out.sizes[1];
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!low || !result || a.dtype != b.dtype || aux.dtype != out.dtype || !vector.defined() ||
+      vector.dtype != out.dtype || vector.strides[0] != 1 || N % 8 != 0 || out.sizes[0] == 0 ||
+      a.sizes[1] == 0 || !matrix_view(a).ok || !matrix_view(b).ok || !aligned(aux.data) ||
+      !aligned(out.data))
+    return std::nullopt;
+  ::roformer::cuda::GemmArgs g = product_args(a, b, vector, out);
+  g.epilogue = epilogue;
+  g.aux = aux.data;
+  g.ld_aux = N;
+  return g;
+}
+
+}  // namespace
+
+void gemm_gelu_forward(Stream stream, const KernelTensor& a, const KernelTensor& b,
+                       const KernelTensor& bias, const KernelTensor& pre, const KernelTensor& y) {
+  check_gelu_geometry(a, pre, y);
+  const auto g = epilogue_args(a, b, bias, pre, y, ::roformer::cuda::GemmEpilogue::kGeluAux);
+  if (g && ::roformer::cuda::try_gemm(*g, stream.device_index, native(stream))) return;
+  matmul(stream, a, b, bias, pre);
+  const int64_t n = pre.numel();
+  if (n == 0) return;
+  on_floating_dtype(pre.dtype, "gemm_gelu_forward", [&](auto tag) {
+    using T = decltype(tag);
+    RF_LAUNCH((gelu_tanh_kernel<T>), grid_for(n), kThreads, 0, native(stream), pre.as<const T>(),
+              y.as<T>(), n);
+  });
+}
+
+void gemm_dgelu_backward(Stream stream, const KernelTensor& a, const KernelTensor& b,
+                         const KernelTensor& pre, const KernelTensor& dpre,
+                         const KernelTensor& dbias) {
+  check_gelu_geometry(a, pre, dpre);
+  RF_CHECK(dbias.ndim == 1 && dbias.sizes[0] == dpre.sizes[1] && dbias.strides[0] == 1,
+           "gelu gemm kernel: expected a contiguous bias gradient [N]");
+  const auto g =
+      epilogue_args(a, b, dbias, pre, dpre, ::roformer::cuda::GemmEpilogue::kDGeluBiasGrad);
+  if (g && ::roformer::cuda::try_gemm(*g, stream.device_index, native(stream))) return;
+  matmul(stream, a, b, KernelTensor{}, dpre);
+  const int64_t M = dpre.sizes[0], N = dpre.sizes[1];
+  if (N == 0) return;
+  on_floating_dtype(pre.dtype, "gemm_dgelu_backward", [&](auto tag) {
+    using T = decltype(tag);
+    if (M > 0)
+      RF_LAUNCH((dgelu_tanh_kernel<T>), grid_for(M * N), kThreads, 0, native(stream),
+                pre.as<const T>(), dpre.as<T>(), M * N);
+    RF_LAUNCH((column_sums_kernel<T>), grid_for(N), kThreads, 0, native(stream), dpre.as<const T>(),
+              dbias.as<T>(), M, N);
+  });
 }
 
 }  // namespace roformer::kernels::cuda
