@@ -147,8 +147,11 @@ Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
       attention_params("varlen_attention", q, H, scale, dropout_p, training, ctx);
   const int64_t longest = checked_segments(segments, T);
   const bool drop = params.dropout_p > 0.0;
-  const Tensor qd = unit_last_stride(q.detach()), kd = unit_last_stride(k.detach()),
-               vd = unit_last_stride(v.detach());
+  // bf16 autocast as in attention: the products read bf16 q, k, v (kept for
+  // backward) and dO; scores, softmax, lse, out and the gradients stay f32.
+  const bool low = autocast_bf16(device, q.dtype());
+  auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
+  const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
   const Tensor seg = segments.detach();
   // Rows of tokens in no segment are left to the zero fill.
   Tensor out = Tensor::zeros({T, H, Dv}, q.dtype(), device);
@@ -163,7 +166,7 @@ Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const
       sv(vd, "varlen_attention"), so(out, "varlen_attention");
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   return record("varlen_attention", out, {&q, &k, &v}, [=](const Tensor& g) {
-    const Tensor grad_out = unit_last_stride(g);
+    const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
     Tensor dq = Tensor::zeros({T, H, D}, g.dtype(), g.device());
     Tensor dk = Tensor::zeros({T, H, D}, g.dtype(), g.device());
     Tensor dv = Tensor::zeros({T, H, Dv}, g.dtype(), g.device());
