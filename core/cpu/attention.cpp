@@ -879,67 +879,103 @@ int64_t longest_bucket(const std::vector<Segment>& segs) {
   return longest;
 }
 
+// What both directions set up: the geometry, dropout and scale, the GEMMs of
+// every bucket present, the per-row no-mask vectors and the thread count.
+struct VarlenPlan {
+  VarlenGeometry g;
+  bool drop, low;
+  float inv_keep, scale;
+  int64_t esize;
+  std::vector<VarlenGemms> gemms;
+  int64_t Lm;  // longest bucketed length
+  std::vector<float> no_mask, all_kept;
+  int64_t items;
+  int threads;
+  VarlenPlan(const AttentionParams& params, const View& q, const View& k, const View& v,
+             const std::vector<Segment>& segs, bool backward)
+      : g(q, k, v, segs),
+        drop(params.dropout_p > 0.0),
+        low(q.dtype() == DType::bf16),
+        inv_keep(drop ? float(1.0 / (1.0 - params.dropout_p)) : 1.0f),
+        scale(float(params.scale)),
+        esize(int64_t(dtype_size(q.dtype()))),
+        gemms(varlen_gemms(segs, g.D, g.Dv, q.dtype(), backward)),
+        Lm(longest_bucket(segs)),
+        no_mask(size_t(Lm), 0.0f),
+        all_kept(size_t(Lm), 1.0f),
+        items(int64_t(segs.size()) * g.H),
+        threads(int(std::clamp<int64_t>(items, 1, omp_get_max_threads()))) {}
+};
+
+// One work item: its segment, head, length, bucketed length and GEMMs, with
+// its q, k, v rows loaded into the thread's scratch qs | ks | vs.
+struct VarlenItem {
+  const Segment& s;
+  int64_t h, L, Lp;
+  const VarlenGemms* gm;
+  char *qs, *ks, *vs;
+};
+VarlenItem load_item(const VarlenPlan& p, const std::vector<Segment>& segs, int64_t item,
+                     const View& q, const View& k, const View& v, char* qs) {
+  const Segment& s = segs[size_t(item / p.g.H)];
+  VarlenItem it{s, item % p.g.H, s.length, varlen_bucket(s.length), nullptr, qs, nullptr, nullptr};
+  it.ks = qs + p.Lm * p.g.D * p.esize;
+  it.vs = it.ks + p.Lm * p.g.D * p.esize;
+  if (it.L == 0) return it;
+  it.gm = &p.gemms[size_t(it.Lp / 8)];
+  load_segment_head(q, s.start, it.L, it.Lp, it.h, p.g.D, it.qs);
+  load_segment_head(k, s.start, it.L, it.Lp, it.h, p.g.D, it.ks);
+  load_segment_head(v, s.start, it.L, it.Lp, it.h, p.g.Dv, it.vs);
+  return it;
+}
+
 void varlen_forward_gemm(const AttentionParams& params, const View& q, const View& k, const View& v,
                          const std::vector<Segment>& segs, const View& out, const View& lse,
                          const View& keep_bits) {
-  const VarlenGeometry g(q, k, v, segs);
   RF_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype() && out.dtype() == DType::f32 &&
                lse.dtype() == DType::f32,
            "attention_varlen kernel: f32/bf16 q, k, v of one dtype write f32 out and lse, got ",
            q.desc(), ", ", k.desc(), ", ", v.desc(), ", ", out.desc(), ", ", lse.desc());
-  const bool drop = params.dropout_p > 0.0;
+  const VarlenPlan p(params, q, k, v, segs, false);
+  const VarlenGeometry& g = p.g;
+  const int64_t Lm = p.Lm;
   const uint32_t threshold = dropout_threshold(params.dropout_p);
-  const float inv_keep = drop ? float(1.0 / (1.0 - params.dropout_p)) : 1.0f;
-  const float scale = float(params.scale);
-  const DType dtype = q.dtype();
-  const bool low = dtype == DType::bf16;
-  const size_t esize = dtype_size(dtype);
-  const std::vector<VarlenGemms> gemms = varlen_gemms(segs, g.D, g.Dv, dtype, false);
-  const int64_t Lm = longest_bucket(segs);
-  const std::vector<float> no_mask(size_t(Lm), 0.0f), all_kept(size_t(Lm), 1.0f);
   float* plse = lse.data_as<float>();
-  uint32_t* all_bits = drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
-  const int64_t items = int64_t(segs.size()) * g.H;
-  const int threads = int(std::clamp<int64_t>(items, 1, omp_get_max_threads()));
-  // Per thread: q, k, v rows (gemm dtype), scores (f32 and bf16), output rows.
-  // (sized in floats, which hold either dtype).
+  uint32_t* all_bits = p.drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  // Per thread: q, k, v rows in the gemm dtype (sized in floats, which hold
+  // either dtype); scores (f32 and bf16) and output rows.
   const int64_t operand_floats = Lm * (2 * g.D + g.Dv);
-  const Scratch operands({threads, operand_floats}, DType::f32);
-  const Scratch scores({threads, Lm * Lm + Lm * g.Dv}, DType::f32);
-  const Scratch scores_low({low ? threads : 0, Lm * Lm}, DType::bf16);
+  const int64_t floats = Lm * Lm + Lm * g.Dv;
+  const Scratch operands({p.threads, operand_floats}, DType::f32);
+  const Scratch scores({p.threads, floats}, DType::f32);
+  const Scratch scores_low({p.low ? p.threads : 0, Lm * Lm}, DType::bf16);
   RegionErrors errors;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(p.threads)
   {
     const int tid = omp_get_thread_num();
     char* qs = reinterpret_cast<char*>(operands.view().data_as<float>() + tid * operand_floats);
-    char* ks = qs + Lm * g.D * int64_t(esize);
-    char* vs = ks + Lm * g.D * int64_t(esize);
-    float* ps = scores.view().data_as<float>() + tid * (Lm * Lm + Lm * g.Dv);
+    float* ps = scores.view().data_as<float>() + tid * floats;
     float* os = ps + Lm * Lm;
-    bf16* pl = low ? scores_low.view().data_as<bf16>() + tid * Lm * Lm : nullptr;
+    bf16* pl = p.low ? scores_low.view().data_as<bf16>() + tid * Lm * Lm : nullptr;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item)
+    for (int64_t item = 0; item < p.items; ++item)
       errors.guard([&] {
-        const Segment& s = segs[size_t(item / g.H)];
-        const int64_t h = item % g.H, L = s.length, Lp = varlen_bucket(L);
+        const VarlenItem it = load_item(p, segs, item, q, k, v, qs);
+        const int64_t h = it.h, L = it.L, Lp = it.Lp;
         if (L == 0) return;
-        const VarlenGemms& gm = gemms[size_t(Lp / 8)];
-        load_segment_head(q, s.start, L, Lp, h, g.D, qs);
-        load_segment_head(k, s.start, L, Lp, h, g.D, ks);
-        load_segment_head(v, s.start, L, Lp, h, g.Dv, vs);
-        run(*gm.qk, qs, ks, ps);
+        run(*it.gm->qk, it.qs, it.ks, ps);
         for (int64_t i = 0; i < Lp; ++i) {
           float* x = ps + i * Lp;
           if (i < L) {
-            const int64_t t = s.start + i;
-            const float m = scale_mask_max(x, no_mask.data(), scale, L);
-            const float total = exp_sum(x, all_kept.data(), m, L);
+            const int64_t t = it.s.start + i;
+            const float m = scale_mask_max(x, p.no_mask.data(), p.scale, L);
+            const float total = exp_sum(x, p.all_kept.data(), m, L);
             plse[t * g.H + h] = m + std::log(total);
-            if (drop) {
+            if (p.drop) {
               uint32_t* bits = all_bits + (t * g.H + h) * g.W;
-              draw_keep_row(params.dropout, uint32_t(params.dropout.first_sequence + s.row),
-                            uint32_t(s.position + i), uint32_t(h), L, threshold, bits);
-              scale_kept(x, bits, inv_keep / total, L);
+              draw_keep_row(params.dropout, uint32_t(params.dropout.first_sequence + it.s.row),
+                            uint32_t(it.s.position + i), uint32_t(h), L, threshold, bits);
+              scale_kept(x, bits, p.inv_keep / total, L);
             } else {
               const float inv = 1.0f / total;
 #pragma omp simd
@@ -949,10 +985,10 @@ void varlen_forward_gemm(const AttentionParams& params, const View& q, const Vie
           } else {
             std::fill(x, x + Lp, 0.0f);  // padding rows
           }
-          if (low) to_bf16_row(x, pl + i * Lp, Lp);
+          if (p.low) to_bf16_row(x, pl + i * Lp, Lp);
         }
-        run(*gm.pv, low ? static_cast<const void*>(pl) : ps, vs, os);
-        store_segment_head(os, L, g.Dv, out, s.start, h);
+        run(*it.gm->pv, p.low ? static_cast<const void*>(pl) : ps, it.vs, os);
+        store_segment_head(os, L, g.Dv, out, it.s.start, h);
       });
   }
   errors.rethrow();
@@ -962,69 +998,54 @@ void varlen_backward_gemm(const AttentionParams& params, const View& q, const Vi
                           const View& v, const std::vector<Segment>& segs, const View& out,
                           const View& lse, const View& keep_bits, const View& grad_out,
                           const View& grad_q, const View& grad_k, const View& grad_v) {
-  const VarlenGeometry g(q, k, v, segs);
   RF_CHECK(grad_out.dtype() == q.dtype() && out.dtype() == DType::f32 &&
                grad_q.dtype() == DType::f32 && grad_k.dtype() == DType::f32 &&
                grad_v.dtype() == DType::f32,
            "attention_varlen kernel: grad_out ", grad_out.desc(), " does not match q ", q.desc(),
            " or the gradients are not f32");
-  const bool drop = params.dropout_p > 0.0;
-  const float inv_keep = drop ? float(1.0 / (1.0 - params.dropout_p)) : 1.0f;
-  const float scale = float(params.scale);
-  const DType dtype = q.dtype();
-  const bool low = dtype == DType::bf16;
-  const size_t esize = dtype_size(dtype);
-  const std::vector<VarlenGemms> gemms = varlen_gemms(segs, g.D, g.Dv, dtype, true);
-  const int64_t Lm = longest_bucket(segs);
-  const std::vector<float> no_mask(size_t(Lm), 0.0f), all_kept(size_t(Lm), 1.0f);
+  const VarlenPlan p(params, q, k, v, segs, true);
+  const VarlenGeometry& g = p.g;
+  const int64_t Lm = p.Lm;
   const float* plse = lse.data_as<float>();
   const uint32_t* all_bits =
-      drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
-  const int64_t items = int64_t(segs.size()) * g.H;
-  const int threads = int(std::clamp<int64_t>(items, 1, omp_get_max_threads()));
+      p.drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
   // Per thread: q, k, v, dO rows (gemm dtype); Pd, dS (f32 and bf16); dq, dk, dv rows.
   const int64_t operand_floats = Lm * 2 * (g.D + g.Dv);
   const int64_t floats = 2 * Lm * Lm + Lm * (2 * g.D + g.Dv);
-  const Scratch operands({threads, operand_floats}, DType::f32);
-  const Scratch scores({threads, floats}, DType::f32);
-  const Scratch scores_low({low ? threads : 0, 2 * Lm * Lm}, DType::bf16);
+  const Scratch operands({p.threads, operand_floats}, DType::f32);
+  const Scratch scores({p.threads, floats}, DType::f32);
+  const Scratch scores_low({p.low ? p.threads : 0, 2 * Lm * Lm}, DType::bf16);
   RegionErrors errors;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(p.threads)
   {
     const int tid = omp_get_thread_num();
     char* qs = reinterpret_cast<char*>(operands.view().data_as<float>() + tid * operand_floats);
-    char* ks = qs + Lm * g.D * int64_t(esize);
-    char* vs = ks + Lm * g.D * int64_t(esize);
-    char* dos = vs + Lm * g.Dv * int64_t(esize);
+    char* dos = qs + Lm * (2 * g.D + g.Dv) * p.esize;
     float* pp = scores.view().data_as<float>() + tid * floats;
     float* pdp = pp + Lm * Lm;
     float* dqs = pdp + Lm * Lm;
     float* dks = dqs + Lm * g.D;
     float* dvs = dks + Lm * g.D;
-    bf16* pl = low ? scores_low.view().data_as<bf16>() + tid * 2 * Lm * Lm : nullptr;
-    bf16* pdl = low ? pl + Lm * Lm : nullptr;
+    bf16* pl = p.low ? scores_low.view().data_as<bf16>() + tid * 2 * Lm * Lm : nullptr;
+    bf16* pdl = p.low ? pl + Lm * Lm : nullptr;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item)
+    for (int64_t item = 0; item < p.items; ++item)
       errors.guard([&] {
-        const Segment& s = segs[size_t(item / g.H)];
-        const int64_t h = item % g.H, L = s.length, Lp = varlen_bucket(L);
+        const VarlenItem it = load_item(p, segs, item, q, k, v, qs);
+        const int64_t h = it.h, L = it.L, Lp = it.Lp;
         if (L == 0) return;
-        const VarlenGemms& gm = gemms[size_t(Lp / 8)];
-        load_segment_head(q, s.start, L, Lp, h, g.D, qs);
-        load_segment_head(k, s.start, L, Lp, h, g.D, ks);
-        load_segment_head(v, s.start, L, Lp, h, g.Dv, vs);
-        load_segment_head(grad_out, s.start, L, Lp, h, g.Dv, dos);
-        run(*gm.qk, qs, ks, pp);
-        run(*gm.dov, dos, vs, pdp);
+        load_segment_head(grad_out, it.s.start, L, Lp, h, g.Dv, dos);
+        run(*it.gm->qk, it.qs, it.ks, pp);
+        run(*it.gm->dov, dos, it.vs, pdp);
         for (int64_t i = 0; i < Lp; ++i) {
           float* x = pp + i * Lp;
           float* y = pdp + i * Lp;
           if (i < L) {
-            const int64_t t = s.start + i;
+            const int64_t t = it.s.start + i;
             // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
             const float* oo = token_ptr<const float>(out, t, h);
             float D = 0.0f;
-            if (low) {
+            if (p.low) {
               const bf16* go = reinterpret_cast<const bf16*>(dos) + i * g.Dv;
 #pragma omp simd reduction(+ : D)
               for (int64_t c = 0; c < g.Dv; ++c) D += float(go[c]) * oo[c];
@@ -1033,28 +1054,28 @@ void varlen_backward_gemm(const AttentionParams& params, const View& q, const Vi
 #pragma omp simd reduction(+ : D)
               for (int64_t c = 0; c < g.Dv; ++c) D += go[c] * oo[c];
             }
-            backward_row(x, y, no_mask.data(), all_kept.data(),
-                         drop ? all_bits + (t * g.H + h) * g.W : nullptr, scale, plse[t * g.H + h],
-                         D, inv_keep, L);
+            backward_row(x, y, p.no_mask.data(), p.all_kept.data(),
+                         p.drop ? all_bits + (t * g.H + h) * g.W : nullptr, p.scale,
+                         plse[t * g.H + h], D, p.inv_keep, L);
             std::fill(x + L, x + Lp, 0.0f);  // padding keys
             std::fill(y + L, y + Lp, 0.0f);
           } else {
             std::fill(x, x + Lp, 0.0f);  // padding rows
             std::fill(y, y + Lp, 0.0f);
           }
-          if (low) {
+          if (p.low) {
             to_bf16_row(x, pl + i * Lp, Lp);
             to_bf16_row(y, pdl + i * Lp, Lp);
           }
         }
-        const void* p_in = low ? static_cast<const void*>(pl) : pp;
-        const void* ds_in = low ? static_cast<const void*>(pdl) : pdp;
-        run(*gm.dv, p_in, dos, dvs);
-        run(*gm.dq, ds_in, ks, dqs);
-        run(*gm.dk, ds_in, qs, dks);
-        store_segment_head(dqs, L, g.D, grad_q, s.start, h);
-        store_segment_head(dks, L, g.D, grad_k, s.start, h);
-        store_segment_head(dvs, L, g.Dv, grad_v, s.start, h);
+        const void* p_in = p.low ? static_cast<const void*>(pl) : pp;
+        const void* ds_in = p.low ? static_cast<const void*>(pdl) : pdp;
+        run(*it.gm->dv, p_in, dos, dvs);
+        run(*it.gm->dq, ds_in, it.ks, dqs);
+        run(*it.gm->dk, ds_in, it.qs, dks);
+        store_segment_head(dqs, L, g.D, grad_q, it.s.start, h);
+        store_segment_head(dks, L, g.D, grad_k, it.s.start, h);
+        store_segment_head(dvs, L, g.Dv, grad_v, it.s.start, h);
       });
   }
   errors.rethrow();
