@@ -78,11 +78,10 @@ struct DataConfig {
   data::InvalidUtf8 invalid_utf8 = data::InvalidUtf8::error;
   int64_t prefetch_batches = 2;
   // Micro-batches as token streams (layers/token_layout.h): no padding is
-  // computed (softmax attention on the CPU; otherwise rows are padded). Off by
-  // default: the varlen attention kernel is loops, slower than the padded
-  // path's GEMMs when rows are nearly full (pretraining); the short-text
-  // fine-tuning configs turn it on (docs/performance.md).
-  bool unpadded = false;
+  // computed (softmax attention on the CPU; otherwise rows are padded). On by
+  // default: as fast as padded on nearly full rows (pretraining), faster on
+  // short texts (docs/performance.md).
+  bool unpadded = true;
   bool packing = false;                   // short documents share a row (needs unpadded)
   bool packing_restart_positions = true;  // each packed document's positions start at 0
   bool operator==(const DataConfig&) const = default;

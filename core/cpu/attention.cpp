@@ -596,10 +596,17 @@ void attention_backward(Stream, const AttentionParams& params, KT q, KT k, KT v,
 //
 // One work item per (segment, head), dynamically scheduled (segments differ
 // in length); each item's rows and its dk/dv rows belong to it alone, so the
-// result does not depend on the thread count. Scores are computed row by row
-// with vectorised dot products and axpys: segments are short (the padding the
-// token stream removes was most of the work), and one loop nest serves f32
-// and f64 (the gradient checks).
+// result does not depend on the thread count.
+//
+// f32 and bf16 run the padded kernel's per-head oneDNN GEMMs and row loops on
+// a per-thread scratch: the segment's rows of q, k, v (and dO) are copied in,
+// zero-padded to a bucketed length (varlen_bucket), so a handful of cached
+// primitives serve every length; the padding keys get probability 0 and the
+// padding rows are dropped when the results are copied out. The rounding
+// points are the padded kernel's: scores, softmax, lse and the outputs f32; under
+// bf16 autocast q, k, v, dO and the probabilities (and dS) enter the products
+// as bf16. f64 (the gradient checks) runs plain loops with vectorised dot
+// products and axpys.
 
 namespace {
 
@@ -799,14 +806,289 @@ void varlen_backward(const AttentionParams& params, const View& q, const View& k
   errors.rethrow();
 }
 
+// --- f32 and bf16: per-(segment, head) GEMMs on a zero-padded scratch ---------------------
+
+// Segment lengths rounded up: to 8 up to 32 (short fine-tuning texts), then
+// to 32, so that few primitive geometries (cached) serve every length.
+int64_t varlen_bucket(int64_t L) {
+  return L <= 32 ? (L + 7) / 8 * 8 : (L + 31) / 32 * 32;
+}
+
+// Copies the segment's rows [start, start + L) of head h of a [T, H, cols]
+// operand into dst [Lp, cols] (contiguous) and zeroes rows [L, Lp).
+template <class E>
+void load_segment_rows(const View& x, int64_t start, int64_t L, int64_t Lp, int64_t h, int64_t cols,
+                       E* dst) {
+  for (int64_t j = 0; j < L; ++j)
+    std::copy_n(token_ptr<const E>(x, start + j, h), cols, dst + j * cols);
+  std::fill(dst + L * cols, dst + Lp * cols, E{});
+}
+
+void load_segment_head(const View& x, int64_t start, int64_t L, int64_t Lp, int64_t h, int64_t cols,
+                       void* dst) {
+  if (x.dtype() == DType::bf16) {
+    load_segment_rows(x, start, L, Lp, h, cols, static_cast<bf16*>(dst));
+  } else {
+    load_segment_rows(x, start, L, Lp, h, cols, static_cast<float*>(dst));
+  }
+}
+
+// Rows [0, L) of src [., cols] into the segment's rows of head h of x (f32).
+void store_segment_head(const float* src, int64_t L, int64_t cols, const View& x, int64_t start,
+                        int64_t h) {
+  for (int64_t j = 0; j < L; ++j)
+    std::copy_n(src + j * cols, cols, token_ptr<float>(x, start + j, h));
+}
+
+// The GEMMs of one bucketed length Lp: operands [Lp, D] / [Lp, Dv] in the
+// gemm dtype, scores [Lp, Lp] f32 (bf16 where they enter a product).
+struct VarlenGemms {
+  std::shared_ptr<HeadGemm> qk, pv, dov, dv, dq, dk;
+};
+
+// Per bucket present in segs (indexed by bucket / 8), built before the
+// parallel region.
+std::vector<VarlenGemms> varlen_gemms(const std::vector<Segment>& segs, int64_t D, int64_t Dv,
+                                      DType dtype, bool backward) {
+  std::vector<VarlenGemms> out;
+  for (const Segment& s : segs) {
+    if (s.length == 0) continue;
+    const int64_t Lp = varlen_bucket(s.length);
+    if (size_t(Lp / 8) >= out.size()) out.resize(size_t(Lp / 8 + 1));
+    VarlenGemms& g = out[size_t(Lp / 8)];
+    if (g.qk) continue;
+    const Matrix q{Lp, D, D, 1, dtype}, v{Lp, Dv, Dv, 1, dtype};
+    const Matrix square{Lp, Lp, Lp, 1}, square_in = square.as(dtype);
+    const Matrix out_v{Lp, Dv, Dv, 1}, out_q{Lp, D, D, 1};
+    g.qk = head_gemm(q, q.t(), square);  // S = Q K^T
+    if (!backward) {
+      g.pv = head_gemm(square_in, v, out_v);  // O = P V
+      continue;
+    }
+    g.dov = head_gemm(v, v.t(), square);        // dPd = dO V^T
+    g.dv = head_gemm(square_in.t(), v, out_v);  // dV = Pd^T dO
+    g.dq = head_gemm(square_in, q, out_q);      // dQ = dS K
+    g.dk = head_gemm(square_in.t(), q, out_q);  // dK = dS^T Q
+  }
+  return out;
+}
+
+int64_t longest_bucket(const std::vector<Segment>& segs) {
+  int64_t longest = 0;
+  for (const Segment& s : segs) longest = std::max(longest, varlen_bucket(s.length));
+  return longest;
+}
+
+// What both directions set up: the geometry, dropout and scale, the GEMMs of
+// every bucket present, the per-row no-mask vectors and the thread count.
+struct VarlenPlan {
+  VarlenGeometry g;
+  bool drop, low;
+  float inv_keep, scale;
+  int64_t esize;
+  std::vector<VarlenGemms> gemms;
+  int64_t Lm;  // longest bucketed length
+  std::vector<float> no_mask, all_kept;
+  int64_t items;
+  int threads;
+  VarlenPlan(const AttentionParams& params, const View& q, const View& k, const View& v,
+             const std::vector<Segment>& segs, bool backward)
+      : g(q, k, v, segs),
+        drop(params.dropout_p > 0.0),
+        low(q.dtype() == DType::bf16),
+        inv_keep(drop ? float(1.0 / (1.0 - params.dropout_p)) : 1.0f),
+        scale(float(params.scale)),
+        esize(int64_t(dtype_size(q.dtype()))),
+        gemms(varlen_gemms(segs, g.D, g.Dv, q.dtype(), backward)),
+        Lm(longest_bucket(segs)),
+        no_mask(size_t(Lm), 0.0f),
+        all_kept(size_t(Lm), 1.0f),
+        items(int64_t(segs.size()) * g.H),
+        threads(int(std::clamp<int64_t>(items, 1, omp_get_max_threads()))) {}
+};
+
+// One work item: its segment, head, length, bucketed length and GEMMs, with
+// its q, k, v rows loaded into the thread's scratch qs | ks | vs.
+struct VarlenItem {
+  const Segment& s;
+  int64_t h, L, Lp;
+  const VarlenGemms* gm;
+  char *qs, *ks, *vs;
+};
+VarlenItem load_item(const VarlenPlan& p, const std::vector<Segment>& segs, int64_t item,
+                     const View& q, const View& k, const View& v, char* qs) {
+  const Segment& s = segs[size_t(item / p.g.H)];
+  VarlenItem it{s, item % p.g.H, s.length, varlen_bucket(s.length), nullptr, qs, nullptr, nullptr};
+  it.ks = qs + p.Lm * p.g.D * p.esize;
+  it.vs = it.ks + p.Lm * p.g.D * p.esize;
+  if (it.L == 0) return it;
+  it.gm = &p.gemms[size_t(it.Lp / 8)];
+  load_segment_head(q, s.start, it.L, it.Lp, it.h, p.g.D, it.qs);
+  load_segment_head(k, s.start, it.L, it.Lp, it.h, p.g.D, it.ks);
+  load_segment_head(v, s.start, it.L, it.Lp, it.h, p.g.Dv, it.vs);
+  return it;
+}
+
+void varlen_forward_gemm(const AttentionParams& params, const View& q, const View& k, const View& v,
+                         const std::vector<Segment>& segs, const View& out, const View& lse,
+                         const View& keep_bits) {
+  RF_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype() && out.dtype() == DType::f32 &&
+               lse.dtype() == DType::f32,
+           "attention_varlen kernel: f32/bf16 q, k, v of one dtype write f32 out and lse, got ",
+           q.desc(), ", ", k.desc(), ", ", v.desc(), ", ", out.desc(), ", ", lse.desc());
+  const VarlenPlan p(params, q, k, v, segs, false);
+  const VarlenGeometry& g = p.g;
+  const int64_t Lm = p.Lm;
+  const uint32_t threshold = dropout_threshold(params.dropout_p);
+  float* plse = lse.data_as<float>();
+  uint32_t* all_bits = p.drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  // Per thread: q, k, v rows in the gemm dtype (sized in floats, which hold
+  // either dtype); scores (f32 and bf16) and output rows.
+  const int64_t operand_floats = Lm * (2 * g.D + g.Dv);
+  const int64_t floats = Lm * Lm + Lm * g.Dv;
+  const Scratch operands({p.threads, operand_floats}, DType::f32);
+  const Scratch scores({p.threads, floats}, DType::f32);
+  const Scratch scores_low({p.low ? p.threads : 0, Lm * Lm}, DType::bf16);
+  RegionErrors errors;
+#pragma omp parallel num_threads(p.threads)
+  {
+    const int tid = omp_get_thread_num();
+    char* qs = reinterpret_cast<char*>(operands.view().data_as<float>() + tid * operand_floats);
+    float* ps = scores.view().data_as<float>() + tid * floats;
+    float* os = ps + Lm * Lm;
+    bf16* pl = p.low ? scores_low.view().data_as<bf16>() + tid * Lm * Lm : nullptr;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < p.items; ++item)
+      errors.guard([&] {
+        const VarlenItem it = load_item(p, segs, item, q, k, v, qs);
+        const int64_t h = it.h, L = it.L, Lp = it.Lp;
+        if (L == 0) return;
+        run(*it.gm->qk, it.qs, it.ks, ps);
+        for (int64_t i = 0; i < Lp; ++i) {
+          float* x = ps + i * Lp;
+          if (i < L) {
+            const int64_t t = it.s.start + i;
+            const float m = scale_mask_max(x, p.no_mask.data(), p.scale, L);
+            const float total = exp_sum(x, p.all_kept.data(), m, L);
+            plse[t * g.H + h] = m + std::log(total);
+            if (p.drop) {
+              uint32_t* bits = all_bits + (t * g.H + h) * g.W;
+              draw_keep_row(params.dropout, uint32_t(params.dropout.first_sequence + it.s.row),
+                            uint32_t(it.s.position + i), uint32_t(h), L, threshold, bits);
+              scale_kept(x, bits, p.inv_keep / total, L);
+            } else {
+              const float inv = 1.0f / total;
+#pragma omp simd
+              for (int64_t j = 0; j < L; ++j) x[j] *= inv;
+            }
+            std::fill(x + L, x + Lp, 0.0f);  // padding keys
+          } else {
+            std::fill(x, x + Lp, 0.0f);  // padding rows
+          }
+          if (p.low) to_bf16_row(x, pl + i * Lp, Lp);
+        }
+        run(*it.gm->pv, p.low ? static_cast<const void*>(pl) : ps, it.vs, os);
+        store_segment_head(os, L, g.Dv, out, it.s.start, h);
+      });
+  }
+  errors.rethrow();
+}
+
+void varlen_backward_gemm(const AttentionParams& params, const View& q, const View& k,
+                          const View& v, const std::vector<Segment>& segs, const View& out,
+                          const View& lse, const View& keep_bits, const View& grad_out,
+                          const View& grad_q, const View& grad_k, const View& grad_v) {
+  RF_CHECK(grad_out.dtype() == q.dtype() && out.dtype() == DType::f32 &&
+               grad_q.dtype() == DType::f32 && grad_k.dtype() == DType::f32 &&
+               grad_v.dtype() == DType::f32,
+           "attention_varlen kernel: grad_out ", grad_out.desc(), " does not match q ", q.desc(),
+           " or the gradients are not f32");
+  const VarlenPlan p(params, q, k, v, segs, true);
+  const VarlenGeometry& g = p.g;
+  const int64_t Lm = p.Lm;
+  const float* plse = lse.data_as<float>();
+  const uint32_t* all_bits =
+      p.drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
+  // Per thread: q, k, v, dO rows (gemm dtype); Pd, dS (f32 and bf16); dq, dk, dv rows.
+  const int64_t operand_floats = Lm * 2 * (g.D + g.Dv);
+  const int64_t floats = 2 * Lm * Lm + Lm * (2 * g.D + g.Dv);
+  const Scratch operands({p.threads, operand_floats}, DType::f32);
+  const Scratch scores({p.threads, floats}, DType::f32);
+  const Scratch scores_low({p.low ? p.threads : 0, 2 * Lm * Lm}, DType::bf16);
+  RegionErrors errors;
+#pragma omp parallel num_threads(p.threads)
+  {
+    const int tid = omp_get_thread_num();
+    char* qs = reinterpret_cast<char*>(operands.view().data_as<float>() + tid * operand_floats);
+    char* dos = qs + Lm * (2 * g.D + g.Dv) * p.esize;
+    float* pp = scores.view().data_as<float>() + tid * floats;
+    float* pdp = pp + Lm * Lm;
+    float* dqs = pdp + Lm * Lm;
+    float* dks = dqs + Lm * g.D;
+    float* dvs = dks + Lm * g.D;
+    bf16* pl = p.low ? scores_low.view().data_as<bf16>() + tid * 2 * Lm * Lm : nullptr;
+    bf16* pdl = p.low ? pl + Lm * Lm : nullptr;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < p.items; ++item)
+      errors.guard([&] {
+        const VarlenItem it = load_item(p, segs, item, q, k, v, qs);
+        const int64_t h = it.h, L = it.L, Lp = it.Lp;
+        if (L == 0) return;
+        load_segment_head(grad_out, it.s.start, L, Lp, h, g.Dv, dos);
+        run(*it.gm->qk, it.qs, it.ks, pp);
+        run(*it.gm->dov, dos, it.vs, pdp);
+        for (int64_t i = 0; i < Lp; ++i) {
+          float* x = pp + i * Lp;
+          float* y = pdp + i * Lp;
+          if (i < L) {
+            const int64_t t = it.s.start + i;
+            // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
+            const float* oo = token_ptr<const float>(out, t, h);
+            float D = 0.0f;
+            if (p.low) {
+              const bf16* go = reinterpret_cast<const bf16*>(dos) + i * g.Dv;
+#pragma omp simd reduction(+ : D)
+              for (int64_t c = 0; c < g.Dv; ++c) D += float(go[c]) * oo[c];
+            } else {
+              const float* go = reinterpret_cast<const float*>(dos) + i * g.Dv;
+#pragma omp simd reduction(+ : D)
+              for (int64_t c = 0; c < g.Dv; ++c) D += go[c] * oo[c];
+            }
+            backward_row(x, y, p.no_mask.data(), p.all_kept.data(),
+                         p.drop ? all_bits + (t * g.H + h) * g.W : nullptr, p.scale,
+                         plse[t * g.H + h], D, p.inv_keep, L);
+            std::fill(x + L, x + Lp, 0.0f);  // padding keys
+            std::fill(y + L, y + Lp, 0.0f);
+          } else {
+            std::fill(x, x + Lp, 0.0f);  // padding rows
+            std::fill(y, y + Lp, 0.0f);
+          }
+          if (p.low) {
+            to_bf16_row(x, pl + i * Lp, Lp);
+            to_bf16_row(y, pdl + i * Lp, Lp);
+          }
+        }
+        const void* p_in = p.low ? static_cast<const void*>(pl) : pp;
+        const void* ds_in = p.low ? static_cast<const void*>(pdl) : pdp;
+        run(*it.gm->dv, p_in, dos, dvs);
+        run(*it.gm->dq, ds_in, it.ks, dqs);
+        run(*it.gm->dk, ds_in, it.qs, dks);
+        store_segment_head(dqs, L, g.D, grad_q, it.s.start, h);
+        store_segment_head(dks, L, g.D, grad_k, it.s.start, h);
+        store_segment_head(dvs, L, g.Dv, grad_v, it.s.start, h);
+      });
+  }
+  errors.rethrow();
+}
+
 }  // namespace
 
 void attention_varlen_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT segments,
                               KT out, KT lse, KT keep_bits) {
   const View vq(q), vk(k), vv(v);
   const std::vector<Segment> segs = read_segments(View(segments));
-  if (vq.dtype() == DType::f32) {
-    varlen_forward<float>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits));
+  if (vq.dtype() == DType::f32 || vq.dtype() == DType::bf16) {
+    varlen_forward_gemm(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits));
   } else if (vq.dtype() == DType::f64) {
     varlen_forward<double>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits));
   } else {
@@ -819,9 +1101,9 @@ void attention_varlen_backward(Stream, const AttentionParams& params, KT q, KT k
                                KT grad_v) {
   const View vq(q), vk(k), vv(v);
   const std::vector<Segment> segs = read_segments(View(segments));
-  if (vq.dtype() == DType::f32) {
-    varlen_backward<float>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits),
-                           View(grad_out), View(grad_q), View(grad_k), View(grad_v));
+  if (vq.dtype() == DType::f32 || vq.dtype() == DType::bf16) {
+    varlen_backward_gemm(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits),
+                         View(grad_out), View(grad_q), View(grad_k), View(grad_v));
   } else if (vq.dtype() == DType::f64) {
     varlen_backward<double>(params, vq, vk, vv, segs, View(out), View(lse), View(keep_bits),
                             View(grad_out), View(grad_q), View(grad_k), View(grad_v));

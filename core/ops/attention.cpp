@@ -196,9 +196,9 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const int64_t longest = checked_segments(segments, T);
   params.longest_segment = longest;
   const bool drop = params.dropout_p > 0.0;
-  // Under bf16 autocast a device's kernel reads bf16 q, k, v and dO (the CPU's
-  // token-stream kernel is f32/f64 only); out, lse and the gradients stay f32.
-  const bool low = autocast_bf16(device, q.dtype()) && !device.is_cpu();
+  // bf16 autocast as in attention: the products read bf16 q, k, v (kept for
+  // backward) and dO; scores, softmax, lse, out and the gradients stay f32.
+  const bool low = autocast_bf16(device, q.dtype());
   auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
   const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
   const Tensor seg = segments.detach();

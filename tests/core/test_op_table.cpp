@@ -750,7 +750,8 @@ std::vector<Tensor> nudged_bases(const OpCase& c) {
 void check_autocast(const OpCase& c, const Result& got, const Result& plain, const Result& ref,
                     const std::string& column) {
   const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention" ||
-                         c.op == "rope_attention" || c.op == "gelu_tanh_ffn";
+                         c.op == "rope_attention" || c.op == "varlen_attention" ||
+                         c.op == "varlen_rope_attention" || c.op == "gelu_tanh_ffn";
   if (!matrix_op) {
     // Not a product: the same function, so exactly the plain f32 numbers.
     const std::string same = compare(c, got, plain, 0.0, 0.0);

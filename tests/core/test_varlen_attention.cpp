@@ -3,10 +3,12 @@
 // and gradients), no token sees another document, the draws equal the padded
 // op's, f64 finite differences, and the errors.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <vector>
 
 #include "core/ops.h"
+#include "core/precision.h"
 #include "gradcheck.h"
 #include "tests/test_support.h"
 
@@ -148,6 +150,56 @@ TEST(VarlenAttention, FiniteDifferenceGradientsF64WithDropoutAndAGap) {
   };
   EXPECT_TRUE(gradcheck(
       f, {random_f64({10, 2, 3}, 31), random_f64({10, 2, 3}, 32), random_f64({10, 2, 5}, 33)}));
+}
+
+// Segment lengths across the kernel's length buckets (8, 24, 64, 96): the
+// same bits for 1 and 2 threads, in f32 and under bf16 autocast.
+TEST(VarlenAttention, BitwiseIndependentOfThreadCountF32AndBf16) {
+  const std::vector<int64_t> lengths{3, 70, 17, 40};
+  const int64_t T = 130;
+  for (const DType products : {DType::f32, DType::bf16}) {
+    auto run = [&](int threads) {
+      omp_set_num_threads(threads);
+      MatmulPrecisionScope scope(products);
+      const Tensor q = stream(T, 71, DType::f32), k = stream(T, 72, DType::f32),
+                   v = stream(T, 73, DType::f32);
+      DropoutContext ctx{4, 1, 0};
+      const Tensor out = varlen_attention(q, k, v, packed_row(lengths), 0.1, true, ctx, 0.35);
+      sum(mul(out, random_f64({T, kH, kD}, 74).to(DType::f32))).backward();
+      return std::vector<std::vector<float>>{out.to_vector<float>(), q.grad().to_vector<float>(),
+                                             k.grad().to_vector<float>(),
+                                             v.grad().to_vector<float>()};
+    };
+    const int saved = omp_get_max_threads();
+    const auto one = run(1), two = run(2);
+    omp_set_num_threads(saved);
+    EXPECT_EQ(one, two) << dtype_name(products) << " products";
+  }
+}
+
+// Under bf16 autocast the packed kernel rounds where the padded one does:
+// each document's padded attention under autocast gives the same numbers
+// (up to f32 summation order), and both differ from f32.
+TEST(VarlenAttention, Bf16AutocastMatchesThePaddedKernel) {
+  const std::vector<int64_t> lengths{5, 33, 12};
+  const int64_t T = 50;
+  const Tensor q = stream(T, 81, DType::f32), k = stream(T, 82, DType::f32),
+               v = stream(T, 83, DType::f32);
+  DropoutContext ctx;
+  NoGradGuard no_grad;
+  const Tensor plain = varlen_attention(q, k, v, packed_row(lengths), 0.0, false, ctx, 0.3);
+  MatmulPrecisionScope bf16_products(DType::bf16);
+  const Tensor packed = varlen_attention(q, k, v, packed_row(lengths), 0.0, false, ctx, 0.3);
+  std::vector<Tensor> parts;
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    const Tensor alone = attention(as_heads(q, start, len), as_heads(k, start, len),
+                                   as_heads(v, start, len), Tensor(), 0.0, false, ctx, 0.3);
+    parts.push_back(alone.transpose(1, 2).squeeze(0));
+    start += len;
+  }
+  EXPECT_TRUE(all_close(packed, concat(parts, 0), 1e-3, 1e-3));
+  EXPECT_FALSE(all_close(packed, plain, 1e-6, 1e-6)) << "autocast had no effect";
 }
 
 TEST(VarlenAttention, TokensInNoSegmentGetZeros) {

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,12 @@ struct Case {
   RopeLayout layout = RopeLayout::interleaved;
   int64_t D = 64;  // 64: the tensor-core kernel; others: the f32 fallback on bf16 values
 };
+
+// gtest prints a parameter in test listings; the name says it all (without
+// this, ctest's test names carry a byte dump of the struct).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // Values rounded to bf16 (so both devices read the same numbers), as f32.
 Tensor bf16_values(const Shape& shape, uint64_t seed) {
