@@ -8,7 +8,7 @@
 # 4 B H S^2 D, backward 2.5 x that.
 #
 #   bench/gpu/attention_table.sh build   here (no GPU needed): build attention_bench for
-#                                        sm_90 into $BUILD_DIR (build-gpu-bench) and pack
+#                                        sm_90 into build-gpu/ (scripts/gpu_common.sh) and pack
 #                                        it with gpu-pack into .gpu-attention/
 #   bench/gpu/attention_table.sh run     on the GPU machine from the repository root:
 #                                        both benchmarks, then the table (also written to
@@ -25,28 +25,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
 shift || true
-build_dir=${BUILD_DIR:-build-gpu-bench}
 pack_dir=.gpu-attention
 
+# The sm_90 build and gpu-pack of scripts/gpu_common.sh (its build-gpu/).
 build() {
-  local pack=${GPU_PACK:-}
-  if [[ -z $pack ]]; then
-    for candidate in ../shared/tools/gpu-pack /work/shared/tools/gpu-pack; do
-      [[ -x $candidate ]] && pack=$candidate && break
-    done
-  fi
-  [[ -n $pack ]] || { echo "attention_table: gpu-pack not found (set GPU_PACK)" >&2; exit 1; }
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
-  cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DROFORMER_WITH_CUDA=ON -DROFORMER_CUDA_KERNELS=ON -DROFORMER_BUILD_BENCH=ON \
-    -DROFORMER_NATIVE=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
-  cmake --build "$build_dir" -j"${JOBS:-2}" --target attention_bench
-  local stage
-  stage=$(mktemp -d)
-  cp "$build_dir/bench/gpu/attention_bench" "$stage/"
-  "$pack" "$stage" "$pack_dir"
-  rm -rf "$stage"
+  # shellcheck source=scripts/gpu_common.sh
+  source scripts/gpu_common.sh
+  gpu_build_and_pack "$pack_dir" attention_bench
   echo 'attention_table: packed; on the GPU machine:'
   echo '  run(command="bench/gpu/attention_table.sh run", carry=[".gpu-attention"])'
 }
@@ -88,11 +73,11 @@ run() {
   local bench=${ATTENTION_BENCH:-}
   if [[ -z $bench ]] && command -v attention_bench > /dev/null; then bench=attention_bench; fi
   if [[ -z $bench && -f $pack_dir/bundle.tar.xz ]]; then
-    tar xJf "$pack_dir/bundle.tar.xz" -C "$pack_dir"
+    # shellcheck source=scripts/gpu_common.sh
+    source scripts/gpu_common.sh
     # env.sh greps for missing libraries (no match: a failing pipeline), so not under -e.
     set +e
-    # shellcheck disable=SC1091
-    source "$pack_dir/gpubundle/env.sh"
+    gpu_unpack "$pack_dir"
     set -e
     bench=attention_bench
   fi
