@@ -36,6 +36,13 @@ TokenLayout TokenLayout::of_rows(const std::vector<std::vector<int64_t>>& rows,
   return l;
 }
 
+TokenLayout TokenLayout::to(Device device) const {
+  TokenLayout l = *this;
+  for (Tensor* t : {&l.segments, &l.positions, &l.tokens, &l.document_firsts})
+    if (t->defined()) *t = t->to(device);
+  return l;
+}
+
 TokenLayout TokenLayout::of_lengths(const std::vector<int64_t>& lengths) {
   std::vector<std::vector<int64_t>> rows;
   rows.reserve(lengths.size());

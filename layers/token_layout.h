@@ -37,6 +37,9 @@ struct TokenLayout {
                              bool restart_positions = true);
   // One document per row.
   static TokenLayout of_lengths(const std::vector<int64_t>& lengths);
+
+  // The same layout with its tensors on `device` (the host vectors stay).
+  TokenLayout to(Device device) const;
 };
 
 }  // namespace roformer

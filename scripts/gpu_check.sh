@@ -49,7 +49,8 @@
 #   finetune      a small classification fine-tune on CPU and GPU from the
 #                 pretrained checkpoint, then evaluate --device cuda
 #   e2e_bf16      the same pretraining in run.precision bf16 on the GPU, within
-#                 2e-2 of the CPU f32 losses; GPU reserved memory flat as in f32
+#                 2e-2 of the CPU f32 losses (its micro-batches are token streams,
+#                 data.unpadded, on the tensor-core kernel); reserved memory flat
 #   nccl_1        the tiny config with the NCCL communicator at world size 1
 #                 (ROFORMER_FORCE_COMMUNICATOR=1): gradient buckets summed by
 #                 NCCL on the GPU, losses against e2e_f32's GPU run

@@ -87,10 +87,13 @@ struct DataConfig {
   bool operator==(const DataConfig&) const = default;
 };
 
-// Whether micro-batches run as token streams: data.unpadded, where the
-// token-stream path exists (softmax attention, CPU kernels).
-inline bool uses_token_stream(const DataConfig& d, const ModelConfig& m, const Device& device) {
-  return d.unpadded && m.attention == AttentionKind::kSoftmax && device.is_cpu();
+// Whether micro-batches run as token streams: data.unpadded, with softmax
+// attention, on the CPU, or on CUDA under bf16 (where the tensor-core
+// token-stream kernel runs; f32 token streams on CUDA would take the simple
+// per-segment kernel, slower than padded rows).
+inline bool uses_token_stream(const DataConfig& d, const ModelConfig& m, const RunConfig& run) {
+  return d.unpadded && m.attention == AttentionKind::kSoftmax &&
+         (run.device.is_cpu() || run.precision == Precision::kBf16);
 }
 
 // The tokenizer the data section describes (casing, pre-tokenizer).

@@ -71,7 +71,7 @@ struct TaskNet {
   }
 
   void set_stream(const Config& config) {
-    unpadded = uses_token_stream(config.data, config.model, config.run.device);
+    unpadded = uses_token_stream(config.data, config.model, config.run);
     packing = config.data.packing;
     restart_positions = config.data.packing_restart_positions;
   }
@@ -97,16 +97,17 @@ struct TaskNet {
     const data::TokenBatch tb = data::make_token_batch(docs, packing, max_seq_len);
     if (slots) *slots = tb.padded_slots;
     const Shape shape{tb.num_tokens};
-    const Tensor logits =
-        model
-            ->forward(Tensor::from_vector(tb.input_ids, shape),
-                      Tensor::from_vector(tb.token_type_ids, shape),
-                      TokenLayout::of_rows(tb.rows, restart_positions), Tensor(), training, ctx)
-            .logits;
+    const Tensor logits = model
+                              ->forward(Tensor::from_vector(tb.input_ids, shape, device),
+                                        Tensor::from_vector(tb.token_type_ids, shape, device),
+                                        TokenLayout::of_rows(tb.rows, restart_positions).to(device),
+                                        Tensor(), training, ctx)
+                              .logits;
     if (!packing) return logits;  // documents in input order
     std::vector<int64_t> stream_index(tb.order.size());
     for (size_t d = 0; d < tb.order.size(); ++d) stream_index[size_t(tb.order[d])] = int64_t(d);
-    return index_select(logits, Tensor::from_vector(stream_index, {int64_t(stream_index.size())}));
+    return index_select(logits,
+                        Tensor::from_vector(stream_index, {int64_t(stream_index.size())}, device));
   }
 
   Tensor padded_logits(const std::vector<const data::Encoding*>& rows, bool training,

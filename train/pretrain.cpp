@@ -97,7 +97,7 @@ class PretrainTask final : public TrainingTask {
         comm_(comm),
         rank_(comm.rank()),
         world_size_(comm.world_size()),
-        token_stream_(uses_token_stream(config.data, config.model, config.run.device)),
+        token_stream_(uses_token_stream(config.data, config.model, config.run)),
         uploader_(device) {
     vocab_ = std::make_shared<const data::Vocab>(data::Vocab::load(config.data.vocab));
     if (vocab_->size() > config.model.vocab_size)
@@ -263,11 +263,14 @@ class PretrainTask final : public TrainingTask {
       const data::TokenBatch tb =
           unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
       s.slots = tb.padded_slots;
+      // On the model's device (the labels stay on the host: forward_mlm reads
+      // them there to pick the masked rows).
+      const Device device = uploader_.device();
       const TokenLayout layout =
-          TokenLayout::of_rows(tb.rows, config_.data.packing_restart_positions);
+          TokenLayout::of_rows(tb.rows, config_.data.packing_restart_positions).to(device);
       const Shape shape{tb.num_tokens};
-      out = model_->forward_mlm(Tensor::from_vector(tb.input_ids, shape),
-                                Tensor::from_vector(tb.token_type_ids, shape), layout,
+      out = model_->forward_mlm(Tensor::from_vector(tb.input_ids, shape, device),
+                                Tensor::from_vector(tb.token_type_ids, shape, device), layout,
                                 Tensor::from_vector(tb.labels, shape), true, dropout);
     } else {
       const BatchTensors& t = inputs_[i];

@@ -8,6 +8,7 @@
 #include "core/ops.h"
 #include "core/precision.h"
 #include "layers/roformer.h"
+#include "layers/token_layout.h"
 #include "optim/adamw.h"
 #include "tests/cuda/gpu_test.h"
 #include "tests/layers/golden_h5.h"
@@ -116,6 +117,63 @@ TEST(CudaBf16, WorkingCopyHoldsTheUpdatedWeightsRounded) {
   const std::vector<float> got = from_copy.to_vector<float>();
   const std::vector<float> expect = fresh.to_vector<float>();
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expect[i], 1e-4) << i;
+  clear_bf16_weights();
+}
+
+// The token-stream model (data.unpadded on CUDA under bf16, the tensor-core
+// varlen kernel) against the padded model on the CPU in f32: the same batch,
+// its padding dropped, the same loss and gradients at bf16 tolerance.
+TEST(CudaBf16, TokenStreamMatchesThePaddedModelOnTheCpu) {
+  RF_REQUIRE_GPU();
+  ModelConfig c = testing::golden_config();
+  constexpr int64_t B = 4, S = 32;
+  const MlmBatch b = batch(B, S, c.vocab_size, 5);
+  const std::vector<int32_t> ids = b.ids.to_vector<int32_t>(), mask = b.mask.to_vector<int32_t>(),
+                             labels = b.labels.to_vector<int32_t>();
+  std::vector<int32_t> stream_ids, stream_labels;
+  std::vector<int64_t> lengths;
+  for (int64_t r = 0; r < B; ++r) {
+    int64_t len = 0;
+    for (int64_t i = 0; i < S; ++i)
+      if (mask[size_t(r * S + i)]) {
+        stream_ids.push_back(ids[size_t(r * S + i)]);
+        stream_labels.push_back(labels[size_t(r * S + i)]);
+        ++len;
+      }
+    lengths.push_back(len);
+  }
+  const int64_t T = int64_t(stream_ids.size());
+  auto grads = [](const Module& m) {
+    std::vector<double> g;
+    for (const NamedTensor& p : m.named_parameters())
+      for (double v : p.tensor.grad().to(Device::cpu()).to_vector<double>()) g.push_back(v);
+    return g;
+  };
+  RoFormerForMaskedLM cpu_model(c, 7), gpu_model(c, 7);
+  gpu_model.to(kGpu);
+  DropoutContext d1{1, 0}, d2{1, 0};
+  const MlmOutput padded = cpu_model.forward_mlm(b.ids, b.types, b.mask, b.labels, true, d1);
+  padded.loss.backward();
+  MlmOutput stream;
+  {
+    clear_bf16_weights();
+    MatmulPrecisionScope scope(DType::bf16);
+    stream = gpu_model.forward_mlm(Tensor::from_vector(stream_ids, {T}, kGpu),
+                                   Tensor::zeros({T}, DType::i32, kGpu),
+                                   TokenLayout::of_lengths(lengths).to(kGpu),
+                                   Tensor::from_vector(stream_labels, {T}), true, d2);
+    stream.loss.backward();
+  }
+  EXPECT_EQ(stream.num_masked, padded.num_masked);
+  EXPECT_NEAR(stream.loss.item(), padded.loss.item(), 2e-2 * std::abs(padded.loss.item()));
+  const std::vector<double> gp = grads(cpu_model), gs = grads(gpu_model);
+  ASSERT_EQ(gp.size(), gs.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < gp.size(); ++i) {
+    num += (gs[i] - gp[i]) * (gs[i] - gp[i]);
+    den += gp[i] * gp[i];
+  }
+  EXPECT_LT(std::sqrt(num / den), 3e-2) << "relative gradient error";
   clear_bf16_weights();
 }
 
