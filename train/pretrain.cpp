@@ -263,6 +263,8 @@ class PretrainTask final : public TrainingTask {
       const data::TokenBatch tb =
           unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
       s.slots = tb.padded_slots;
+      s.flops =
+          mlm_training_flops(config_.model, token_stream_keys(tb.rows), b.num_tokens, b.num_masked);
       // On the model's device (the labels stay on the host: forward_mlm reads
       // them there to pick the masked rows).
       const Device device = uploader_.device();

@@ -28,6 +28,22 @@ TEST(Telemetry, MlmFlopsByHand) {
   EXPECT_DOUBLE_EQ(mlm_training_flops(m, 32, 10, 3), 10 * (6 * 1056.0 + 6144) + 3 * 6 * 432.0);
 }
 
+TEST(Telemetry, TokenStreamsAreCreditedTheirDocumentsKeysOnly) {
+  // Two rows: one document of 6 tokens; documents of 2 and 4 packed in one.
+  // sum(len^2) / tokens = (36 + 4 + 16) / 12.
+  EXPECT_DOUBLE_EQ(token_stream_keys({{6}, {2, 4}}), 56.0 / 12.0);
+  EXPECT_DOUBLE_EQ(token_stream_keys({{5}, {5}}), 5.0);  // full rows: the row length
+  EXPECT_EQ(token_stream_keys({}), 0.0);
+  ModelConfig m;
+  m.hidden_size = 8;
+  m.num_hidden_layers = 2;
+  m.intermediate_size = 16;
+  // The attention term shrinks with the keys; the rest does not.
+  const double padded = mlm_training_flops(m, 8, 12, 3);
+  const double stream = mlm_training_flops(m, token_stream_keys({{6}, {2, 4}}), 12, 3);
+  EXPECT_DOUBLE_EQ(padded - stream, 12 * 12 * 2 * 8 * (8 - 56.0 / 12.0));
+}
+
 TEST(Telemetry, PeakIsTheConfigValueOrADeviceDefault) {
   Config c;
   c.log.peak_tflops = 123.5;
