@@ -142,7 +142,7 @@ struct AttentionParams {
   X(attention_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,           \
                              KT key_mask, KT out, KT lse, KT keep_bits, KT grad_out,            \
                              KT grad_q, KT grad_k, KT grad_v))                          \
-  /* --- variable-length attention over a token stream (core/cpu/attention.cpp) ------------- */\
+  /* --- variable-length attention over a token stream (core/cpu/attention_varlen.cpp) ------ */\
   /* q [T, H, D], k [T, H, D], v [T, H, Dv] (unit last stride); segments [N, 4] i64, host */    \
   /* memory: (first token, length, row, position of the first token in its row); a token */     \
   /* attends only to its own segment's tokens; dropout: sequence first_sequence + row, query */  \

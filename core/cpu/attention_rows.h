@@ -1,0 +1,195 @@
+// What the CPU attention kernels share (core/cpu/attention.cpp for padded
+// batches, core/cpu/attention_varlen.cpp for token streams): the per-head
+// oneDNN GEMMs, the dropout keep-bit draw of one query row, and the
+// vectorised row kernels of the softmax and its backward. Internal to those
+// two files, which compile it with no-trapping-math (see their first lines).
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/cpu/onednn.h"
+#include "core/cpu/philox_simd.h"
+#include "core/cpu/vector_math.h"
+#include "core/philox.h"
+
+namespace roformer::kernels::cpu::attention_detail {
+
+inline int64_t keep_words(int64_t sk) {
+  return (sk + 31) / 32;
+}
+
+// --- per-head GEMMs on oneDNN ---------------------------------------------------------
+//
+// Every (batch, head) has the same geometry, so one primitive per product
+// serves all heads; threads run it on their own heads concurrently, each with
+// its own stream and scratchpad (oneDNN's shared library scratchpad is not
+// safe for concurrent execution). Inside the parallel region oneDNN runs
+// single-threaded: a head's products do not depend on the thread count.
+
+struct HeadGemm {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c, scratchpad;
+};
+
+// A head's 2-D operand: rows x cols with the given strides (one of them 1),
+// f32 or bf16 (bf16 autocast: products accumulate in f32, write f32).
+struct Matrix {
+  int64_t rows, cols, row_stride, col_stride;
+  DType dtype = DType::f32;
+  dnnl::memory::desc desc() const {
+    return dnnl::memory::desc({rows, cols}, onednn_dtype(dtype), {row_stride, col_stride});
+  }
+  std::string key() const {
+    return std::string(dtype_name(dtype)) + std::to_string(rows) + "x" + std::to_string(cols) +
+           "/" + std::to_string(row_stride) + "," + std::to_string(col_stride);
+  }
+  Matrix t() const { return {cols, rows, col_stride, row_stride, dtype}; }
+  Matrix as(DType d) const { return {rows, cols, row_stride, col_stride, d}; }
+};
+
+// c = a x b.
+inline std::shared_ptr<HeadGemm> head_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
+  const std::string key = "attn_head_gemm|" + a.key() + "|" + b.key() + "|" + c.key();
+  return cached_primitive<HeadGemm>(key, [&] {
+    count_primitive_built();
+    HeadGemm g;
+    g.a = a.desc();
+    g.b = b.desc();
+    g.c = c.desc();
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a, g.b, g.c), attr, onednn_engine());
+    g.scratchpad = pd.scratchpad_desc();
+    g.primitive = dnnl::matmul(pd);
+    return g;
+  });
+}
+
+// Per-thread execution state: a stream and a scratchpad buffer.
+struct ThreadGemmState {
+  dnnl::stream stream{onednn_engine()};
+  std::vector<char> scratchpad;
+};
+
+inline void run(const HeadGemm& g, const void* a, const void* b, void* c) {
+  thread_local ThreadGemmState state;
+  const size_t need = g.scratchpad.get_size();
+  if (state.scratchpad.size() < need) state.scratchpad.resize(need);
+  dnnl::engine& eng = onednn_engine();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(g.a, eng, const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(g.b, eng, const_cast<void*>(b))},
+      {DNNL_ARG_DST, dnnl::memory(g.c, eng, c)}};
+  if (need)
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(g.scratchpad, eng, state.scratchpad.data()));
+  g.primitive.execute(state.stream, args);
+  state.stream.wait();
+}
+
+// --- elementwise helpers ---------------------------------------------------------
+
+// Keep bits for the n keys of one query row (sequence, query position, head)
+// by the shared dropout rule (core/philox.h): key j is word j % 4 of counter
+// block dropout_block(j / 4, position, sequence, site, head); keep when the
+// 24-bit uniform is >= p (threshold = ceil(p 2^24)). draw_keep_bits: batch
+// row b, head h, query i of the padded layout.
+inline void draw_keep_row(const DropoutKey& site, uint32_t sequence, uint32_t position,
+                          uint32_t head, int64_t n, uint32_t threshold, uint32_t* words) {
+  thread_local std::vector<uint32_t> draws;
+  if (int64_t(draws.size()) < n + 64) draws.resize(size_t(n + 64));
+  const PhiloxKey key = dropout_key(site.seed, site.step);
+  const PhiloxCounter block = dropout_block(0, position, sequence, site.site, head);
+  for (int64_t j = 0; j < n; j += 64)
+    philox_16_blocks(uint32_t(j / 4), block[1], block[2], block[3], key, &draws[size_t(j)]);
+  const uint32_t* u = draws.data();
+  for (int64_t w = 0; w * 32 < n; ++w) {
+    const int len = int(std::min<int64_t>(32, n - w * 32));
+    const uint32_t* uw = u + w * 32;
+    uint32_t bits = 0;
+#pragma omp simd reduction(| : bits)
+    for (int t = 0; t < len; ++t) bits |= uint32_t((uw[t] >> 8) >= threshold) << t;
+    words[w] = bits;
+  }
+}
+
+// --- row kernels (vectorised) -------------------------------------------------------
+
+// x = x * scale + add; returns max(x).
+inline float scale_mask_max(float* __restrict x, const float* __restrict add, float scale,
+                            int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = x[j] * scale + add[j];
+    x[j] = v;
+    m = std::max(m, v);
+  }
+  return m;
+}
+
+// x = exp(x - m) * keep; returns sum(x).
+inline float exp_sum(float* __restrict x, const float* __restrict keep, float m, int64_t n) {
+  float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < n; ++j) {
+    const float e = vexp(x[j] - m) * keep[j];
+    x[j] = e;
+    total += e;
+  }
+  return total;
+}
+
+// x *= bit j of bits ? kept : 0, 32 elements per word.
+inline void scale_kept(float* __restrict x, const uint32_t* __restrict bits, float kept,
+                       int64_t n) {
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    const uint32_t word = bits[j0 >> 5];
+    const int len = int(std::min<int64_t>(32, n - j0));
+    float* __restrict xs = x + j0;
+#pragma omp simd
+    for (int t = 0; t < len; ++t) xs[t] *= ((word >> t) & 1u) ? kept : 0.0f;
+  }
+}
+
+// Backward of one row: from raw scores x (q . k) and dPd y, writes
+// x = Pd = P z and y = dS = P (y z - D) scale, with P = exp(x scale + add - lse)
+// and z the dropout multiplier (1 without dropout).
+inline void backward_row(float* __restrict x, float* __restrict y, const float* __restrict add,
+                         const float* __restrict keep, const uint32_t* __restrict bits, float scale,
+                         float lse, float D, float inv_keep, int64_t n) {
+  if (!bits) {
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = vexp(x[j] * scale + add[j] - lse) * keep[j];
+      x[j] = p;
+      y[j] = p * (y[j] - D) * scale;
+    }
+    return;
+  }
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    const uint32_t word = bits[j0 >> 5];
+    const int len = int(std::min<int64_t>(32, n - j0));
+    float* __restrict xs = x + j0;
+    float* __restrict ys = y + j0;
+    const float* __restrict as = add + j0;
+    const float* __restrict ks = keep + j0;
+#pragma omp simd
+    for (int t = 0; t < len; ++t) {
+      const float p = vexp(xs[t] * scale + as[t] - lse) * ks[t];
+      const float z = ((word >> t) & 1u) ? inv_keep : 0.0f;
+      xs[t] = p * z;
+      ys[t] = p * (ys[t] * z - D) * scale;
+    }
+  }
+}
+
+}  // namespace roformer::kernels::cpu::attention_detail
