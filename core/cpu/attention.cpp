@@ -8,18 +8,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
-#include <memory>
-#include <string>
-#include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 #include "core/cpu/attention_rows.h"
-#include "core/cpu/onednn.h"
-#include "core/cpu/philox_simd.h"
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
 #include "core/philox.h"
