@@ -72,7 +72,6 @@ class AdamW {
   int64_t step_count() const { return step_; }
   // Stages may set their own decay; the moments are untouched.
   void set_weight_decay(double weight_decay) { options_.weight_decay = weight_decay; }
-  double weight_decay() const { return options_.weight_decay; }
   const std::vector<NamedParameter>& parameters() const { return params_; }
   const FlatParameters& flat() const { return *flat_; }
   // The moments packed to the parameters' elements in order (f32

@@ -59,6 +59,11 @@ class Communicator {
   // stream); wait_started() waits for it. Only when sums_device_memory().
   virtual void start_all_reduce_sum_device(float* values, size_t count, void* stream);
 
+  // For a rank that failed: ends every rank's process with `exit_code` (the
+  // others may be blocked in a collective and must not wait for its timeout).
+  // One process has no peers to stop: it returns.
+  virtual void abort(int exit_code) { (void)exit_code; }
+
   // Conveniences built on the operations above.
   int64_t sum(int64_t value);
   double sum(double value);

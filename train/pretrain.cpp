@@ -176,12 +176,6 @@ class PretrainTask final : public TrainingTask {
     const ResolvedStage& stage = stages_[size_t(state.stage)];
     current_stage_ = state.stage;
     step_in_stage_ = state.step_in_stage;
-    for (const BatchLevel& level : stage.warm_up)
-      if (level.batch % (stage.micro_batch_size * world_size_) != 0)
-        throw InputError(detail::concat(config_.source, ": stages[", state.stage,
-                                        "].batch_warmup_start: the warm-up batch ", level.batch,
-                                        " does not split into micro-batches of ",
-                                        stage.micro_batch_size, " over ", world_size_, " ranks"));
     // The RoPE base only changes the rotation tables, never a parameter.
     model_->set_rope_base(stage.rope_base);
     loader_.reset();  // its buffers go before the next stage's are made

@@ -330,6 +330,11 @@ TrainerResult Trainer::run() {
       const double lr = schedule.at(state.global_step);
       const double clip = optim::clip_scale(gnorm, config_.optim.clip_grad_norm);
       double update_ratio = NAN;
+      // Whether this step ends a log window (the last of every log.every_steps
+      // and of the phase): its record carries the update/weight ratio.
+      const bool log_step =
+          config_.log.every_steps > 0 && ((state.global_step + 1) % config_.log.every_steps == 0 ||
+                                          state.step_in_stage + 1 == plan.steps);
       if (comm.any(!std::isfinite(loss) || !std::isfinite(gnorm))) {
         ++state.nonfinite_skipped;
         ++state.nonfinite_in_a_row;
@@ -365,11 +370,8 @@ TrainerResult Trainer::run() {
         state.nonfinite_in_a_row = 0;
         // The update/weight ratio is measured on the steps that are logged:
         // a copy of the weights before the update, on the CPU only.
-        const bool logged = config_.log.every_steps > 0 &&
-                            ((state.global_step + 1) % config_.log.every_steps == 0 ||
-                             state.step_in_stage + 1 == plan.steps);
         Tensor before;
-        if (logged && adamw.flat().device().is_cpu()) before = adamw.flat().data().clone();
+        if (log_step && adamw.flat().device().is_cpu()) before = adamw.flat().data().clone();
         adamw.step(lr, clip);
         if (adamw.sharded()) {
           const auto gather_start = Clock::now();
@@ -392,9 +394,7 @@ TrainerResult Trainer::run() {
 
       // --- log ------------------------------------------------------------------------
       const bool phase_done = state.step_in_stage == plan.steps;
-      if (config_.log.every_steps > 0 &&
-          (state.global_step % config_.log.every_steps == 0 || phase_done) &&
-          window.finite_steps > 0) {
+      if (log_step && window.finite_steps > 0) {
         const double secs = seconds_since(window_start);
         const double elapsed = seconds_since(run_start);
         training.window_loss = window.mean_loss();

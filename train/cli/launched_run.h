@@ -51,7 +51,7 @@ class LaunchedRun {
       spdlog::error("rank {} of {} failed: {}; stopping every rank", comm_->rank(),
                     comm_->world_size(), e.what());
       spdlog::default_logger()->flush();
-      distributed::abort_all_ranks(comm_.get(), code);
+      comm_->abort(code);
       throw;
     }
   }

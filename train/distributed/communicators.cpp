@@ -70,16 +70,4 @@ std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch, double
 #endif
 }
 
-void abort_all_ranks(Communicator* comm, int exit_code) {
-#ifdef ROFORMER_HAVE_MPI
-  if (auto* mpi = dynamic_cast<MpiCommunicator*>(comm)) mpi->abort(exit_code);
-#ifdef ROFORMER_HAVE_NCCL
-  if (auto* nccl = dynamic_cast<NcclCommunicator*>(comm)) nccl->abort(exit_code);
-#endif
-#else
-  (void)comm;
-  (void)exit_code;
-#endif
-}
-
 }  // namespace roformer::distributed

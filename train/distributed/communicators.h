@@ -26,11 +26,6 @@ Device rank_device(Device configured, const LaunchInfo& launch);
 std::unique_ptr<Communicator> make_communicator(const LaunchInfo& launch, double timeout_s,
                                                 Device device = Device::cpu());
 
-// For a rank that failed: ends every rank's process with `exit_code` when
-// `comm` is an MPI communicator (the others may be blocked in a collective
-// and must not wait for the timeout); returns otherwise.
-void abort_all_ranks(Communicator* comm, int exit_code);
-
 bool built_with_mpi();
 
 }  // namespace roformer::distributed

@@ -214,11 +214,4 @@ void MpiCommunicator::abort(int exit_code) {
   std::_Exit(exit_code);  // MPI_Abort returns only if MPI is broken
 }
 
-std::string MpiCommunicator::host() const {
-  char name[MPI_MAX_PROCESSOR_NAME];
-  int length = 0;
-  MPI_Get_processor_name(name, &length);
-  return std::string(name, size_t(length));
-}
-
 }  // namespace roformer::distributed

@@ -40,9 +40,7 @@ class MpiCommunicator final : public Communicator {
 
   // Ends every rank's process (MPI_Abort) with `exit_code`: for a rank that
   // failed while the others may be blocked in a collective. Does not return.
-  [[noreturn]] void abort(int exit_code);
-  // The host name this rank runs on.
-  std::string host() const;
+  [[noreturn]] void abort(int exit_code) override;
 
  private:
   struct State;

@@ -49,7 +49,7 @@ class NcclCommunicator final : public Communicator {
 
   // For a rank that failed: aborts NCCL (no kernel left waiting for peers),
   // then ends every rank through MPI_Abort. Does not return.
-  [[noreturn]] void abort(int exit_code);
+  [[noreturn]] void abort(int exit_code) override;
 
   // In place on device memory of this rank's GPU; returns when the sum is done.
   void all_reduce_sum_device(float* values, size_t count);
