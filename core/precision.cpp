@@ -119,13 +119,8 @@ Tensor from_working_copy(const WorkingCopy& copy, const Tensor& weight) {
     last += (weight.size(d) - 1) * weight.stride(d);
   }
   if (weight.offset() < copy.offset || last >= copy.offset + copy.numel) return Tensor();
-  auto view = std::make_shared<TensorImpl>();
-  view->storage = copy.working.impl().storage;
-  view->shape = weight.shape();
-  view->strides = weight.strides();
-  view->offset = copy.working.offset() + (weight.offset() - copy.offset);
-  view->dtype = DType::bf16;
-  return Tensor(view);
+  return make_view(copy.working, weight.shape(), weight.strides(),
+                   copy.working.offset() + (weight.offset() - copy.offset));
 }
 
 }  // namespace
@@ -153,12 +148,12 @@ Tensor to_bf16(const Tensor& t) {
 
 Tensor bf16_weight(const Tensor& weight) {
   WeightCache& cache = weight_cache();
-  const std::string key = cache_key(weight);
   std::lock_guard<std::mutex> lock(cache.mutex);
   if (Tensor view = from_working_copy(cache.working, weight); view.defined()) {
     ++cache.working_hits;
     return view;
   }
+  const std::string key = cache_key(weight);
   auto it = cache.entries.find(key);
   if (it != cache.entries.end() && it->second.storage.lock() == weight.impl().storage &&
       it->second.version == weight.version())
