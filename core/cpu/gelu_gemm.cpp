@@ -2,6 +2,8 @@
 // kernel, then one pass for the GELU (in backward also the bias gradient),
 // with the formulas of core/kernels/gelu_tanh.h that cuBLASLt's epilogues
 // compute on the GPU.
+#include <algorithm>
+
 #include "core/cpu/strided_loop.h"
 #include "core/kernels/gelu_tanh.h"
 #include "core/kernels/kernel_list.h"
@@ -50,14 +52,21 @@ void gemm_dgelu_backward(Stream stream, KT a, KT b, KT pre_kt, KT dpre_kt, KT db
     const T* pp = pre.data_as<T>();
     T* pd = dpre.data_as<T>();
     T* pb = dbias.data_as<T>();
-    parallel_rows(M, N, [&](int64_t m) {
-      for (int64_t c = m * N; c < (m + 1) * N; ++c) pd[c] = T(A(pd[c]) * gelu_tanh_grad(A(pp[c])));
-    });
-    // Column sums, rows in order: the same bits at any thread count.
-    parallel_rows(N, M, [&](int64_t c) {
-      A s = 0;
-      for (int64_t m = 0; m < M; ++m) s += A(pd[m * N + c]);
-      pb[c] = T(s);
+    // One pass over column blocks: each element's GELU gradient is applied in
+    // place and added to its column's sum, rows in order, so the bias
+    // gradient has the same bits at any thread count.
+    constexpr int64_t kBlock = 64;
+    const int64_t blocks = (N + kBlock - 1) / kBlock;
+    parallel_rows(blocks, M * kBlock, [&](int64_t blk) {
+      const int64_t c0 = blk * kBlock, c1 = std::min(N, c0 + kBlock);
+      A sums[kBlock] = {};
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t c = c0; c < c1; ++c) {
+          const int64_t i = m * N + c;
+          pd[i] = T(A(pd[i]) * gelu_tanh_grad(A(pp[i])));
+          sums[c - c0] += A(pd[i]);
+        }
+      for (int64_t c = c0; c < c1; ++c) pb[c] = T(sums[c - c0]);
     });
   });
 }
