@@ -59,8 +59,7 @@ Tensor rotary_table(const char* op, const RotaryEmbedding* rotary, const Tensor&
     throw Error(detail::concat(op, ": positions ", rotary->positions.desc(), " are not on ",
                                q.desc(), "'s device"));
   check_rope_arguments(op, rotary->positions, S, D, rotary->base, q);
-  return rope_table(rotary->positions, D, rotary->base,
-                    q.dtype() == DType::f64 ? DType::f64 : DType::f32);
+  return rope_table(rotary->positions, D, rotary->base, rope_table_dtype(q.dtype()));
 }
 
 // attention() and rope_attention(): one node, RoPE inside when `rotary`.

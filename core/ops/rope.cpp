@@ -73,9 +73,7 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base, RopeLayout la
   const int64_t S = x.shape()[size_t(x.dim() - 2)], D = x.shape().back();
   check_rope_arguments("rope", positions, S, D, base, x);
 
-  // Angles are computed in double; f32/bf16 rotate with an f32 copy.
-  const DType table_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const Tensor table = rope_table(positions, D, base, table_dtype);
+  const Tensor table = rope_table(positions, D, base, rope_table_dtype(x.dtype()));
   const bool interleaved = layout == RopeLayout::interleaved;
   Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
   launch::rope(device, x, table, interleaved, /*inverse=*/false, out);

@@ -16,4 +16,10 @@ void check_rope_arguments(const char* op, const Tensor& positions, int64_t S, in
 // their device, cached per positions tensor (storage, offset, version).
 Tensor rope_table(const Tensor& positions, int64_t dim, double base, DType dtype);
 
+// The table's dtype for operands of `x`: angles are computed in double, and
+// f32 and bf16 operands rotate with an f32 table.
+inline DType rope_table_dtype(DType x) {
+  return x == DType::f64 ? DType::f64 : DType::f32;
+}
+
 }  // namespace roformer
