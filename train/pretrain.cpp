@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "core/batch_upload.h"
@@ -247,18 +248,21 @@ class PretrainTask final : public TrainingTask {
 
   StepStats forward_backward(size_t i, double inv_global_units, DropoutContext dropout) override {
     const data::Batch& b = batches_[i];
+    // A token stream is cut before the statistics: its slots and attention
+    // FLOPs are those of its rows, not of the padded batch.
+    std::optional<data::TokenBatch> stream;
+    if (token_stream_)
+      stream = unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
     StepStats s;
     s.tokens = b.num_tokens;
-    s.slots = b.batch_size * b.seq_len;
-    s.flops = mlm_training_flops(config_.model, b.seq_len, b.num_tokens, b.num_masked);
+    s.slots = stream ? stream->padded_slots : b.batch_size * b.seq_len;
+    s.flops = mlm_training_flops(config_.model,
+                                 stream ? token_stream_keys(stream->rows) : double(b.seq_len),
+                                 b.num_tokens, b.num_masked);
     if (b.num_masked == 0) return s;
     MlmOutput out;
-    if (token_stream_) {
-      const data::TokenBatch tb =
-          unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
-      s.slots = tb.padded_slots;
-      s.flops =
-          mlm_training_flops(config_.model, token_stream_keys(tb.rows), b.num_tokens, b.num_masked);
+    if (stream) {
+      const data::TokenBatch& tb = *stream;
       // On the model's device (the labels stay on the host: forward_mlm reads
       // them there to pick the masked rows).
       const Device device = uploader_.device();
