@@ -82,6 +82,16 @@ def table(rows, reference):
             out.append(f"| {s} | {mine['setup']} | {best['setup']} | "
                        f"{mine['tokens_per_s'] / best['tokens_per_s']:.2f}x |")
     out.append("")
+    # Launch overhead (issue 14: kept small): kernel calls per step, and the
+    # host's time to queue forward and backward beside the whole step.
+    queued = [r for r in ok if r["framework"] == "ours" and "enqueue_ms" in r]
+    if queued:
+        out.append("| seq | set-up | kernel calls per step | host ms to queue forward + backward | step ms |")
+        out.append("|---:|---|---:|---:|---:|")
+        for r in queued:
+            out.append(f"| {r['seq']} | {r['setup']} | {r['kernel_calls_per_step']} | {r['enqueue_ms']:.1f} | "
+                       f"{r['step_ms']:.1f} |")
+        out.append("")
     # Cost per token at the longest length over the reference (issue 14: at most 1.3 at 1536 over 512).
     longest = max(seqs) if seqs else 0
     if reference in seqs and longest > reference:

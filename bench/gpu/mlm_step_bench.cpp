@@ -45,6 +45,7 @@
 
 #include "bench/layers/synthetic_mlm_batch.h"
 #include "core/error.h"
+#include "core/ops/dispatch.h"
 #include "core/stream.h"
 #include "layers/roformer.h"
 #include "optim/adamw.h"
@@ -137,17 +138,28 @@ class Bench {
 
   // One optimizer step; returns its loss (waits for the device).
   double step(uint64_t index) {
+    const uint64_t calls = kernels::kernel_calls.load();
+    const auto start = Clock::now();
     DropoutContext dropout{7, index, 0};
     const MlmOutput out =
         model_.forward_mlm(batch_.ids, batch_.types, batch_.mask, batch_.labels, true, dropout);
     out.loss.backward();
+    // Nothing above waits for the device on purpose: this is the host's time
+    // to queue forward and backward. Near the step time, the step is bound by
+    // launches (or by a hidden wait); well under it, the GPU never starves.
+    last_enqueue_s_ = std::chrono::duration<double>(Clock::now() - start).count();
     const double gnorm = optim::global_grad_norm(params_);
     adamw_->step(1e-4, optim::clip_scale(gnorm, 1.0));
     adamw_->zero_grad();
     const double loss = out.loss.item();
     if (!device_.is_cpu()) synchronize(current_stream(device_));
+    last_calls_ = kernels::kernel_calls.load() - calls;
     return loss;
   }
+  // Of the last step: the host's seconds to queue forward and backward, and
+  // the kernel calls of the whole step.
+  double last_enqueue_s() const { return last_enqueue_s_; }
+  uint64_t last_calls() const { return last_calls_; }
 
   // After an out-of-memory error: the gradients of the failed step dropped,
   // cached blocks given back.
@@ -163,6 +175,8 @@ class Bench {
   std::vector<optim::NamedParameter> params_;
   std::optional<optim::AdamW> adamw_;
   bench::MlmBatch batch_;
+  double last_enqueue_s_ = 0;
+  uint64_t last_calls_ = 0;
 };
 
 struct Trial {
@@ -250,12 +264,13 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
   }
   for (int i = 0; i < opt.warmup; ++i) bench.step(uint64_t(1 + i));
   reset_device_peak(device);
-  std::vector<double> times;
+  std::vector<double> times, enqueue;
   double loss = 0;
   for (int i = 0; i < steps; ++i) {
     const auto start = Clock::now();
     loss = bench.step(uint64_t(100 + i));
     times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    enqueue.push_back(bench.last_enqueue_s());
   }
   const DeviceMemory mem = device_memory(device);
   const double step_s = median(times), tokens = double(B * S);
@@ -274,6 +289,8 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
             {"mfu", flops / step_s / (peak * 1e12)},
             {"peak_allocated_mb", mem.peak_allocated_mb},
             {"peak_reserved_mb", mem.peak_reserved_mb},
+            {"kernel_calls_per_step", bench.last_calls()},
+            {"enqueue_ms", 1e3 * median(enqueue)},
             {"steps", steps}});
   if (!std::isfinite(loss)) r["message"] = "non-finite loss";
   bench.clear_batch();
@@ -366,11 +383,13 @@ void print_row(const nlohmann::json& r) {
                 (long long)r.value("seq", int64_t(0)), r.value("status", "").c_str(),
                 r.value("message", "").c_str());
   } else {
-    std::printf("%-10s %6lld %6lld %12.0f %9.1f %7.1f%% %10.0f %10.0f\n",
+    std::printf("%-10s %6lld %6lld %12.0f %9.1f %7.1f%% %10.0f %10.0f %7lld %10.1f\n",
                 r["setup"].get<std::string>().c_str(), (long long)r["seq"].get<int64_t>(),
                 (long long)r["batch"].get<int64_t>(), r["tokens_per_s"].get<double>(),
                 r["step_ms"].get<double>(), 100 * r["mfu"].get<double>(),
-                r["peak_allocated_mb"].get<double>(), r["peak_reserved_mb"].get<double>());
+                r["peak_allocated_mb"].get<double>(), r["peak_reserved_mb"].get<double>(),
+                (long long)r["kernel_calls_per_step"].get<int64_t>(),
+                r["enqueue_ms"].get<double>());
   }
   std::fflush(stdout);
 }
@@ -420,8 +439,8 @@ int run(int argc, char** argv) {
       opt.size.c_str(), (long long)mc.num_hidden_layers, (long long)mc.hidden_size,
       (long long)mc.num_attention_heads, (long long)mc.intermediate_size, (long long)mc.vocab_size,
       device.str().c_str(), 100 * kMaskProb, opt.steps, opt.warmup);
-  std::printf("%-10s %6s %6s %12s %9s %8s %10s %10s\n", "setup", "seq", "batch", "tokens/s",
-              "step ms", "MFU", "peak MiB", "reserved");
+  std::printf("%-10s %6s %6s %12s %9s %8s %10s %10s %7s %10s\n", "setup", "seq", "batch",
+              "tokens/s", "step ms", "MFU", "peak MiB", "reserved", "kernels", "queue ms");
   std::vector<std::string> precisions = opt.precisions;
   for (size_t i = 0; i < precisions.size(); ++i) {
     const std::string precision = precisions[i];

@@ -14,6 +14,8 @@ namespace roformer {
 
 namespace kernels {
 
+std::atomic<uint64_t> kernel_calls{0};
+
 const KernelTable& table(Device device) {
   if (device.is_cpu()) return cpu_kernel_table;
 #if defined(ROFORMER_CUDA_KERNELS)

@@ -4,6 +4,8 @@
 // include this header, never a device's kernel header.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -42,6 +44,11 @@ using IndexErrorMessage = std::function<std::string(int64_t value, int64_t posit
 // with it. Marks the device as having checks to read.
 int32_t index_check_site(Device device, IndexErrorMessage message);
 
+// Kernel calls made through launch:: on every device since the start (one
+// relaxed increment each): the benchmarks report calls per training step,
+// which bounds the launch overhead a GPU step pays.
+extern std::atomic<uint64_t> kernel_calls;
+
 }  // namespace kernels
 
 // launch::<name>(device, args...) for every kernel in the list.
@@ -49,6 +56,7 @@ namespace launch {
 #define ROFORMER_LAUNCHER(name, ...)                                                              \
   template <class... Args>                                                                        \
   decltype(auto) name(Device device, Args&&... args) {                                            \
+    kernels::kernel_calls.fetch_add(1, std::memory_order_relaxed);                                \
     return kernels::table(device).name(kernels::stream(device), kernels::to_kernel_arg(args)...); \
   }
 ROFORMER_KERNELS(ROFORMER_LAUNCHER)
