@@ -81,11 +81,11 @@ gpu_unpack() {
     [[ -n $found ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:${found%/*} &&
       echo "gpu_unpack: $lib from $found"
   done
-  local built_in
+  local built_in root=${ROOT:-$PWD}  # bench/gpu/attention_table.sh sets no ROOT
   built_in=$(cat "$pack_dir/source_dir" 2> /dev/null || true)
-  if [[ -n $built_in && $built_in != "$ROOT" && ! -e $built_in ]]; then
-    mkdir -p "$(dirname "$built_in")" && ln -s "$ROOT" "$built_in" &&
-      echo "gpu_unpack: $built_in (the build's source path) -> $ROOT"
+  if [[ -n $built_in && $built_in != "$root" && ! -e $built_in ]]; then
+    mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in" &&
+      echo "gpu_unpack: $built_in (the build's source path) -> $root"
   fi
 }
 
