@@ -354,11 +354,12 @@ mpi_2_ranks() {
 memcheck_step() {
   command -v compute-sanitizer > /dev/null || { echo "compute-sanitizer is not installed"; exit 77; }
   local ok=0 suite
-  # One suite at a time under its own limit, so a slow one leaves the others checked.
+  # One suite at a time under its own limit, so a slow one leaves the others checked;
+  # "*Suite.*" takes in the parameterised instances too (Shapes/CudaGemm.*).
   for suite in CudaOptimizer CudaGemm CudaPhilox CudaUpload CudaAllocator CudaOps; do
     local t0=$SECONDS rc=0
     timeout --kill-after=5 "${MEMCHECK_SUITE_SECONDS:-90}" compute-sanitizer --tool memcheck \
-      --error-exitcode 1 --leak-check full cuda_tests --gtest_filter="$suite.*" \
+      --error-exitcode 1 --leak-check full cuda_tests --gtest_filter="*$suite.*" \
       > "$WORK/memcheck-$suite.log" 2>&1 || rc=$?
     local result=clean
     ((rc == 124 || rc == 137)) && result="stopped at the time limit"
