@@ -345,6 +345,8 @@ mpi_2_ranks() {
   [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+  # No cross-memory attach (process_vm_readv): sandboxed runtimes (gVisor) may refuse it.
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
   LAUNCH="mpirun -np 2 --bind-to none -x LD_LIBRARY_PATH -x PATH" THREADS=4 \
     run_tiny mpi-2 "$GPU" f32 distributed.bucket_mb=1
   grep -m2 "data parallel\|GPU ranks" "$WORK/mpi-2.out" | sed 's/^.*\] //' >> "$WORK/notes.txt" || true
