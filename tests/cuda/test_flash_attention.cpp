@@ -18,6 +18,7 @@
 #include "core/ops/dispatch.h"
 #include "core/ops/rope_table.h"
 #include "tests/cuda/gpu_test.h"
+#include "tests/test_support.h"
 
 namespace roformer {
 namespace {
@@ -233,6 +234,27 @@ TEST_P(FlashAttention, TheReferenceAgreesWithItselfInF64) {
   if (c.S > 300) GTEST_SKIP() << "long case: GPU only";
   const Problem p = make_problem(c);
   expect_match(c, p, run(c, p, Device::cpu(), DType::f64), run(c, p, Device::cpu(), DType::f32));
+}
+
+// No query rows (Sq = 0) but keys: the key and value gradients are zeros,
+// written (they start as NaN), as the CPU and the simple kernel write them.
+TEST(FlashAttentionEdges, NoQueryRowsGiveZeroKeyGradients) {
+  RF_REQUIRE_GPU();
+  const int64_t Sk = 70;
+  auto gpu = [](const Shape& shape, uint64_t seed) {
+    return bf16_values(shape, seed).to(DType::bf16).to(kGpu);
+  };
+  const Tensor q = gpu({2, kH, 0, 64}, 1), k = gpu({2, kH, Sk, 64}, 2), v = gpu({2, kH, Sk, 64}, 3);
+  const Tensor grad_out = gpu({2, kH, 0, 64}, 4);
+  auto nan = [](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, kGpu); };
+  const Tensor out = nan({2, kH, 0, 64}), lse = nan({2, kH, 0}), dq = nan({2, kH, 0, 64});
+  const Tensor dk = nan({2, kH, Sk, 64}), dv = nan({2, kH, Sk, 64});
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  launch::attention_backward(kGpu, params, q, k, v, Tensor(), out, lse, Tensor(), grad_out, dq, dk,
+                             dv);
+  for (const Tensor* g : {&dk, &dv})
+    for (double x : host(*g)) ASSERT_EQ(x, 0.0);
 }
 
 std::vector<Case> cases() {
