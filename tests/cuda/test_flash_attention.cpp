@@ -257,6 +257,24 @@ TEST(FlashAttentionEdges, NoQueryRowsGiveZeroKeyGradients) {
     for (double x : host(*g)) ASSERT_EQ(x, 0.0);
 }
 
+// A RoPE table with fewer rows than q's sequence is refused, not read past
+// its end (the rope kernel's check, kept by the fused path).
+TEST(FlashAttentionEdges, ATableShorterThanTheSequenceIsAnError) {
+  RF_REQUIRE_GPU();
+  const int64_t S = 40;
+  const Tensor x = bf16_values({1, kH, S, 64}, 5).to(DType::bf16).to(kGpu);
+  const Tensor positions = Tensor::from_vector(std::vector<int64_t>(size_t(S - 1), 0), {S - 1});
+  const Tensor table = rope_table(positions.to(kGpu), 64, 10000.0, DType::f32);
+  const Tensor out = Tensor::empty({1, kH, S, 64}, DType::f32, kGpu);
+  const Tensor lse = Tensor::empty({1, kH, S}, DType::f32, kGpu);
+  kernels::AttentionParams params;
+  const std::string msg = testing::error_of([&] {
+    launch::rope_attention_forward(kGpu, params, table, true, x, x, x, Tensor(), out, lse,
+                                   Tensor());
+  });
+  EXPECT_NE(msg.find("RoPE table"), std::string::npos) << msg;
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   const std::vector<std::vector<int64_t>> packed{{70, 1}, {130}, {45, 19, 64}};

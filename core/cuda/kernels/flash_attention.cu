@@ -717,9 +717,15 @@ FlashArgs make_args(const AttentionParams& params, const FlashRope& rope, const 
   a.inv_keep = float(a.drop.inv_keep);
   if (rope.table) {
     const KernelTensor& table = *rope.table;
+    // Row p of the table rotates row p of q's and k's sequence (or token)
+    // dimension, as the rope kernel's [..., S, D] by [2, S, D/2] does.
+    const int32_t seq = a.varlen ? 0 : 2;
     RF_CHECK(table.ndim == 3 && table.sizes[0] == 2 && table.sizes[2] == kD / 2 &&
-                 table.dtype == DType::f32 && table.is_contiguous(),
-             "flash attention: expected a contiguous f32 RoPE table [2, P, 32]");
+                 table.dtype == DType::f32 && table.is_contiguous() &&
+                 table.sizes[1] == q.sizes[seq] && table.sizes[1] == k.sizes[seq],
+             "flash attention: expected a contiguous f32 RoPE table [2, P, 32] with P = ",
+             q.sizes[seq], " rows (q's and k's sequence length), got [", table.sizes[0], ", ",
+             table.sizes[1], ", ", table.sizes[2], "]");
     a.table = table.as<const float>();
     a.table_rows = table.sizes[1];
     a.interleaved = rope.interleaved;
