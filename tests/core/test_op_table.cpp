@@ -433,6 +433,22 @@ std::vector<OpCase> make_table() {
                .inputs = {in({2, 37, 9}, transposed), in({9, 23})},
                .build = [](const X& x) { return matmul(x[0], x[1]); },
                .tol_bf16 = 2e-2});
+  // Segments of sorted ids longer than the CUDA kernel's 256-row chunks
+  // (gather.cu): id 0 ends exactly at a chunk end, id 1 spans three chunks
+  // and ends inside one; the ids come in a scrambled order.
+  t.push_back({.op = "embedding",
+               .name = "embedding_long_segments",
+               .inputs = {in({3, 40}), fixed(i64(
+                                           [] {
+                                             std::vector<int64_t> ids(1536);
+                                             for (int64_t i = 0; i < 1536; ++i) {
+                                               const int64_t r = i * 7 % 1536;
+                                               ids[size_t(i)] = r < 768 ? 0 : r < 1368 ? 1 : 2;
+                                             }
+                                             return ids;
+                                           }(),
+                                           {1536}))},
+               .build = [](const X& x) { return embedding(x[0], x[1]); }});
   t.push_back({.op = "embedding",
                .name = "embedding_wide_rows",
                .inputs = {in({50, 80}), fixed(i64(
