@@ -110,6 +110,14 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 // recomputes the probabilities. f32 (oneDNN) and f64 (loops).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                  double dropout_p, bool training, DropoutContext& ctx, double scale);
+// The same attention by the device vendor's fused kernel: cuDNN SDPA on CUDA
+// (model.attention_kernel: cudnn_sdpa). Needs a CUDA device, bf16 operands
+// (bf16 autocast), no dropout while training, and key masks whose kept keys
+// come first in each row (padded batches; a row that breaks this is reported
+// at the next sync). Same results as attention() up to bf16 rounding.
+Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& key_padding_mask, double dropout_p, bool training,
+                       DropoutContext& ctx, double scale);
 // Variable-length softmax attention on a token stream (core/ops/attention.cpp):
 // q, k [T, H, D], v [T, H, Dv] (strided views fine); segments [N, 4] i64 of
 // (first token, length, row, position of the first token in its row), in
