@@ -110,11 +110,13 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 // recomputes the probabilities. f32 (oneDNN) and f64 (loops).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                  double dropout_p, bool training, DropoutContext& ctx, double scale);
-// The same attention by the device vendor's fused kernel: cuDNN SDPA on CUDA
-// (model.attention_kernel: cudnn_sdpa). Needs a CUDA device, bf16 operands
-// (bf16 autocast), no dropout while training, and key masks whose kept keys
-// come first in each row (padded batches; a row that breaks this is reported
-// at the next sync). Same results as attention() up to bf16 rounding.
+// attention() by the device vendor's fused kernel where it takes the call:
+// cuDNN SDPA on a CUDA device for bf16 operands (bf16 autocast), head dim a
+// multiple of 8 up to 128 and no dropout while training
+// (model.attention_kernel: cudnn_sdpa; the config makes training meet these).
+// Its key masks must keep a prefix of each row (padded batches; a row that
+// does not is reported at the next sync). Anywhere else the device's own
+// kernels compute the same function, as attention() does.
 Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& key_padding_mask, double dropout_p, bool training,
                        DropoutContext& ctx, double scale);

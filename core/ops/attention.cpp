@@ -63,20 +63,11 @@ Tensor rotary_table(const char* op, const RotaryEmbedding* rotary, const Tensor&
                     q.dtype() == DType::f64 ? DType::f64 : DType::f32);
 }
 
-// What the vendor's fused attention (cuDNN SDPA) needs beyond attention():
-// a CUDA device, bf16 operands, no dropout.
-void check_vendor_attention(const char* op, Device device, const Tensor& q, bool low, bool drop) {
-  if (device.is_cpu())
-    throw Error(detail::concat(op, ": cuDNN SDPA (model.attention_kernel: cudnn_sdpa) needs a ",
-                               "CUDA device, got ", q.desc()));
-  if (!low)
-    throw Error(detail::concat(op, ": cuDNN SDPA (model.attention_kernel: cudnn_sdpa) takes bf16 ",
-                               "operands: run under bf16 autocast (run.precision: bf16), got ",
-                               q.desc()));
-  if (drop)
-    throw Error(detail::concat(op, ": cuDNN SDPA (model.attention_kernel: cudnn_sdpa) has no ",
-                               "attention dropout that follows the shared Philox rule: set ",
-                               "model.attention_probs_dropout_prob: 0"));
+// Whether the vendor's fused attention (cuDNN SDPA) takes a call: a CUDA
+// device, bf16 operands (autocast), no dropout (its RNG cannot follow the
+// shared Philox rule), a head dim it has kernels for.
+bool vendor_takes(Device device, bool low, bool drop, int64_t head_dim) {
+  return !device.is_cpu() && low && !drop && head_dim % 8 == 0 && head_dim <= 128;
 }
 
 // The report site of a key mask cuDNN's padding mask cannot express (a kept
@@ -125,8 +116,7 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   // backward at half the memory) and the probabilities as bf16; scores,
   // softmax, lse and the output stay f32.
   const bool low = autocast_bf16(device, q.dtype());
-  if (engine == kernels::AttentionEngine::vendor) {
-    check_vendor_attention(op, device, q, low, drop);
+  if (engine == kernels::AttentionEngine::vendor && vendor_takes(device, low, drop, D) && Dv == D) {
     params.engine = engine;
     params.mask_site = vendor_mask_site(op, device, key_padding_mask, Sk);
   }
