@@ -103,23 +103,27 @@ void bench(int64_t S, Device device) {
   });
   print("ours-fused", S, B, fused_fwd, fused_bwd);
 
-  // RoPE as separate kernels with rotated copies (what the model did before).
+  // RoPE as separate kernels with rotated copies (what the model did before),
+  // the attention by `p`'s engine.
   const Tensor rq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor rk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor dq_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor dk_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const double separate_fwd = time_ms(device, [&] {
-    launch::rope(device, q, table, true, false, rq);
-    launch::rope(device, k, table, true, false, rk);
-    launch::attention_forward(device, params, rq, rk, v, none, out, lse, none);
-  });
-  const double separate_bwd = time_ms(device, [&] {
-    launch::attention_backward(device, params, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
-                               dk_rot, dv);
-    launch::rope(device, dq_rot, table, true, true, dq);
-    launch::rope(device, dk_rot, table, true, true, dk);
-  });
-  print("ours-separate", S, B, separate_fwd, separate_bwd);
+  auto separate = [&](const char* impl, const kernels::AttentionParams& p) {
+    const double fwd = time_ms(device, [&] {
+      launch::rope(device, q, table, true, false, rq);
+      launch::rope(device, k, table, true, false, rk);
+      launch::attention_forward(device, p, rq, rk, v, none, out, lse, none);
+    });
+    const double bwd = time_ms(device, [&] {
+      launch::attention_backward(device, p, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
+                                 dk_rot, dv);
+      launch::rope(device, dq_rot, table, true, true, dq);
+      launch::rope(device, dk_rot, table, true, true, dk);
+    });
+    print(impl, S, B, fwd, bwd);
+  };
+  separate("ours-separate", params);
 
   // cuDNN's fused attention (model.attention_kernel: cudnn_sdpa): plain, and
   // after the rope kernels as the model runs it. No engine for a shape: a line
@@ -134,18 +138,7 @@ void bench(int64_t S, Device device) {
                                  dv);
     });
     print("cudnn-plain", S, B, cudnn_fwd, cudnn_bwd);
-    const double cudnn_separate_fwd = time_ms(device, [&] {
-      launch::rope(device, q, table, true, false, rq);
-      launch::rope(device, k, table, true, false, rk);
-      launch::attention_forward(device, vendor, rq, rk, v, none, out, lse, none);
-    });
-    const double cudnn_separate_bwd = time_ms(device, [&] {
-      launch::attention_backward(device, vendor, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
-                                 dk_rot, dv);
-      launch::rope(device, dq_rot, table, true, true, dq);
-      launch::rope(device, dk_rot, table, true, true, dk);
-    });
-    print("cudnn-separate", S, B, cudnn_separate_fwd, cudnn_separate_bwd);
+    separate("cudnn-separate", vendor);
   } catch (const Error& e) {
     std::printf("attention impl=cudnn-plain S=%lld unavailable: %s\n", static_cast<long long>(S),
                 e.what());

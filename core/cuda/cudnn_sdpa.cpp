@@ -23,23 +23,28 @@ std::string SdpaGeometry::desc() const {
 
 namespace {
 
-// A failed cuDNN call: the call, what it was for, cuDNN's status and its
-// last error message (which says why).
-[[noreturn]] void throw_cudnn(cudnnStatus_t status, const std::string& call, const char* file,
-                              int line) {
+// cuDNN's last error message (it says why a call failed), or "".
+std::string last_cudnn_message() {
   char message[1024] = {0};
   cudnnGetLastErrorString(message, sizeof(message));
-  const std::string text =
-      detail::concat(cudnnGetErrorString(status), message[0] ? ": " : "", message);
-  throw_call_error("cuDNN", call.c_str(), text.c_str(), file, line);
+  return message;
 }
 
-#define RF_CUDNN_CALL(call, what)                                                        \
-  do {                                                                                   \
-    const cudnnStatus_t status_ = (call);                                                \
-    if (status_ != CUDNN_STATUS_SUCCESS)                                                 \
-      throw_cudnn(status_, ::roformer::detail::concat(#call, " (", what, ")"), __FILE__, \
-                  __LINE__);                                                             \
+// A failed cuDNN call: the function called (the call's text up to its
+// arguments), what it was for, cuDNN's status and its last error message.
+[[noreturn]] void throw_cudnn(cudnnStatus_t status, const std::string& call,
+                              const std::string& what, const char* file, int line) {
+  const std::string name = detail::concat(call.substr(0, call.find('(')), " (", what, ")");
+  const std::string message = last_cudnn_message();
+  const std::string text =
+      detail::concat(cudnnGetErrorString(status), message.empty() ? "" : ": ", message);
+  throw_call_error("cuDNN", name.c_str(), text.c_str(), file, line);
+}
+
+#define RF_CUDNN_CALL(call, what)                                                               \
+  do {                                                                                          \
+    const cudnnStatus_t status_ = (call);                                                       \
+    if (status_ != CUDNN_STATUS_SUCCESS) throw_cudnn(status_, #call, what, __FILE__, __LINE__); \
   } while (0)
 
 // One backend descriptor, destroyed with its owner.
@@ -475,14 +480,20 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const SdpaGeometry& geo, b
   auto p = std::make_unique<Plan>();
   build(p->builder, geo, backward);
   const char* direction = backward ? "backward" : "forward";
+  std::vector<Descriptor> configs;
   try {
     p->graph = std::make_unique<Descriptor>(p->builder.graph(handle));
+    configs = engine_configs(*p->graph);
   } catch (const Error& e) {
     throw Error(detail::concat("cuDNN SDPA ", direction, " for ", geo.desc(),
-                               ": cuDNN does not support the graph: ", e.what()));
+                               " (bf16): cuDNN does not take the graph: ", e.what()));
   }
   std::string why = "the heuristics returned no engine";
-  for (Descriptor& config : engine_configs(*p->graph)) {
+  if (configs.empty()) {
+    const std::string message = last_cudnn_message();
+    if (!message.empty()) why += ": " + message;
+  }
+  for (Descriptor& config : configs) {
     try {
       auto plan = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR,
                                                detail::concat("execution plan ", direction));

@@ -291,15 +291,16 @@ std::vector<OpCase> make_table() {
 
   // cuDNN's fused attention where it takes the call (CUDA under bf16
   // autocast: the "cuda autocast" cell), attention()'s kernels elsewhere.
+  // Head dim 16: cuDNN takes multiples of 8, and the f64 finite differences stay quick.
   t.push_back(
       {.op = "cudnn_attention",
        .name = "cudnn_attention_padding_mask",
-       .inputs = {in({2, 2, 5, 64}, heads, -1.0, 1.0), in({2, 2, 5, 64}, heads, -1.0, 1.0),
-                  in({2, 2, 5, 64}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
+       .inputs = {in({2, 2, 5, 16}, heads, -1.0, 1.0), in({2, 2, 5, 16}, heads, -1.0, 1.0),
+                  in({2, 2, 5, 16}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
        .build =
            [](const X& x) {
              DropoutContext ctx{0, 0, 0};
-             return cudnn_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.125);
+             return cudnn_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.25);
            },
        .dtypes = {DType::f64, DType::f32},
        .unsupported = kAttentionF32F64Only});

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,8 @@ namespace {
 
 using cuda::SdpaGeometry;
 using cuda::SdpaTensor;
+using testing::bf16_values;
+using testing::host;
 using testing::kGpu;
 using testing::relative_error;
 
@@ -97,15 +100,6 @@ TEST(CudnnSdpaOp, OffCudaItIsAttention) {
 
 constexpr int64_t kH = 3, kD = 64;
 
-Tensor bf16_values(const Shape& shape, uint64_t seed) {
-  Generator gen{seed, 0};
-  return Tensor::randn(shape, gen, DType::f32).to(DType::bf16).to(DType::f32);
-}
-
-std::vector<double> host(const Tensor& t) {
-  return t.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
-}
-
 struct Result {
   Tensor out, lse, dq, dk, dv;
 };
@@ -140,6 +134,11 @@ struct Case {
   bool mask;
   DType out_dtype;
 };
+
+// gtest prints a parameter in test listings: the name, not a byte dump.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class CudnnSdpa : public ::testing::TestWithParam<Case> {};
 

@@ -5,6 +5,8 @@
 // contiguous [B, H, Sq]; key_mask [B, Sk] any dtype, nonzero = keep, whose
 // kept keys must come first in each row (one that does not is reported with
 // params.mask_site; its row is computed with the first `count` keys). No dropout.
+// A row with no kept key is not defined here (the CPU gives zeros): padded
+// batches always keep their first token.
 #pragma once
 
 #include "core/kernels/kernel_list.h"
