@@ -7,7 +7,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -515,7 +514,8 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const SdpaGeometry& geo, b
 
 struct DeviceState {
   CudnnHandle handle;
-  std::map<std::tuple<bool, float, std::vector<int64_t>>, std::unique_ptr<Plan>> plans;
+  // By direction and geometry (the scale goes by value in the variant pack).
+  std::map<std::pair<bool, std::vector<int64_t>>, std::unique_ptr<Plan>> plans;
 };
 
 // The key of a geometry: its sizes and strides.
@@ -570,7 +570,7 @@ void execute(const SdpaGeometry& geo, bool backward, float scale,
   std::lock_guard<std::mutex> lock(state_mutex());
   DeviceGuard guard(device);
   DeviceState& state = device_state(device);
-  auto& plan = state.plans[{backward, scale, geometry_key(geo)}];
+  auto& plan = state.plans[{backward, geometry_key(geo)}];
   if (!plan) plan = make_plan(state.handle.get(), geo, backward);
 
   float scale_value = scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;

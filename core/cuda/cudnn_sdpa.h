@@ -4,7 +4,7 @@
 // softmax statistics) and the backward, with a key padding mask given as
 // per-sequence lengths. bf16 q, k, v, o and gradients, f32 statistics.
 //
-// Plans are built once per (device, direction, geometry, scale) and kept.
+// Plans are built once per (device, direction, geometry) and kept.
 // Every cuDNN call is checked: a failure throws naming the call (and the
 // graph's shape when no engine takes it) with cuDNN's own message.
 #pragma once
