@@ -34,7 +34,9 @@
 #   cuda_tests    the backend, cuBLASLt GEMMs, fused AdamW and grad norm, Philox,
 #                 every op on CUDA against the CPU (poisoned outputs, strided
 #                 inputs, bf16, bf16 autocast), a short bf16 training run against
-#                 the CPU's f32, the model on the GPU against the committed goldens
+#                 the CPU's f32, cuDNN SDPA (model.attention_kernel: cudnn_sdpa)
+#                 against the CPU attention and fused_rope, the model on the GPU
+#                 against the committed goldens
 #   op_table      every op x dtype x device against f64 on the CPU
 #   goldens       tests/golden/*.py with transformers into $OUT, then the model
 #                 on the GPU (cuda_tests CudaGolden.*) and on the CPU

@@ -289,6 +289,22 @@ std::vector<OpCase> make_table() {
                .dtypes = {DType::f64, DType::f32},
                .unsupported = kAttentionF32F64Only});
 
+  // cuDNN's fused attention where it takes the call (CUDA under bf16
+  // autocast: the "cuda autocast" cell), attention()'s kernels elsewhere.
+  // Head dim 16: cuDNN takes multiples of 8, and the f64 finite differences stay quick.
+  t.push_back(
+      {.op = "cudnn_attention",
+       .name = "cudnn_attention_padding_mask",
+       .inputs = {in({2, 2, 5, 16}, heads, -1.0, 1.0), in({2, 2, 5, 16}, heads, -1.0, 1.0),
+                  in({2, 2, 5, 16}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
+       .build =
+           [](const X& x) {
+             DropoutContext ctx{0, 0, 0};
+             return cudnn_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.25);
+           },
+       .dtypes = {DType::f64, DType::f32},
+       .unsupported = kAttentionF32F64Only});
+
   // Three segments of a 9-token stream (tokens 5 and 8 in none): rows 0, 0, 1.
   t.push_back({.op = "varlen_attention",
                .name = "varlen_attention_segments",
@@ -766,8 +782,9 @@ std::vector<Tensor> nudged_bases(const OpCase& c) {
 void check_autocast(const OpCase& c, const Result& got, const Result& plain, const Result& ref,
                     const std::string& column) {
   const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention" ||
-                         c.op == "rope_attention" || c.op == "varlen_attention" ||
-                         c.op == "varlen_rope_attention" || c.op == "gelu_tanh_ffn";
+                         c.op == "cudnn_attention" || c.op == "rope_attention" ||
+                         c.op == "varlen_attention" || c.op == "varlen_rope_attention" ||
+                         c.op == "gelu_tanh_ffn";
   if (!matrix_op) {
     // Not a product: the same function, so exactly the plain f32 numbers.
     const std::string same = compare(c, got, plain, 0.0, 0.0);

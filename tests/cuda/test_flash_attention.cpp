@@ -23,6 +23,8 @@
 namespace roformer {
 namespace {
 
+using testing::bf16_values;
+using testing::host;
 using testing::kGpu;
 using testing::relative_error;
 
@@ -44,16 +46,6 @@ struct Case {
 // this, ctest's test names carry a byte dump of the struct).
 void PrintTo(const Case& c, std::ostream* os) {
   *os << c.name;
-}
-
-// Values rounded to bf16 (so both devices read the same numbers), as f32.
-Tensor bf16_values(const Shape& shape, uint64_t seed) {
-  Generator gen{seed, 0};
-  return Tensor::randn(shape, gen, DType::f32).to(DType::bf16).to(DType::f32);
-}
-
-std::vector<double> host(const Tensor& t) {
-  return t.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
 }
 
 // The geometry of a case: operands, mask or segments, positions.
