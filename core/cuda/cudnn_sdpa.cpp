@@ -12,6 +12,7 @@
 
 #include "core/cuda/backend.h"
 #include "core/cuda/check_cudnn.h"
+#include "core/cuda/cudnn_library.h"
 #include "core/error.h"
 
 namespace roformer::cuda {
@@ -25,7 +26,7 @@ namespace {
 // cuDNN's last error message (it says why a call failed), or "".
 std::string last_cudnn_message() {
   char message[1024] = {0};
-  cudnnGetLastErrorString(message, sizeof(message));
+  cudnn_library().cudnnGetLastErrorString(message, sizeof(message));
   return message;
 }
 
@@ -33,10 +34,13 @@ std::string last_cudnn_message() {
 // arguments), what it was for, cuDNN's status and its last error message.
 [[noreturn]] void throw_cudnn(cudnnStatus_t status, const std::string& call,
                               const std::string& what, const char* file, int line) {
-  const std::string name = detail::concat(call.substr(0, call.find('(')), " (", what, ")");
+  // The call's text up to its arguments, without "cudnn_library().".
+  std::string function = call.substr(0, call.find('('));
+  function = function.substr(function.rfind('.') + 1);
+  const std::string name = detail::concat(function, " (", what, ")");
   const std::string message = last_cudnn_message();
-  const std::string text =
-      detail::concat(cudnnGetErrorString(status), message.empty() ? "" : ": ", message);
+  const std::string text = detail::concat(cudnn_library().cudnnGetErrorString(status),
+                                          message.empty() ? "" : ": ", message);
   throw_call_error("cuDNN", name.c_str(), text.c_str(), file, line);
 }
 
@@ -50,16 +54,16 @@ std::string last_cudnn_message() {
 class Descriptor {
  public:
   Descriptor(cudnnBackendDescriptorType_t type, std::string what) : what_(std::move(what)) {
-    RF_CUDNN_CALL(cudnnBackendCreateDescriptor(type, &desc_), what_);
+    RF_CUDNN_CALL(cudnn_library().cudnnBackendCreateDescriptor(type, &desc_), what_);
   }
   ~Descriptor() {
-    if (desc_) cudnnBackendDestroyDescriptor(desc_);
+    if (desc_) cudnn_library().cudnnBackendDestroyDescriptor(desc_);
   }
   Descriptor(Descriptor&& other) noexcept
       : desc_(std::exchange(other.desc_, nullptr)), what_(std::move(other.what_)) {}
   Descriptor& operator=(Descriptor&& other) noexcept {
     if (this != &other) {
-      if (desc_) cudnnBackendDestroyDescriptor(desc_);
+      if (desc_) cudnn_library().cudnnBackendDestroyDescriptor(desc_);
       desc_ = std::exchange(other.desc_, nullptr);
       what_ = std::move(other.what_);
     }
@@ -74,14 +78,15 @@ class Descriptor {
   template <class T>
   Descriptor& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
                   const T* values, int64_t count = 1) {
-    RF_CUDNN_CALL(cudnnBackendSetAttribute(desc_, name, type, count, values), what_);
+    RF_CUDNN_CALL(cudnn_library().cudnnBackendSetAttribute(desc_, name, type, count, values),
+                  what_);
     return *this;
   }
   Descriptor& set_desc(cudnnBackendAttributeName_t name, cudnnBackendDescriptor_t value) {
     return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, &value);
   }
   Descriptor& finalize() {
-    RF_CUDNN_CALL(cudnnBackendFinalize(desc_), what_);
+    RF_CUDNN_CALL(cudnn_library().cudnnBackendFinalize(desc_), what_);
     return *this;
   }
 
@@ -437,7 +442,7 @@ void build(GraphBuilder& g, const SdpaGeometry& geo, bool backward) {
 // --- handles, plans and their cache -------------------------------------------------
 
 struct ReleaseCudnn {
-  void operator()(cudnnHandle_t h) const { cudnnDestroy(h); }
+  void operator()(cudnnHandle_t h) const { cudnn_library().cudnnDestroy(h); }
 };
 using CudnnHandle = UniqueHandle<cudnnHandle_t, ReleaseCudnn>;
 
@@ -457,9 +462,10 @@ std::vector<Descriptor> engine_configs(const Descriptor& graph) {
   heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
   heur.finalize();
   int64_t count = 0;
-  RF_CUDNN_CALL(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
-                "engine heuristics: count");
+  RF_CUDNN_CALL(
+      cudnn_library().cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr),
+      "engine heuristics: count");
   std::vector<Descriptor> configs;
   std::vector<cudnnBackendDescriptor_t> raw;
   for (int64_t i = 0; i < count; ++i) {
@@ -468,8 +474,9 @@ std::vector<Descriptor> engine_configs(const Descriptor& graph) {
   }
   int64_t got = 0;
   if (count > 0)
-    RF_CUDNN_CALL(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()),
+    RF_CUDNN_CALL(cudnn_library().cudnnBackendGetAttribute(
+                      heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                      count, &got, raw.data()),
                   "engine heuristics: results");
   configs.erase(configs.begin() + std::min(got, count), configs.end());
   return configs;
@@ -499,8 +506,9 @@ std::unique_ptr<Plan> make_plan(cudnnHandle_t handle, const SdpaGeometry& geo, b
       plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle);
       plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config.get());
       plan->finalize();
-      RF_CUDNN_CALL(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                             CUDNN_TYPE_INT64, 1, nullptr, &p->workspace),
+      RF_CUDNN_CALL(cudnn_library().cudnnBackendGetAttribute(
+                        plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
+                        nullptr, &p->workspace),
                     "execution plan workspace size");
       p->plan = std::move(plan);
       return p;
@@ -536,7 +544,7 @@ DeviceState& device_state(int device) {
   if (!slot) {
     DeviceGuard guard(device);
     cudnnHandle_t h = nullptr;
-    RF_CUDNN_CALL(cudnnCreate(&h), detail::concat("device ", device));
+    RF_CUDNN_CALL(cudnn_library().cudnnCreate(&h), detail::concat("device ", device));
     slot = std::make_unique<DeviceState>();
     slot->handle = CudnnHandle(h);
   }
@@ -591,9 +599,10 @@ void execute(const SdpaGeometry& geo, bool backward, float scale,
            int64_t(data.size()));
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, &workspace_ptr);
   pack.finalize();
-  RF_CUDNN_CALL(cudnnSetStream(state.handle.get(), stream), "SDPA stream");
-  RF_CUDNN_CALL(cudnnBackendExecute(state.handle.get(), plan->plan->get(), pack.get()),
-                detail::concat(backward ? "SDPA backward " : "SDPA forward ", geo.desc()));
+  RF_CUDNN_CALL(cudnn_library().cudnnSetStream(state.handle.get(), stream), "SDPA stream");
+  RF_CUDNN_CALL(
+      cudnn_library().cudnnBackendExecute(state.handle.get(), plan->plan->get(), pack.get()),
+      detail::concat(backward ? "SDPA backward " : "SDPA forward ", geo.desc()));
 }
 
 }  // namespace
@@ -618,7 +627,7 @@ void sdpa_backward(const SdpaGeometry& geometry, float scale, const SdpaBackward
   const size_t accum_bytes = rows * size_t(geometry.head_dim) * sizeof(float);
   const StreamMemory accum(device, stream, accum_bytes);
   // cuDNN before 9.6 expected the accumulator zeroed by the caller.
-  if (cudnnGetVersion() < 90600)
+  if (cudnn_library().cudnnGetVersion() < 90600)
     RF_CUDA_CHECK(cudaMemsetAsync(accum.get(), 0, accum_bytes, stream));
   execute(geometry, true, scale,
           {{kQ, const_cast<void*>(d.q)},
