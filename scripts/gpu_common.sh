@@ -81,6 +81,13 @@ gpu_unpack() {
     [[ -n $found ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:${found%/*} &&
       echo "gpu_unpack: $lib from $found"
   done
+  # cuDNN is opened at run time (core/cuda/cudnn_library.cpp), so ldd does not
+  # ask for it: where the loader would not find libcudnn.so.9, add its folder.
+  if ! ldconfig -p 2> /dev/null | grep -q 'libcudnn.so.9 '; then
+    found=$(find /usr/local/cuda*/ /opt /usr/lib /usr/local/lib -name libcudnn.so.9 2> /dev/null | head -1)
+    [[ -n $found ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:${found%/*} &&
+      echo "gpu_unpack: libcudnn.so.9 from $found"
+  fi
   local built_in root=${ROOT:-$PWD}  # bench/gpu/attention_table.sh sets no ROOT
   built_in=$(cat "$pack_dir/source_dir" 2> /dev/null || true)
   if [[ -n $built_in && $built_in != "$root" && ! -e $built_in ]]; then
