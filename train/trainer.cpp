@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/flat_parameters.h"
@@ -315,10 +316,14 @@ TrainerResult Trainer::run() {
       const int64_t last_batch_rows =
           int64_t(units.size()) * plan.micro_batch_size * comm.world_size();
       {
+        // The step's statistics, one reduction per type; the integers carry
+        // the reducer's has-a-gradient flags too (no collective of their own).
         double d[2] = {step.loss_sum, step.flops};
-        int64_t n[3] = {step.correct, step.tokens, step.slots};
+        std::vector<int64_t> n = {step.correct, step.tokens, step.slots};
+        if (reducer) reducer->append_gradient_flags(n);
         comm.all_reduce_sum(d);
-        comm.all_reduce_sum(n);
+        comm.all_reduce_sum(std::span<int64_t>(n));
+        if (reducer) reducer->adopt_gradients(std::span<const int64_t>(n).subspan(3));
         step.loss_sum = d[0];
         step.flops = d[1];
         step.correct = n[0];

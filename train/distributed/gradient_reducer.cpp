@@ -79,17 +79,6 @@ void GradientReducer::finish() {
   for (const Staged& st : staged_)
     flat_->grad().narrow(0, st.begin, st.host.numel()).copy_(st.host);
   staged_.clear();
-  // Which parameters got a gradient anywhere: the same set on every rank, so
-  // AdamW updates (and decays) the same parameters everywhere.
-  const size_t n = flat_->size();
-  std::vector<int64_t> has(n);
-  for (size_t i = 0; i < n; ++i) has[i] = flat_->has_grad(i) ? 1 : 0;
-  comm_.all_reduce_sum(std::span<int64_t>(has));
-  for (size_t i = 0; i < n; ++i) {
-    if (has[i] == 0 || flat_->has_grad(i)) continue;
-    TensorImpl& impl = flat_->parameters()[i].impl();
-    impl.grad = impl.grad_slot->buffer.impl_ptr();
-  }
   flat_->grad().bump_version();
   blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Ready for the next step.
@@ -97,6 +86,20 @@ void GradientReducer::finish() {
   armed_ = false;
   std::fill(ready_.begin(), ready_.end(), 0);
   for (Bucket& b : buckets_) b.pending = b.params;
+}
+
+void GradientReducer::append_gradient_flags(std::vector<int64_t>& flags) const {
+  for (size_t i = 0; i < flat_->size(); ++i) flags.push_back(flat_->has_grad(i) ? 1 : 0);
+}
+
+void GradientReducer::adopt_gradients(std::span<const int64_t> summed_flags) {
+  RF_CHECK(summed_flags.size() == flat_->size(), "adopt_gradients: ", summed_flags.size(),
+           " flags for ", flat_->size(), " parameters");
+  for (size_t i = 0; i < flat_->size(); ++i) {
+    if (summed_flags[i] == 0 || flat_->has_grad(i)) continue;
+    TensorImpl& impl = flat_->parameters()[i].impl();
+    impl.grad = impl.grad_slot->buffer.impl_ptr();
+  }
 }
 
 }  // namespace roformer::distributed

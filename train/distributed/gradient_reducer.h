@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/flat_parameters.h"
@@ -34,11 +35,17 @@ class GradientReducer {
 
   // The next backward is this rank's last of the step: reduce buckets as they fill.
   void arm();
-  // Starts the buckets not started yet, waits for all, and gives every rank
-  // the same set of parameters with a gradient (one that got none here but
-  // did elsewhere gets the reduced one). Afterwards the gradient buffer holds
-  // the sum over ranks on every rank.
+  // Starts the buckets not started yet and waits for all. Afterwards the
+  // gradient buffer holds the sum over ranks on every rank.
   void finish();
+  // Which parameters got a gradient on this rank (1 or 0 each), appended to
+  // `flags`: the caller sums them over the ranks in a reduction the step does
+  // anyway (the trainer's step statistics) and hands the sums to
+  // adopt_gradients(), which gives every rank the same set of parameters with
+  // a gradient (one that got none here but did elsewhere gets the reduced
+  // one), so AdamW updates and decays the same parameters everywhere.
+  void append_gradient_flags(std::vector<int64_t>& flags) const;
+  void adopt_gradients(std::span<const int64_t> summed_flags);
 
   size_t num_buckets() const { return buckets_.size(); }
   // Seconds finish() spent blocked on communication (not hidden by backward), summed.
