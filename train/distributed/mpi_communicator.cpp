@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -30,7 +31,25 @@ struct MpiCommunicator::State {
   int rank = 0, size = 1;
   double timeout_s = 0;
   bool initialised_here = false;
-  std::vector<MPI_Request> started;  // start_all_reduce_sum() not yet waited for
+  std::vector<MPI_Request> started;  // start_*_sum() not yet waited for
+  // A started reduce-scatter's counts (MPI reads them until it completes)
+  // and where its sum goes once it has.
+  struct Scatter {
+    std::vector<int> counts;
+    float* values;
+    int64_t offset;  // of this rank's part
+  };
+  std::vector<Scatter> scatters;
+
+  // After `started` completed: each reduce-scatter's sum, which MPI left at
+  // the front of its buffer (MPI_IN_PLACE), to this rank's part.
+  void place_scattered() {
+    for (const Scatter& sc : scatters)
+      if (sc.offset > 0)
+        std::memmove(sc.values + sc.offset, sc.values,
+                     size_t(sc.counts[size_t(rank)]) * sizeof(float));
+    scatters.clear();
+  }
 
   void check(int code, const char* what) const {
     if (code != MPI_SUCCESS)
@@ -197,16 +216,34 @@ void MpiCommunicator::start_all_reduce_sum(std::span<float> values) {
   s_->started.push_back(r);
 }
 
+void MpiCommunicator::start_reduce_scatter_sum(std::span<float> values,
+                                               std::span<const int64_t> counts) {
+  Parts p = parts_of(counts, s_->size, "reduce_scatter");
+  RF_CHECK(int64_t(values.size()) == int64_t(p.displs.back()) + p.counts.back(),
+           "reduce_scatter: ", values.size(), " values for parts summing to ",
+           int64_t(p.displs.back()) + p.counts.back());
+  MPI_Request r;
+  s_->check(MPI_Ireduce_scatter(MPI_IN_PLACE, values.data(), p.counts.data(), MPI_FLOAT, MPI_SUM,
+                                s_->comm, &r),
+            "reduce-scatter (gradients)");
+  s_->started.push_back(r);
+  const int64_t offset = p.displs[size_t(s_->rank)];
+  s_->scatters.push_back({std::move(p.counts), values.data(), offset});
+}
+
 void MpiCommunicator::progress() {
   if (s_->started.empty()) return;
   int done = 0;
   s_->check(MPI_Testall(int(s_->started.size()), s_->started.data(), &done, MPI_STATUSES_IGNORE),
-            "progress of the gradient all-reduce");
-  if (done) s_->started.clear();
+            "progress of the gradient reduction");
+  if (!done) return;
+  s_->started.clear();
+  s_->place_scattered();
 }
 
 void MpiCommunicator::wait_started() {
   s_->wait(s_->started, "the gradient all-reduce");
+  s_->place_scattered();
 }
 
 void MpiCommunicator::abort(int exit_code) {
