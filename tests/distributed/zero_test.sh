@@ -66,7 +66,7 @@ steps() {
   local name=$1
   shift
   local run=("$ROFORMER" pretrain --config "$work/dp.yaml" "run.dir=$work/$name"
-    optim.clip_grad_norm=0.5 "$@")
+    model.hidden_size=48 optim.clip_grad_norm=0.5 "$@")
   mpirun --bind-to none -x OMP_NUM_THREADS=1 -np 1 "${run[@]}" : \
     -np 1 env ROFORMER_TEST_NAN_GRADIENT_AT_STEP=3 "${run[@]}" >"$work/$name.log" 2>&1 ||
     { cat "$work/$name.log"; exit 1; }
@@ -84,7 +84,15 @@ for line in open(sys.argv[1]):
 PY
 }
 steps clip_plain
-steps clip_zero distributed.zero=1
+# One bucket of the whole 5.6 MiB buffer (the runs above use 10 KiB buckets):
+# the MPI communicator reduce-scatters it in 2 MiB pieces (2^19 floats), and
+# with hidden size 48 the share bound falls inside a piece.
+steps clip_zero distributed.zero=1 distributed.bucket_mb=25
+grep -q "gradients: reduce-scatter in 1 bucket(s)" "$work/clip_zero.log" ||
+  { echo "expected 1 bucket"; grep "gradients:" "$work/clip_zero.log"; exit 1; }
+bound=$(field "$work/clip_zero/metrics.jsonl" optimizer_state_bytes)
+(( bound / 8 % 524288 != 0 && bound / 8 > 524288 )) ||
+  { echo "the share bound ($((bound / 8)) floats) does not fall inside a later piece"; exit 1; }
 steps clip_zero_ar distributed.zero=1 distributed.reduce_scatter=false
 [[ $(wc -l < "$work/clip_zero.steps") -eq 10 ]] || { echo "expected 10 steps"; cat "$work/clip_zero.steps"; exit 1; }
 awk '$1 >= 4 && $5 != 1 { print "step " $1 ": " $5 " skipped steps, expected 1"; bad = 1 }
