@@ -47,6 +47,16 @@ TEST(MemoryEstimate, ParameterCountMatchesTheModel) {
   EXPECT_EQ(estimate_parameter_count(m), double(actual_parameters(m)));
 }
 
+// BERT-base's width (the vocabulary stays small) with `layers` layers.
+ModelConfig base_width_model(int64_t layers) {
+  ModelConfig m = small_model();
+  m.hidden_size = 768;
+  m.num_attention_heads = 12;
+  m.intermediate_size = 3072;
+  m.num_hidden_layers = layers;
+  return m;
+}
+
 Config tiny_config() {
   Config c;
   c.model = small_model();
@@ -74,10 +84,7 @@ TEST(MemoryEstimate, SmallConfigFits) {
 
 TEST(MemoryEstimate, EnormousModelsAndBatchesAreRefusedByKey) {
   Config layers = tiny_config();
-  layers.model.hidden_size = 768;
-  layers.model.num_attention_heads = 12;
-  layers.model.intermediate_size = 3072;
-  layers.model.num_hidden_layers = 100000;
+  layers.model = base_width_model(100000);
   EXPECT_EQ(refusal(layers).rfind("model.num_hidden_layers=100000: ", 0), 0u) << refusal(layers);
 
   Config hidden = tiny_config();
@@ -103,11 +110,7 @@ TEST(MemoryEstimate, EstimateGrowsWithEveryTerm) {
 }
 
 TEST(MemoryEstimate, ZeroOneDividesTheMomentsOnly) {
-  ModelConfig m = small_model();
-  m.hidden_size = 768;
-  m.num_attention_heads = 12;
-  m.intermediate_size = 3072;
-  m.num_hidden_layers = 12;
+  const ModelConfig m = base_width_model(12);
   const double params = estimate_parameter_count(m);
   const MemoryEstimate whole = estimate_memory(m, MemoryUse::kTraining, 8, 8, 128);
   // Plain data parallelism: every rank holds the whole training state, and
@@ -137,10 +140,7 @@ TEST(MemoryEstimate, ZeroOneDividesTheMomentsOnly) {
 
 TEST(MemoryEstimate, RefusalNamesTheRanksAndTheZeroShare) {
   Config c = tiny_config();
-  c.model.num_hidden_layers = 100000;
-  c.model.hidden_size = 768;
-  c.model.num_attention_heads = 12;
-  c.model.intermediate_size = 3072;
+  c.model = base_width_model(100000);
   c.distributed.zero = 1;
   const std::string msg = error_of<InputError>([&] { check_memory_for_pretraining(c, 4); });
   EXPECT_NE(msg.find("of memory per rank of 4 (parameters"), std::string::npos) << msg;
