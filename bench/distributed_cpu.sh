@@ -8,10 +8,13 @@
 # comm_share: communication not hidden behind backward, load imbalance
 # included). Figures: docs/performance.md, "Data parallelism on CPU".
 #
-# With MODE zero: 2 ranks x 1 thread with distributed.zero 0 and 1 instead,
-# printing tokens/s, the share of the step spent in ZeRO-1's parameter
-# all-gather, the AdamW moments' MiB per rank and each rank's peak RSS
-# (docs/performance.md, "ZeRO-1 on CPU").
+# With MODE zero: 2 ranks x 1 thread, plain (distributed.zero 0, gradients
+# all-reduced), ZeRO-1 with its gradients reduce-scattered and ZeRO-1 with
+# them all-reduced (distributed.reduce_scatter false) instead, printing
+# tokens/s, the share of the step waiting for the gradient reduction
+# (comm_share) and in ZeRO-1's parameter all-gather, the MiB each rank sends
+# per step by the ring model (comm_bytes_per_step), the AdamW moments' MiB
+# per rank and each rank's peak RSS (docs/performance.md, "ZeRO-1 on CPU").
 # Usage: bench/distributed_cpu.sh [ROFORMER_BINARY] [STEPS] [ROUNDS] [MODE: threads|zero]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,28 +39,37 @@ print('%.4g' % (sum(r.get('$2', 0) for r in rows) / max(len(rows), 1)))"
 }
 
 if [[ $mode == zero ]]; then
-  # summary FILE: tokens/s and gather share (means over the train records
-  # after the first), the last record's moment bytes per rank and peak RSS per rank.
+  # summary FILE: tokens/s, reduction and gather shares (means over the train
+  # records after the first), MiB sent per step, the last record's moment
+  # bytes per rank and peak RSS per rank.
   summary() {
     python3 - "$1" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
 steady = rows[1:] or rows
 tok_s = sum(r["tokens_per_s"] for r in steady) / len(steady)
-gather = sum(r.get("param_gather_s", 0) for r in steady)
-share = gather / max(steady[-1]["elapsed_s"] - rows[0]["elapsed_s"], 1e-9)
-print("%10.0f %12.2f%% %24s %20s" % (tok_s, 100 * share,
+span = max(steady[-1]["elapsed_s"] - rows[0]["elapsed_s"], 1e-9)
+blocked = sum(r.get("comm_blocked_s", 0) for r in steady) / span
+gather = sum(r.get("param_gather_s", 0) for r in steady) / span
+print("%10.0f %10.2f%% %12.2f%% %10.2f %22s %20s" % (tok_s, 100 * blocked, 100 * gather,
+      rows[-1]["comm_bytes_per_step"] / 2**20,
       "/".join("%.1f" % (b / 2**20) for b in rows[-1]["optimizer_state_bytes_per_rank"]),
       "/".join("%.0f" % m for m in rows[-1]["peak_rss_mb_per_rank"])))
 PY
   }
 
-  printf "%-5s %-8s %10s %13s %24s %20s\n" round zero tokens/s gather_share "moments MiB per rank" "peak RSS MB per rank"
+  printf "%-5s %-16s %10s %11s %13s %10s %22s %20s\n" round run tokens/s comm_share gather_share \
+    "MiB/step" "moments MiB per rank" "peak RSS MB per rank"
   for r in $(seq 1 "$rounds"); do
-    for z in 0 1; do
+    for run in plain zero1_rs zero1_ar; do
+      case $run in
+        plain) over=(distributed.zero=0) ;;
+        zero1_rs) over=(distributed.zero=1 distributed.reduce_scatter=true) ;;
+        zero1_ar) over=(distributed.zero=1 distributed.reduce_scatter=false) ;;
+      esac
       mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=1 "$roformer" pretrain "${args[@]}" \
-        run.threads=1 "distributed.zero=$z" "run.dir=$work/z$z-$r" >/dev/null 2>&1
-      printf "%-5s %-8s %s\n" "$r" "$z" "$(summary "$work/z$z-$r/metrics.jsonl")"
+        run.threads=1 "${over[@]}" "run.dir=$work/$run-$r" >/dev/null 2>&1
+      printf "%-5s %-16s %s\n" "$r" "$run" "$(summary "$work/$run-$r/metrics.jsonl")"
     done
   done
   exit 0

@@ -30,7 +30,7 @@ std::vector<Tensor> tensors_of(const std::vector<NamedParameter>& params) {
 std::vector<int64_t> AdamW::shard_bounds(int64_t padded_numel, int count) {
   RF_CHECK(count > 0 && padded_numel >= 0, "AdamW::shard_bounds: ", count, " shares of ",
            padded_numel);
-  const int64_t a = FlatParameters::kAlignment;
+  const int64_t a = kShardAlignment;
   const int64_t per = ((padded_numel + count - 1) / count + a - 1) / a * a;
   std::vector<int64_t> bounds;
   for (int r = 0; r <= count; ++r) bounds.push_back(std::min(padded_numel, per * r));

@@ -54,9 +54,14 @@ class AdamW {
   void step(double lr, double grad_scale = 1.0);
 
   // `count` + 1 boundaries splitting a flat buffer of `padded_numel` floats
-  // into contiguous shares: each starts on FlatParameters::kAlignment and
+  // into contiguous shares: each starts on a multiple of kShardAlignment and
   // none is larger than the first (the last may be shorter, or empty).
   static std::vector<int64_t> shard_bounds(int64_t padded_numel, int count);
+  // Whole chunks of the gradient norm's deterministic sum (grad_norm.h): a
+  // rank's share of the summed gradient then gives that norm's partials bit
+  // for bit (64 KiB, a multiple of FlatParameters::kAlignment).
+  static constexpr int64_t kShardAlignment = kNormChunk;
+  static_assert(kShardAlignment % FlatParameters::kAlignment == 0);
   bool sharded() const { return shard_.count > 1; }
   int64_t shard_begin() const { return begin_; }
   int64_t shard_end() const { return end_; }

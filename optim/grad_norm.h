@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "core/flat_parameters.h"
 
@@ -16,6 +18,16 @@ inline constexpr int64_t kNormChunk = 16384;
 
 // sum of x[i]^2 in double over a contiguous f32 CPU tensor, chunked as above.
 double sum_of_squares(const Tensor& x);
+
+// The chunk partials of sum_of_squares(x) for the elements [begin, end) of x:
+// partials[c] for chunk begin / kNormChunk + c, bit for bit what the whole sum
+// computes for that chunk. `begin` is a multiple of kNormChunk and `end` one
+// too or x's end, so a range never splits a chunk. Adding every range's
+// partials in chunk order gives sum_of_squares(x) exactly: how ZeRO-1's ranks,
+// each holding its slice of the summed gradient, get the whole-gradient norm.
+std::vector<double> chunk_sums_of_squares(const Tensor& x, int64_t begin, int64_t end);
+// The partials added in order, as sum_of_squares adds them.
+double sum_in_order(std::span<const double> partials);
 
 // sqrt(sum of squares) over the flat gradient buffer (padding is zero).
 double grad_norm(const FlatParameters& flat);

@@ -32,6 +32,28 @@ void Communicator::start_all_reduce_sum_device(float*, size_t, void*) {
   throw Error("this communicator cannot sum device memory (NCCL is needed)");
 }
 
+void Communicator::start_reduce_scatter_sum_device(float*, std::span<const int64_t>, void*) {
+  throw Error("this communicator cannot sum device memory (NCCL is needed)");
+}
+
+int64_t reduce_scatter_total(std::span<const int64_t> counts, int world_size, const char* what) {
+  RF_CHECK(counts.size() == size_t(world_size), what, ": ", counts.size(), " parts for ",
+           world_size, " ranks");
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    RF_CHECK(c >= 0, what, ": a part of ", c, " floats");
+    total += c;
+  }
+  return total;
+}
+
+void Communicator::start_reduce_scatter_sum(std::span<float> values,
+                                            std::span<const int64_t> counts) {
+  RF_CHECK(reduce_scatter_total(counts, world_size(), "reduce_scatter") == int64_t(values.size()),
+           "reduce_scatter: ", values.size(), " values for parts of another total");
+  start_all_reduce_sum(values);
+}
+
 void SingleProcessCommunicator::all_gather(std::span<const float> mine, std::span<float> all) {
   RF_CHECK(all.size() == mine.size(), "all_gather: ", all.size(), " slots for ", mine.size(),
            " values");

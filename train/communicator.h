@@ -50,6 +50,15 @@ class Communicator {
   virtual void progress() {}
   virtual void wait_started() {}
 
+  // Reduce-scatter, the inverse of all_gather_in_place (ZeRO-1's gradients):
+  // `values` holds this rank's whole vector, parts of counts[r] floats back
+  // to back in rank order (sum(counts) in all). Started like
+  // start_all_reduce_sum, in place and waited for by wait_started():
+  // afterwards this rank's part holds the element-wise sum over the ranks of
+  // that part; the rest of `values` is left undefined. Half the traffic of an
+  // all-reduce. The default sums everything (an all-reduce does the job).
+  virtual void start_reduce_scatter_sum(std::span<float> values, std::span<const int64_t> counts);
+
   // Gradients on a GPU. True when start_all_reduce_sum_device sums device
   // memory in place (NCCL); otherwise the gradient buckets are staged
   // through host memory and summed with start_all_reduce_sum.
@@ -58,6 +67,9 @@ class Communicator {
   // the work queued so far on `stream` (a cudaStream_t; null: the default
   // stream); wait_started() waits for it. Only when sums_device_memory().
   virtual void start_all_reduce_sum_device(float* values, size_t count, void* stream);
+  // The device form of start_reduce_scatter_sum, on `stream` as above.
+  virtual void start_reduce_scatter_sum_device(float* values, std::span<const int64_t> counts,
+                                               void* stream);
 
   // For a rank that failed: ends every rank's process with `exit_code` (the
   // others may be blocked in a collective and must not wait for its timeout).
@@ -71,6 +83,10 @@ class Communicator {
   // Every rank ends with `root`'s string.
   std::string broadcast(std::string text, int root);
 };
+
+// sum(counts) for a reduce-scatter's parts, checked: one part per rank, none
+// negative (Error naming `what` otherwise).
+int64_t reduce_scatter_total(std::span<const int64_t> counts, int world_size, const char* what);
 
 // One process: rank 0 of 1; reductions and broadcasts leave values as they are.
 class SingleProcessCommunicator final : public Communicator {

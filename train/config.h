@@ -181,9 +181,12 @@ struct LogConfig {
 // Data parallelism (docs/distributed.md); used only when a launcher starts
 // more than one rank.
 struct DistributedConfig {
-  double bucket_mb = 25;   // gradient all-reduce bucket size, MiB
+  double bucket_mb = 25;   // gradient reduction bucket size, MiB
   double timeout_s = 120;  // a collective waiting longer throws (a peer died or hangs)
   int64_t zero = 0;        // 1: ZeRO-1, the AdamW moments sharded over the ranks
+  // With ZeRO-1: reduce-scatter the gradients (each rank gets its share's
+  // sum); false all-reduces them whole, as without ZeRO (for comparison).
+  bool reduce_scatter = true;
   bool operator==(const DistributedConfig&) const = default;
 };
 

@@ -173,6 +173,7 @@ void visit_distributed(V& v, D& c) {
   v.field("bucket_mb", c.bucket_mb, Opt{.range = kPositive});
   v.field("timeout_s", c.timeout_s, Opt{.range = kPositive});
   v.field("zero", c.zero, Opt{.range = kFraction});  // a stage: 0 (off) or 1
+  v.field("reduce_scatter", c.reduce_scatter);
 }
 
 template <class V, class F>

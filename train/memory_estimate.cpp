@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "optim/adamw.h"
 
 namespace roformer {
 
@@ -69,19 +70,28 @@ double estimate_parameter_count(const ModelConfig& m) {
 }
 
 MemoryEstimate estimate_memory(const ModelConfig& m, MemoryUse use, int64_t batch,
-                               int64_t micro_batch, int64_t seq_len) {
+                               int64_t micro_batch, int64_t seq_len, DataParallel dp) {
   MemoryEstimate e;
   const double params = estimate_parameter_count(m);
   e.parameters = params * kF32;
   const double H = double(m.hidden_size), I = double(m.intermediate_size),
                L = double(m.num_hidden_layers), heads = double(m.num_attention_heads),
-               V = double(m.vocab_size), E = double(m.embedding_dim()), S = double(seq_len),
-               B = double(micro_batch);
+               V = double(m.vocab_size), E = double(m.embedding_dim()), S = double(seq_len);
+  // A rank's micro-batches come from its share of the global batch.
+  const double B = double(std::min(micro_batch, std::max<int64_t>(1, batch / dp.world_size)));
   const double tokens = B * S;
   const bool softmax = m.attention == AttentionKind::kSoftmax;
   switch (use) {
     case MemoryUse::kTraining: {
-      e.optimizer = 3 * e.parameters;  // gradients, exp_avg, exp_avg_sq
+      e.gradients = e.parameters;
+      // exp_avg and exp_avg_sq; with ZeRO-1 the first (largest) share of
+      // the flat buffer, whole alignment units (optim/adamw.h).
+      double share = params;
+      if (dp.shards_moments()) {
+        const double unit = double(optim::AdamW::kShardAlignment);
+        share = std::min(params, std::ceil(params / double(dp.world_size) / unit) * unit);
+      }
+      e.moments = 2 * share * kF32;
       // Per layer backward keeps the block inputs, Q/K/V and their rotated
       // copies, the context, the FFN's two activations and dropout masks;
       // softmax attention also keeps a probability matrix per head.
@@ -129,7 +139,7 @@ namespace {
 // Refuses when `estimate()` exceeds the memory available, blaming the knob
 // whose reset lowers the estimate most.
 void check(const std::function<MemoryEstimate()>& estimate, std::vector<Knob> knobs,
-           const std::string& what) {
+           const std::string& what, DataParallel dp = {}) {
   const MemoryEstimate e = estimate();
   const double available = available_memory_bytes();
   if (e.total() <= available) return;
@@ -143,12 +153,15 @@ void check(const std::function<MemoryEstimate()>& estimate, std::vector<Knob> kn
       blame = fmt::format("{}={}", knob.key, knob.value);
     }
   }
+  std::string moments = format_bytes(e.moments);
+  if (dp.shards_moments()) moments += fmt::format(" (ZeRO-1: this rank's 1/{})", dp.world_size);
   throw InputError(fmt::format(
-      "{}{} needs an estimated {} of memory (parameters {}, gradients and AdamW moments {}, "
+      "{}{} needs an estimated {} of memory{} (parameters {}, gradients {}, AdamW moments {}, "
       "activations {}, batch buffers {}) but {} is available; reduce {}",
-      blame.empty() ? "" : blame + ": ", what, format_bytes(e.total()), format_bytes(e.parameters),
-      format_bytes(e.optimizer), format_bytes(e.activations), format_bytes(e.batch),
-      format_bytes(available),
+      blame.empty() ? "" : blame + ": ", what, format_bytes(e.total()),
+      dp.world_size > 1 ? fmt::format(" per rank of {}", dp.world_size) : "",
+      format_bytes(e.parameters), format_bytes(e.gradients), moments, format_bytes(e.activations),
+      format_bytes(e.batch), format_bytes(available),
       blame.empty() ? "the model or the batch" : blame.substr(0, blame.find('='))));
 }
 
@@ -181,14 +194,15 @@ void add_model_knobs(std::vector<Knob>& knobs, ModelConfig& model, const ModelCo
 
 }  // namespace
 
-void check_memory_for_pretraining(const Config& config) {
+void check_memory_for_pretraining(const Config& config, int64_t world_size) {
+  const DataParallel dp{world_size, config.distributed.zero};
   for (size_t i = 0; i < config.stages.size(); ++i) {
     const StageConfig& original = config.stages[i];
     ModelConfig model = config.model;
     StageConfig stage = original;
     auto estimate = [&] {
       return estimate_memory(model, MemoryUse::kTraining, stage.batch_size, stage.micro_batch_size,
-                             stage.max_seq_len);
+                             stage.max_seq_len, dp);
     };
     std::vector<Knob> knobs;
     add_model_knobs(knobs, model, config.model, "model.");
@@ -213,17 +227,20 @@ void check_memory_for_pretraining(const Config& config) {
                      })});
     check(estimate, std::move(knobs),
           fmt::format("pretraining stage {} (batch {}, micro-batch {}, {} tokens)", i + 1,
-                      original.batch_size, original.micro_batch_size, original.max_seq_len));
+                      original.batch_size, original.micro_batch_size, original.max_seq_len),
+          dp);
   }
 }
 
-void check_memory_for_finetuning(const Config& config) {
+void check_memory_for_finetuning(const Config& config, int64_t world_size) {
   if (!config.finetune) return;
+  const DataParallel dp{world_size, config.distributed.zero};
   const FinetuneConfig& original = *config.finetune;
   ModelConfig model = config.model;
   FinetuneConfig f = original;
   auto estimate = [&] {
-    return estimate_memory(model, MemoryUse::kTraining, f.batch_size, f.batch_size, f.max_seq_len);
+    return estimate_memory(model, MemoryUse::kTraining, f.batch_size, f.batch_size, f.max_seq_len,
+                           dp);
   };
   std::vector<Knob> knobs;
   add_model_knobs(knobs, model, config.model, "model.");
@@ -237,7 +254,7 @@ void check_memory_for_finetuning(const Config& config) {
                      f = original;
                      f.max_seq_len = std::min<int64_t>(f.max_seq_len, 512);
                    }});
-  check(estimate, std::move(knobs), "fine-tuning");
+  check(estimate, std::move(knobs), "fine-tuning", dp);
 }
 
 void check_memory_for_model(const ModelConfig& original, MemoryUse use, const std::string& source,

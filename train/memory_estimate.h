@@ -14,12 +14,24 @@
 
 namespace roformer {
 
+// Bytes on one rank (one process: the whole run).
 struct MemoryEstimate {
   double parameters = 0;   // bytes of f32 weights
-  double optimizer = 0;    // gradients and AdamW moments
+  double gradients = 0;    // the f32 gradient buffer: whole on every rank
+  double moments = 0;      // AdamW's two moments: this rank's share under ZeRO-1
   double activations = 0;  // kept for backward, one micro-batch (or one forward)
   double batch = 0;        // the loader's token buffers for one global batch
-  double total() const { return parameters + optimizer + activations + batch; }
+  double total() const { return parameters + gradients + moments + activations + batch; }
+};
+
+// How training is spread: `world_size` data-parallel ranks, `zero` 1 when
+// they shard the AdamW moments (distributed.zero). ZeRO-1 divides only the
+// moments: parameters stay whole, and so do gradients (backward writes the
+// whole buffer; the reduce-scatter sums each rank's share in place).
+struct DataParallel {
+  int64_t world_size = 1;
+  int64_t zero = 0;
+  bool shards_moments() const { return zero == 1 && world_size > 1; }
 };
 
 enum class MemoryUse {
@@ -33,9 +45,11 @@ enum class MemoryUse {
 double estimate_parameter_count(const ModelConfig& model);
 
 // Bytes for a run of `model` on micro-batches of `micro_batch` sequences of
-// `seq_len` tokens (global batch `batch`).
+// `seq_len` tokens (global batch `batch`), per rank of `dp`: a rank's
+// micro-batch is at most its share of the batch, and with ZeRO-1 (training)
+// the moments are the largest rank's share (AdamW::shard_bounds).
 MemoryEstimate estimate_memory(const ModelConfig& model, MemoryUse use, int64_t batch = 1,
-                               int64_t micro_batch = 1, int64_t seq_len = 1);
+                               int64_t micro_batch = 1, int64_t seq_len = 1, DataParallel dp = {});
 
 // Bytes this process can still allocate: MemAvailable + SwapFree from
 // /proc/meminfo, capped by a cgroup memory limit when one is set.
@@ -49,8 +63,10 @@ std::string format_bytes(double bytes);
 // names the key whose value drives the estimate, the estimate and the memory
 // available. `model_prefix` is how model keys are named ("model." in YAML,
 // "config.json: " for a Hugging Face folder).
-void check_memory_for_pretraining(const Config& config);
-void check_memory_for_finetuning(const Config& config);
+// `world_size`: the ranks of a data-parallel run (distributed.zero decides
+// whether they shard the moments); the estimate and the message are per rank.
+void check_memory_for_pretraining(const Config& config, int64_t world_size = 1);
+void check_memory_for_finetuning(const Config& config, int64_t world_size = 1);
 void check_memory_for_model(const ModelConfig& model, MemoryUse use, const std::string& source,
                             const std::string& model_prefix);
 

@@ -33,8 +33,8 @@ void require_writable_dir(const fs::path& dir, const std::string& key) {
                                  std::strerror(errno)));
 }
 
-void preflight_pretrain(const Config& config) {
-  check_memory_for_pretraining(config);
+void preflight_pretrain(const Config& config, int64_t world_size) {
+  check_memory_for_pretraining(config, world_size);
   if (!config.data.vocab.empty()) {
     const data::Vocab vocab = data::Vocab::load(config.data.vocab);
     check_vocab_fits_model(vocab.size(), config.model.vocab_size, config.data.vocab,
@@ -43,8 +43,8 @@ void preflight_pretrain(const Config& config) {
   if (!config.run.dir.empty()) require_writable_dir(config.run.dir, "run.dir");
 }
 
-void preflight_finetune(const Config& config) {
-  check_memory_for_finetuning(config);
+void preflight_finetune(const Config& config, int64_t world_size) {
+  check_memory_for_finetuning(config, world_size);
   if (!config.run.dir.empty()) require_writable_dir(config.run.dir, "run.dir");
 }
 

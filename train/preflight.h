@@ -4,6 +4,7 @@
 // vocabulary that fits the model.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -12,10 +13,10 @@
 namespace roformer {
 
 // pretrain: run.dir writable, data.vocab against model.vocab_size (padding
-// warned about when large), memory for every stage.
-void preflight_pretrain(const Config& config);
-// finetune: run.dir writable, memory for the finetune section.
-void preflight_finetune(const Config& config);
+// warned about when large), memory for every stage (per rank of `world_size`).
+void preflight_pretrain(const Config& config, int64_t world_size = 1);
+// finetune: run.dir writable, memory for the finetune section (per rank).
+void preflight_finetune(const Config& config, int64_t world_size = 1);
 // convert --from-hf DIR: config.json's model fits in memory, and vocab.txt
 // is not empty and covers the embedding rows.
 void preflight_convert_from_hf(const std::filesystem::path& dir);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/flat_parameters.h"
@@ -156,13 +157,17 @@ TrainerResult Trainer::run() {
                      {config_.optim.betas[0], config_.optim.betas[1], config_.optim.eps,
                       config_.optim.weight_decay},
                      distributed::zero_shard(config_.distributed.zero, comm, device));
-  // Data parallelism: gradients are summed over ranks in buckets during backward.
+  // Data parallelism: gradients are summed over ranks in buckets during
+  // backward; under ZeRO-1 reduce-scattered, each rank summing its share only.
+  const bool scatter_grads = adamw.sharded() && config_.distributed.reduce_scatter;
   std::unique_ptr<distributed::GradientReducer> reducer;
   if (options_.communicator) {
     std::vector<Tensor> tensors;
     for (const optim::NamedParameter& p : params) tensors.push_back(p.tensor);
     reducer = std::make_unique<distributed::GradientReducer>(
-        FlatParameters::of(tensors), comm, int64_t(config_.distributed.bucket_mb * kMiB));
+        FlatParameters::of(tensors), comm, int64_t(config_.distributed.bucket_mb * kMiB),
+        scatter_grads ? optim::AdamW::shard_bounds(adamw.flat().padded_numel(), comm.world_size())
+                      : std::vector<int64_t>{});
   }
   const distributed::MemoryPerRank memory = distributed::memory_per_rank(adamw, comm);
   spdlog::info(
@@ -171,6 +176,16 @@ TrainerResult Trainer::run() {
       double(memory.param_bytes) / kMiB, double(memory.grad_bytes) / kMiB,
       double(memory.optimizer_state_bytes) / kMiB,
       adamw.sharded() ? fmt::format(" (ZeRO-1: 1/{} of them)", comm.world_size()) : "");
+  // Modelled traffic (distributed/zero.h), logged once and in every record.
+  const int64_t comm_bytes =
+      reducer ? distributed::bytes_sent_per_step(adamw.flat().padded_numel(), comm.world_size(),
+                                                 adamw.sharded(), scatter_grads)
+              : 0;
+  if (reducer)
+    spdlog::info("gradients: {} in {} bucket(s){}; about {:.1f} MiB sent per rank per step",
+                 scatter_grads ? "reduce-scatter" : "all-reduce", reducer->num_buckets(),
+                 adamw.sharded() ? ", then an all-gather of the parameters" : "",
+                 double(comm_bytes) / kMiB);
   double param_gather_s = 0;  // ZeRO-1's all-gathers of the updated parameters
   const optim::LrSchedule schedule = task_.lr_schedule();
   const CheckpointPolicy policy = task_.checkpoint_policy();
@@ -310,23 +325,53 @@ TrainerResult Trainer::run() {
       // Before any other collective: a rank without a backward this step starts
       // its buckets here, a rank with one may have started them already.
       if (reducer) reducer->finish();
+      if (options_.after_gradients) options_.after_gradients(state.global_step, adamw.flat());
       step.units = global_units;
       // This step's global batch: every rank draws as many micro-batches.
       const int64_t last_batch_rows =
           int64_t(units.size()) * plan.micro_batch_size * comm.world_size();
+      // The gradient norm (for clipping and the non-finite check): of the
+      // whole summed gradient every rank holds, or, reduce-scattered, the
+      // chunk partials of this rank's share, placed among every rank's (zeros
+      // elsewhere, so the all-reduce adds them exactly) and added in chunk
+      // order: the whole-gradient norm bit for bit (optim/grad_norm.h).
+      double gnorm = NAN;
+      bool nonfinite_gradient = false;
       {
-        double d[2] = {step.loss_sum, step.flops};
-        int64_t n[3] = {step.correct, step.tokens, step.slots};
-        comm.all_reduce_sum(d);
-        comm.all_reduce_sum(n);
+        // The step's statistics, one reduction per type. The doubles carry
+        // the norm's partials when the gradients were scattered, the integers
+        // this rank's non-finite flag and the reducer's has-a-gradient flags:
+        // none needs a collective of its own.
+        std::vector<double> d = {step.loss_sum, step.flops};
+        bool nonfinite_here = false;
+        if (scatter_grads) {
+          const std::vector<double> mine = optim::chunk_sums_of_squares(
+              adamw.flat().grad(), adamw.shard_begin(), adamw.shard_end());
+          nonfinite_here = !std::isfinite(optim::sum_in_order(mine));
+          const int64_t chunks =
+              (adamw.flat().padded_numel() + optim::kNormChunk - 1) / optim::kNormChunk;
+          d.resize(size_t(2 + chunks), 0.0);
+          std::copy(mine.begin(), mine.end(),
+                    d.begin() + 2 + adamw.shard_begin() / optim::kNormChunk);
+        } else {
+          gnorm = optim::global_grad_norm(params);
+          nonfinite_here = !std::isfinite(gnorm);
+        }
+        std::vector<int64_t> n = {step.correct, step.tokens, step.slots, nonfinite_here ? 1 : 0};
+        if (reducer) reducer->append_gradient_flags(n);
+        comm.all_reduce_sum(std::span<double>(d));
+        comm.all_reduce_sum(std::span<int64_t>(n));
+        if (reducer) reducer->adopt_gradients(std::span<const int64_t>(n).subspan(4));
+        if (scatter_grads)
+          gnorm = std::sqrt(optim::sum_in_order(std::span<const double>(d).subspan(2)));
         step.loss_sum = d[0];
         step.flops = d[1];
         step.correct = n[0];
         step.tokens = n[1];
         step.slots = n[2];
+        nonfinite_gradient = n[3] > 0;
       }
       const double loss = global_units > 0 ? step.loss_sum / double(global_units) : 0.0;
-      const double gnorm = optim::global_grad_norm(params);
       const double lr = schedule.at(state.global_step);
       const double clip = optim::clip_scale(gnorm, config_.optim.clip_grad_norm);
       double update_ratio = NAN;
@@ -335,13 +380,18 @@ TrainerResult Trainer::run() {
       const bool log_step =
           config_.log.every_steps > 0 && ((state.global_step + 1) % config_.log.every_steps == 0 ||
                                           state.step_in_stage + 1 == plan.steps);
-      if (comm.any(!std::isfinite(loss) || !std::isfinite(gnorm))) {
+      // The loss and the flags are sums every rank holds alike: every rank
+      // takes the same decision without a collective of its own.
+      if (!std::isfinite(loss) || nonfinite_gradient) {
         ++state.nonfinite_skipped;
         ++state.nonfinite_in_a_row;
         metrics.clear_progress();
         spdlog::warn(
             "step {}: non-finite {} ({}); update skipped ({} in a row){}", state.global_step + 1,
-            std::isfinite(loss) ? "gradient" : "loss", std::isfinite(loss) ? gnorm : loss,
+            std::isfinite(loss) ? "gradient" : "loss",
+            !std::isfinite(loss)   ? fmt::format("{}", loss)
+            : std::isfinite(gnorm) ? std::string("on another rank")
+                                   : fmt::format("{}", gnorm),
             state.nonfinite_in_a_row,
             state.nonfinite_in_a_row == 1 ? "; no checkpoints until a step is finite" : "");
         if (state.nonfinite_in_a_row > config_.optim.max_nonfinite_in_a_row) {
@@ -475,6 +525,7 @@ TrainerResult Trainer::run() {
           const double blocked = reducer->blocked_seconds() - window_comm_start;
           record["comm_blocked_s"] = blocked;
           record["comm_share"] = blocked / std::max(secs, 1e-9);
+          record["comm_bytes_per_step"] = comm_bytes;
           window_comm_start = reducer->blocked_seconds();
         }
         if (adamw.sharded()) {

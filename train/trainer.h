@@ -32,6 +32,7 @@
 namespace roformer {
 
 class Communicator;
+class FlatParameters;
 class StopRequest;
 
 // One phase of a run: a pretraining stage or a fine-tuning epoch.
@@ -136,6 +137,9 @@ struct TrainerOptions {
   // about to run, and inside each checkpoint write just before it is committed.
   std::function<void(int64_t global_step)> before_step;
   std::function<void(int64_t global_step)> before_checkpoint_commit;
+  // Called once the step's gradients are summed over the ranks, before the
+  // norm: a test may poison this rank's gradient there.
+  std::function<void(int64_t global_step, const FlatParameters& flat)> after_gradients;
 };
 
 struct TrainerResult {

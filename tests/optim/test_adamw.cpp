@@ -117,6 +117,35 @@ TEST(Clipping, GlobalNormAndScale) {
   EXPECT_TRUE(std::isnan(global_grad_norm(params)));
 }
 
+TEST(Clipping, ChunkPartialsOfSlicesAddUpToTheWholeNormBitForBit) {
+  // ZeRO-1's norm: each rank sums squares over its slice of the gradient
+  // (whole chunks), the partials are added in chunk order.
+  Generator gen{7, 0};
+  const int64_t n = 5 * kNormChunk + 123;
+  Tensor x = mul(Tensor::randn({n}, gen), 3.7);
+  const double whole = sum_of_squares(x);
+  for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{0, n},
+                                           {0, kNormChunk, n},
+                                           {0, 2 * kNormChunk, 4 * kNormChunk, n},
+                                           {0, 0, 5 * kNormChunk, n}}) {
+    std::vector<double> partials;
+    for (size_t r = 0; r + 1 < cuts.size(); ++r) {
+      const std::vector<double> p = chunk_sums_of_squares(x, cuts[r], cuts[r + 1]);
+      EXPECT_EQ(int64_t(p.size()), (cuts[r + 1] - cuts[r] + kNormChunk - 1) / kNormChunk);
+      partials.insert(partials.end(), p.begin(), p.end());
+    }
+    EXPECT_EQ(sum_in_order(partials), whole) << cuts.size() - 1 << " slices";
+  }
+  // A range that splits a chunk cannot give the whole sum's partials.
+  EXPECT_THROW(chunk_sums_of_squares(x, 16, n), Error);
+  EXPECT_THROW(chunk_sums_of_squares(x, 0, kNormChunk + 16), Error);
+  EXPECT_THROW(chunk_sums_of_squares(x, 0, n + 1), Error);
+  // A non-finite element makes its slice's partial, and so the norm, non-finite.
+  x.data_as<float>()[n - 1] = std::nanf("");
+  EXPECT_TRUE(std::isnan(sum_in_order(chunk_sums_of_squares(x, 5 * kNormChunk, n))));
+  EXPECT_TRUE(std::isfinite(sum_in_order(chunk_sums_of_squares(x, 0, 5 * kNormChunk))));
+}
+
 Tensor random_param(const Shape& shape, uint64_t seed) {
   Generator gen{seed, 0};
   return Tensor::randn(shape, gen).set_requires_grad(true);
@@ -190,7 +219,8 @@ TEST(AdamW, SavedStateResumesBitForBit) {
 }
 
 TEST(AdamW, ShardBoundsAreAlignedContiguousAndCoverTheBuffer) {
-  for (int64_t n : {0, 16, 48, 70064, 70080}) {
+  for (int64_t n : {int64_t(0), int64_t(16), int64_t(48), 5 * AdamW::kShardAlignment - 16,
+                    5 * AdamW::kShardAlignment, 7 * AdamW::kShardAlignment + 48}) {
     for (int count : {1, 2, 3, 7}) {
       const std::vector<int64_t> b = AdamW::shard_bounds(n, count);
       ASSERT_EQ(b.size(), size_t(count) + 1);
@@ -200,11 +230,11 @@ TEST(AdamW, ShardBoundsAreAlignedContiguousAndCoverTheBuffer) {
         EXPECT_LE(b[r], b[r + 1]);
         EXPECT_LE(b[r + 1] - b[r], b[1] - b[0]) << "share " << r << " larger than the first";
         if (b[r] < n) {
-          EXPECT_EQ(b[r] % FlatParameters::kAlignment, 0);
+          EXPECT_EQ(b[r] % AdamW::kShardAlignment, 0);
         }
       }
       // A share is at most one alignment unit above an even split.
-      EXPECT_LE(b[1] - b[0], (n + count - 1) / count + FlatParameters::kAlignment);
+      EXPECT_LE(b[1] - b[0], (n + count - 1) / count + AdamW::kShardAlignment);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "layers/roformer.h"
+#include "optim/adamw.h"
 #include "tests/test_support.h"
 #include "train/config.h"
 #include "train/memory_estimate.h"
@@ -46,6 +47,16 @@ TEST(MemoryEstimate, ParameterCountMatchesTheModel) {
   EXPECT_EQ(estimate_parameter_count(m), double(actual_parameters(m)));
 }
 
+// BERT-base's width (the vocabulary stays small) with `layers` layers.
+ModelConfig base_width_model(int64_t layers) {
+  ModelConfig m = small_model();
+  m.hidden_size = 768;
+  m.num_attention_heads = 12;
+  m.intermediate_size = 3072;
+  m.num_hidden_layers = layers;
+  return m;
+}
+
 Config tiny_config() {
   Config c;
   c.model = small_model();
@@ -73,10 +84,7 @@ TEST(MemoryEstimate, SmallConfigFits) {
 
 TEST(MemoryEstimate, EnormousModelsAndBatchesAreRefusedByKey) {
   Config layers = tiny_config();
-  layers.model.hidden_size = 768;
-  layers.model.num_attention_heads = 12;
-  layers.model.intermediate_size = 3072;
-  layers.model.num_hidden_layers = 100000;
+  layers.model = base_width_model(100000);
   EXPECT_EQ(refusal(layers).rfind("model.num_hidden_layers=100000: ", 0), 0u) << refusal(layers);
 
   Config hidden = tiny_config();
@@ -94,9 +102,53 @@ TEST(MemoryEstimate, EstimateGrowsWithEveryTerm) {
   const MemoryEstimate base = estimate_memory(m, MemoryUse::kTraining, 4, 4, 32);
   EXPECT_GT(estimate_memory(m, MemoryUse::kTraining, 8, 8, 32).activations, base.activations);
   EXPECT_GT(estimate_memory(m, MemoryUse::kTraining, 4, 4, 64).activations, base.activations);
-  EXPECT_EQ(base.optimizer, 3 * base.parameters);
-  EXPECT_EQ(estimate_memory(m, MemoryUse::kInference).optimizer, 0.0);
+  EXPECT_EQ(base.gradients, base.parameters);
+  EXPECT_EQ(base.moments, 2 * base.parameters);
+  EXPECT_EQ(estimate_memory(m, MemoryUse::kInference).gradients, 0.0);
+  EXPECT_EQ(estimate_memory(m, MemoryUse::kInference).moments, 0.0);
   EXPECT_GT(available_memory_bytes(), 0.0);
+}
+
+TEST(MemoryEstimate, ZeroOneDividesTheMomentsOnly) {
+  const ModelConfig m = base_width_model(12);
+  const double params = estimate_parameter_count(m);
+  const MemoryEstimate whole = estimate_memory(m, MemoryUse::kTraining, 8, 8, 128);
+  // Plain data parallelism: every rank holds the whole training state, and
+  // activations for its share of the batch (2 of 8 sequences at 4 ranks).
+  const MemoryEstimate plain = estimate_memory(m, MemoryUse::kTraining, 8, 8, 128, {4, 0});
+  EXPECT_EQ(plain.parameters + plain.gradients + plain.moments,
+            whole.parameters + whole.gradients + whole.moments);
+  EXPECT_EQ(plain.activations, estimate_memory(m, MemoryUse::kTraining, 2, 2, 128).activations);
+  EXPECT_LT(plain.activations, whole.activations);
+  for (int64_t n : {2, 4, 8}) {
+    const MemoryEstimate zero = estimate_memory(m, MemoryUse::kTraining, 8, 8, 128, {n, 1});
+    EXPECT_EQ(zero.parameters, whole.parameters);
+    EXPECT_EQ(zero.gradients, whole.gradients) << "gradients stay whole with ZeRO-1";
+    EXPECT_EQ(zero.activations,
+              estimate_memory(m, MemoryUse::kTraining, 8, 8 / n, 128).activations);
+    // The largest share: 1/n, up to one alignment unit of both moments.
+    EXPECT_GE(zero.moments, whole.moments / double(n));
+    EXPECT_LE(zero.moments,
+              whole.moments / double(n) + 2 * 4.0 * double(optim::AdamW::kShardAlignment));
+    // Rank 0's share by AdamW::shard_bounds (the estimate counts no padding).
+    EXPECT_EQ(zero.moments,
+              2 * 4.0 * double(optim::AdamW::shard_bounds(int64_t(params), int(n))[1]));
+  }
+  // One rank has nothing to shard.
+  EXPECT_EQ(estimate_memory(m, MemoryUse::kTraining, 8, 8, 128, {1, 1}).moments, whole.moments);
+}
+
+TEST(MemoryEstimate, RefusalNamesTheRanksAndTheZeroShare) {
+  Config c = tiny_config();
+  c.model = base_width_model(100000);
+  c.distributed.zero = 1;
+  const std::string msg = error_of<InputError>([&] { check_memory_for_pretraining(c, 4); });
+  EXPECT_NE(msg.find("of memory per rank of 4 (parameters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(ZeRO-1: this rank's 1/4)"), std::string::npos) << msg;
+  c.distributed.zero = 0;
+  const std::string plain = error_of<InputError>([&] { check_memory_for_pretraining(c, 4); });
+  EXPECT_EQ(plain.find("ZeRO-1"), std::string::npos) << plain;
+  EXPECT_EQ(refusal(c).find("per rank"), std::string::npos) << refusal(c);
 }
 
 TEST(VocabCheck, PaddingAllowedExcessRefusedWhenStrict) {

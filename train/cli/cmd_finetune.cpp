@@ -29,7 +29,8 @@ class FinetuneCommand : public roformer::cli::Command {
  private:
   int run_rank(const roformer::cli::Invocation& inv, const roformer::Config& config,
                roformer::Communicator* comm) {
-    if (!comm || comm->rank() == 0) roformer::preflight_finetune(config);
+    if (!comm || comm->rank() == 0)
+      roformer::preflight_finetune(config, comm ? comm->world_size() : 1);
     const roformer::StopRequest stop;
     roformer::FinetuneOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);

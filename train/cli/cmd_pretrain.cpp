@@ -34,7 +34,8 @@ class PretrainCommand : public roformer::cli::Command {
  private:
   int run_rank(const roformer::cli::Invocation& inv, const roformer::Config& config,
                roformer::Communicator* comm) {
-    if (!comm || comm->rank() == 0) roformer::preflight_pretrain(config);
+    if (!comm || comm->rank() == 0)
+      roformer::preflight_pretrain(config, comm ? comm->world_size() : 1);
     roformer::StopRequest stop;
     roformer::PretrainOptions options =
         roformer::cli::trainer_options(inv, name(), &stop, restart_);

@@ -10,14 +10,18 @@
 // tests/train/precision_test.sh); and, for tests/distributed/, the failures
 // of one rank: ROFORMER_TEST_FAIL_AT_STEP=N (throws before global step N)
 // and ROFORMER_TEST_HANG_AT_STEP=N (SIGSTOP: a rank that neither dies nor
-// answers).
+// answers), and ROFORMER_TEST_NAN_GRADIENT_AT_STEP=N (the last gradient
+// element of this rank's summed gradient made NaN in global step N + 1: a
+// non-finite step that only this rank sees).
 #pragma once
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <string>
 
 #include "core/error.h"
+#include "core/flat_parameters.h"
 #include "core/precision.h"
 #include "train/cli/command.h"
 #include "train/trainer.h"
@@ -57,6 +61,14 @@ inline TrainerOptions trainer_options(const Invocation& inv, const std::string& 
       if (global_step == fail)
         throw Error(detail::concat("injected failure before global step ", global_step,
                                    " (ROFORMER_TEST_FAIL_AT_STEP)"));
+    };
+  }
+  if (const char* at = std::getenv("ROFORMER_TEST_NAN_GRADIENT_AT_STEP")) {
+    const long long step = std::atoll(at);
+    o.after_gradients = [step](int64_t global_step, const FlatParameters& flat) {
+      if (global_step != step || flat.size() == 0) return;
+      const size_t last = flat.size() - 1;
+      flat.grad().narrow(0, flat.offset(last) + flat.numel(last) - 1, 1).fill_(std::nan(""));
     };
   }
   if (const char* at = std::getenv("ROFORMER_TEST_KILL_DURING_CHECKPOINT")) {

@@ -1,5 +1,6 @@
 #include "train/distributed/gradient_reducer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/autograd.h"
@@ -9,9 +10,14 @@
 namespace roformer::distributed {
 
 GradientReducer::GradientReducer(std::shared_ptr<FlatParameters> flat, Communicator& comm,
-                                 int64_t bucket_bytes)
-    : flat_(std::move(flat)), comm_(comm) {
+                                 int64_t bucket_bytes, std::vector<int64_t> shard_bounds)
+    : flat_(std::move(flat)), comm_(comm), shard_bounds_(std::move(shard_bounds)) {
   RF_CHECK(flat_, "GradientReducer: the parameters are not flat");
+  RF_CHECK(shard_bounds_.empty() ||
+               (shard_bounds_.size() == size_t(comm_.world_size()) + 1 &&
+                shard_bounds_.front() == 0 && shard_bounds_.back() == flat_->padded_numel()),
+           "GradientReducer: ", shard_bounds_.size(), " share bounds for ", comm_.world_size(),
+           " ranks and ", flat_->padded_numel(), " floats");
   const size_t n = flat_->size();
   bucket_of_.assign(n, 0);
   ready_.assign(n, 0);
@@ -54,20 +60,39 @@ void GradientReducer::start_ready_buckets() {
   while (next_ < buckets_.size() && buckets_[next_].pending == 0) start(buckets_[next_++]);
 }
 
+std::vector<int64_t> GradientReducer::parts(const Bucket& b) const {
+  std::vector<int64_t> counts;
+  for (size_t r = 0; r + 1 < shard_bounds_.size(); ++r)
+    counts.push_back(std::max<int64_t>(
+        0, std::min(b.end, shard_bounds_[r + 1]) - std::max(b.begin, shard_bounds_[r])));
+  return counts;
+}
+
 void GradientReducer::start(const Bucket& b) {
   const size_t n = size_t(b.end - b.begin);
   const Tensor& grad = flat_->grad();
+  // The host path: CPU gradients in place, GPU ones through a staged copy.
+  auto on_host = [&](std::span<float> values) {
+    if (scatters())
+      comm_.start_reduce_scatter_sum(values, parts(b));
+    else
+      comm_.start_all_reduce_sum(values);
+  };
   if (flat_->device().is_cpu()) {
-    comm_.start_all_reduce_sum(std::span<float>(grad.data_as<float>() + b.begin, n));
+    on_host(std::span<float>(grad.data_as<float>() + b.begin, n));
   } else if (comm_.sums_device_memory()) {
     // NCCL: in place on the GPU, after the backward work queued so far.
-    comm_.start_all_reduce_sum_device(grad.data_as<float>() + b.begin, n,
-                                      current_stream(flat_->device()).handle);
+    float* values = grad.data_as<float>() + b.begin;
+    void* stream = current_stream(flat_->device()).handle;
+    if (scatters())
+      comm_.start_reduce_scatter_sum_device(values, parts(b), stream);
+    else
+      comm_.start_all_reduce_sum_device(values, n, stream);
   } else {
     // GPU ranks without NCCL (ranks sharing a GPU): through host memory;
     // the copy waits for the bucket's backward work.
     Tensor host = grad.narrow(0, b.begin, int64_t(n)).to(Device::cpu());
-    comm_.start_all_reduce_sum(std::span<float>(host.data_as<float>(), n));
+    on_host(std::span<float>(host.data_as<float>(), n));
     staged_.push_back({b.begin, std::move(host)});
   }
 }
@@ -79,17 +104,6 @@ void GradientReducer::finish() {
   for (const Staged& st : staged_)
     flat_->grad().narrow(0, st.begin, st.host.numel()).copy_(st.host);
   staged_.clear();
-  // Which parameters got a gradient anywhere: the same set on every rank, so
-  // AdamW updates (and decays) the same parameters everywhere.
-  const size_t n = flat_->size();
-  std::vector<int64_t> has(n);
-  for (size_t i = 0; i < n; ++i) has[i] = flat_->has_grad(i) ? 1 : 0;
-  comm_.all_reduce_sum(std::span<int64_t>(has));
-  for (size_t i = 0; i < n; ++i) {
-    if (has[i] == 0 || flat_->has_grad(i)) continue;
-    TensorImpl& impl = flat_->parameters()[i].impl();
-    impl.grad = impl.grad_slot->buffer.impl_ptr();
-  }
   flat_->grad().bump_version();
   blocked_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Ready for the next step.
@@ -97,6 +111,20 @@ void GradientReducer::finish() {
   armed_ = false;
   std::fill(ready_.begin(), ready_.end(), 0);
   for (Bucket& b : buckets_) b.pending = b.params;
+}
+
+void GradientReducer::append_gradient_flags(std::vector<int64_t>& flags) const {
+  for (size_t i = 0; i < flat_->size(); ++i) flags.push_back(flat_->has_grad(i) ? 1 : 0);
+}
+
+void GradientReducer::adopt_gradients(std::span<const int64_t> summed_flags) {
+  RF_CHECK(summed_flags.size() == flat_->size(), "adopt_gradients: ", summed_flags.size(),
+           " flags for ", flat_->size(), " parameters");
+  for (size_t i = 0; i < flat_->size(); ++i) {
+    if (summed_flags[i] == 0 || flat_->has_grad(i)) continue;
+    TensorImpl& impl = flat_->parameters()[i].impl();
+    impl.grad = impl.grad_slot->buffer.impl_ptr();
+  }
 }
 
 }  // namespace roformer::distributed

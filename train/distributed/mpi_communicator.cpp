@@ -2,7 +2,9 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -30,7 +32,25 @@ struct MpiCommunicator::State {
   int rank = 0, size = 1;
   double timeout_s = 0;
   bool initialised_here = false;
-  std::vector<MPI_Request> started;  // start_all_reduce_sum() not yet waited for
+  std::vector<MPI_Request> started;  // start_*_sum() not yet waited for
+  // A started reduce-scatter's counts (MPI reads them until it completes)
+  // and where its sum goes once it has.
+  struct Scatter {
+    std::vector<int> counts;
+    float* values;
+    int64_t offset;  // of this rank's part
+  };
+  std::vector<Scatter> scatters;
+
+  // After `started` completed: each reduce-scatter's sum, which MPI left at
+  // the front of its buffer (MPI_IN_PLACE), to this rank's part.
+  void place_scattered() {
+    for (const Scatter& sc : scatters)
+      if (sc.offset > 0)
+        std::memmove(sc.values + sc.offset, sc.values,
+                     size_t(sc.counts[size_t(rank)]) * sizeof(float));
+    scatters.clear();
+  }
 
   void check(int code, const char* what) const {
     if (code != MPI_SUCCESS)
@@ -197,16 +217,51 @@ void MpiCommunicator::start_all_reduce_sum(std::span<float> values) {
   s_->started.push_back(r);
 }
 
+void MpiCommunicator::start_reduce_scatter_sum(std::span<float> values,
+                                               std::span<const int64_t> counts) {
+  const Parts p = parts_of(counts, s_->size, "reduce_scatter");
+  const int64_t total = int64_t(p.displs.back()) + p.counts.back();
+  RF_CHECK(int64_t(values.size()) == total, "reduce_scatter: ", values.size(),
+           " values for parts summing to ", total);
+  // OpenMPI's non-blocking reduce-scatter (libnbc) is slow on large buffers:
+  // 21 MiB on 2 ranks took 17 ms whole, 5.5 ms as 8 pieces (an all-reduce:
+  // 11 ms; docs/performance.md). So the buffer goes in pieces of at most
+  // kPiece floats, each a reduce-scatter of its own, its parts the pieces of
+  // the ranks' parts; every element is still summed once over the ranks.
+  constexpr int64_t kPiece = int64_t(1) << 19;  // 2 MiB
+  const int64_t mine_begin = p.displs[size_t(s_->rank)];
+  for (int64_t begin = 0; begin < total; begin += kPiece) {
+    const int64_t end = std::min(total, begin + kPiece);
+    State::Scatter sc{{}, values.data() + begin, 0};
+    for (int r = 0; r < s_->size; ++r) {
+      const int64_t lo = std::max<int64_t>(begin, p.displs[size_t(r)]);
+      const int64_t hi = std::min<int64_t>(end, int64_t(p.displs[size_t(r)]) + p.counts[size_t(r)]);
+      sc.counts.push_back(int(std::max<int64_t>(0, hi - lo)));
+    }
+    // Where this rank's piece of its part goes, from the piece's front.
+    sc.offset = std::clamp(mine_begin, begin, end) - begin;
+    MPI_Request r;
+    s_->check(MPI_Ireduce_scatter(MPI_IN_PLACE, sc.values, sc.counts.data(), MPI_FLOAT, MPI_SUM,
+                                  s_->comm, &r),
+              "reduce-scatter (gradients)");
+    s_->started.push_back(r);
+    s_->scatters.push_back(std::move(sc));
+  }
+}
+
 void MpiCommunicator::progress() {
   if (s_->started.empty()) return;
   int done = 0;
   s_->check(MPI_Testall(int(s_->started.size()), s_->started.data(), &done, MPI_STATUSES_IGNORE),
-            "progress of the gradient all-reduce");
-  if (done) s_->started.clear();
+            "progress of the gradient reduction");
+  if (!done) return;
+  s_->started.clear();
+  s_->place_scattered();
 }
 
 void MpiCommunicator::wait_started() {
   s_->wait(s_->started, "the gradient all-reduce");
+  s_->place_scattered();
 }
 
 void MpiCommunicator::abort(int exit_code) {

@@ -35,6 +35,10 @@ class MpiCommunicator final : public Communicator {
   void gather(std::span<const float> mine, std::span<float> all, std::span<const int64_t> counts,
               int root) override;
   void start_all_reduce_sum(std::span<float> values) override;
+  // MPI_Ireduce_scatter in place, in pieces of 2 MiB (OpenMPI's is slow on
+  // large buffers); MPI leaves this rank's sum of a piece at the piece's
+  // front, and wait_started() moves it to its place in the part.
+  void start_reduce_scatter_sum(std::span<float> values, std::span<const int64_t> counts) override;
   void progress() override;
   void wait_started() override;
 

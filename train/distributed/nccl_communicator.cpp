@@ -1,5 +1,6 @@
 #include "train/distributed/nccl_communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -141,6 +142,36 @@ void NcclCommunicator::start_all_reduce_sum_device(float* values, size_t count, 
   s_->ready.block(s_->stream.get());
   RF_CUDA_CHECK(
       ncclAllReduce(values, values, count, ncclFloat32, ncclSum, s_->comm, s_->stream.get()));
+  s_->started = true;
+}
+
+void NcclCommunicator::start_reduce_scatter_sum_device(float* values,
+                                                       std::span<const int64_t> counts,
+                                                       void* stream) {
+  s_->check_usable();
+  reduce_scatter_total(counts, world_size(), "reduce_scatter (NCCL)");
+  cuda::DeviceGuard on(s_->device);
+  s_->ready.record(static_cast<cudaStream_t>(stream));
+  s_->ready.block(s_->stream.get());
+  const int rank = s_->mpi->rank();
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; })) {
+    // In place: this rank's part of the input is its output.
+    const size_t part = size_t(counts[0]);
+    RF_CUDA_CHECK(ncclReduceScatter(values, values + size_t(rank) * part, part, ncclFloat32,
+                                    ncclSum, s_->comm, s_->stream.get()));
+  } else {
+    // ncclReduceScatter wants equal parts: part r reduced to rank r instead,
+    // each in place (a root's input is its output).
+    RF_CUDA_CHECK(ncclGroupStart());
+    size_t offset = 0;
+    for (size_t r = 0; r < counts.size(); ++r) {
+      float* part = values + offset;
+      RF_CUDA_CHECK(ncclReduce(part, part, size_t(counts[r]), ncclFloat32, ncclSum, int(r),
+                               s_->comm, s_->stream.get()));
+      offset += size_t(counts[r]);
+    }
+    RF_CUDA_CHECK(ncclGroupEnd());
+  }
   s_->started = true;
 }
 

@@ -45,6 +45,10 @@ class NcclCommunicator final : public Communicator {
   // far; wait_started() waits for all of them with the deadline.
   bool sums_device_memory() const override { return true; }
   void start_all_reduce_sum_device(float* values, size_t count, void* stream) override;
+  // ncclReduceScatter in place when the parts are equal; otherwise one
+  // ncclReduce per part to its rank, in one NCCL group.
+  void start_reduce_scatter_sum_device(float* values, std::span<const int64_t> counts,
+                                       void* stream) override;
   void wait_started() override;
 
   // For a rank that failed: aborts NCCL (no kernel left waiting for peers),

@@ -51,6 +51,12 @@ Moments gather_moments(const optim::AdamW& adamw, Communicator& comm, int root) 
   return out;
 }
 
+int64_t bytes_sent_per_step(int64_t padded_numel, int world_size, bool zero, bool reduce_scatter) {
+  const int64_t one_pass = (world_size - 1) * padded_numel / world_size * int64_t(sizeof(float));
+  const int64_t gradients = zero && reduce_scatter ? one_pass : 2 * one_pass;
+  return gradients + (zero ? one_pass : 0);
+}
+
 MemoryPerRank memory_per_rank(const optim::AdamW& adamw, const Communicator& comm) {
   MemoryPerRank m;
   const int64_t buffer = adamw.flat().padded_numel() * int64_t(sizeof(float));

@@ -2,7 +2,9 @@
 // share of the AdamW moments (optim/adamw.h, MomentShard); after its update
 // the ranks all-gather the parameters, so every rank holds the whole model
 // again, and a checkpoint gathers the moments to the rank that writes it.
-// Gradients stay whole on every rank (the all-reduce of gradient_reducer.h).
+// The gradients are reduce-scattered at the same share bounds
+// (gradient_reducer.h), or all-reduced whole with distributed.reduce_scatter
+// false; the trainer takes the norm from the shares (optim/grad_norm.h).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,13 @@ struct Moments {
   Tensor exp_avg, exp_avg_sq;
 };
 Moments gather_moments(const optim::AdamW& adamw, Communicator& comm, int root);
+
+// Bytes each rank sends per step for the gradients and, with ZeRO-1, the
+// parameters' all-gather, by the ring model of the collectives over a flat
+// buffer of `padded_numel` floats: an all-reduce sends 2 (N-1)/N of it, a
+// reduce-scatter or an all-gather (N-1)/N. A model (MPI picks its own
+// algorithms and reports no byte counts), the same for every rank.
+int64_t bytes_sent_per_step(int64_t padded_numel, int world_size, bool zero, bool reduce_scatter);
 
 // What the training state takes on each rank, in bytes: the flat parameter
 // and gradient buffers (whole on every rank) and the AdamW moments (this
