@@ -766,7 +766,7 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   RF_CHECK(out.dtype == DType::f32 || out.dtype == DType::bf16,
            "flash attention: out must be f32 or bf16");
   FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
-  const int64_t heads = q.sizes[q.ndim - 2];
+  const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
   const Grid g = grid_of(params, q, k, segments, false);
   if (g.sequences * g.tiles == 0 || heads == 0) return;
   RF_LAUNCH(flash_forward_kernel, launch_grid(g, heads), kThreadsPerBlock, 0, native(stream), a,
@@ -790,7 +790,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   a.dk = operand_of(grad_k);
   a.dv = operand_of(grad_v);
   a.grad_dtype = grad_q.dtype;
-  const int64_t heads = q.sizes[q.ndim - 2];
+  const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
   if (lse.numel() == 0 || heads == 0) return;
   // D = dO . O per query row, laid out like lse.
   Scratch delta(stream, size_t(lse.numel()) * sizeof(float));
