@@ -17,6 +17,9 @@
 extern "C" {
 extern char __start_simt_shared[] __attribute__((weak));
 extern char __stop_simt_shared[] __attribute__((weak));
+// AddressSanitizer's, when the binary has it: a stack given back with frames
+// still poisoned (fibers abandoned after a fault) must not poison later maps.
+void __asan_unpoison_memory_region(void const volatile* addr, size_t size) __attribute__((weak));
 }
 
 namespace roformer::simt {
@@ -32,8 +35,8 @@ size_t window_size() {
 }
 
 constexpr int kWarp = 32;
-constexpr size_t kStackBytes = 256 * 1024;
-constexpr size_t kGuardBytes = 4096;  // an inaccessible page below each stack
+constexpr size_t kStackBytes = 64 * 1024;  // AddressSanitizer clears a stack's shadow per switch
+constexpr size_t kGuardBytes = 4096;       // an inaccessible page below each stack
 
 // Fiber stacks of one launch, each above a guard page.
 class Stacks {
@@ -46,7 +49,10 @@ class Stacks {
     for (size_t i = 0; i < count; ++i)
       mprotect(base_ + i * (kStackBytes + kGuardBytes), kGuardBytes, PROT_NONE);
   }
-  ~Stacks() { munmap(base_, bytes_); }
+  ~Stacks() {
+    if (&__asan_unpoison_memory_region != nullptr) __asan_unpoison_memory_region(base_, bytes_);
+    munmap(base_, bytes_);
+  }
   Stacks(const Stacks&) = delete;
   Stacks& operator=(const Stacks&) = delete;
   char* stack(size_t i) const { return base_ + i * (kStackBytes + kGuardBytes) + kGuardBytes; }

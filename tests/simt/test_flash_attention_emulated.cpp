@@ -1,0 +1,70 @@
+// The bf16 tensor-core attention kernel's own source
+// (core/cuda/kernels/flash_attention.cu) run through the SIMT emulator:
+// forward, the dq pass and the dk/dv pass against the CPU kernels on the
+// cases of tests/cuda/test_flash_attention.cpp, made small (S = 130: a full
+// and a partial tile; 2 heads), at the same tolerances. No GPU needed.
+#include <gtest/gtest.h>
+
+#include "tests/cuda/flash_attention_cases.h"
+#include "tests/simt/flash_attention_emulated.h"
+
+namespace roformer {
+namespace {
+
+using namespace testing::flash;
+using kernels::kernel_tensor;
+using kernels::KernelTensor;
+
+// The emulated kernels on CPU tensors: bf16 operands, f32 outputs.
+Result run_emulated(const Case& c, const Problem& p) {
+  const kernels::AttentionParams params = params_of(c, p);
+  const Device cpu = Device::cpu();
+  auto bf16 = [](const Tensor& t) { return t.to(DType::bf16).contiguous(); };
+  const Tensor q = bf16(p.q), k = bf16(p.k), v = bf16(p.v), grad_out = bf16(p.grad_out);
+  const Tensor table = rope_table_of(c, p, cpu, DType::f32);
+  const KernelTensor table_k = kernel_tensor(table);
+  const kernels::cuda::FlashRope rope{c.rope ? &table_k : nullptr,
+                                      c.layout == RopeLayout::interleaved};
+  const KernelTensor extra = kernel_tensor(p.mask_or_segments);
+  const KernelTensor mask = c.token_stream ? KernelTensor{} : extra;
+  const KernelTensor segments = c.token_stream ? extra : KernelTensor{};
+  Result r = poisoned_result(c, p, cpu, DType::f32);
+  const kernels::Stream stream;
+  EXPECT_TRUE(kernels::cuda::simt_flash_supported(kernel_tensor(q), kernel_tensor(k),
+                                                  kernel_tensor(v), kernel_tensor(grad_out)));
+  kernels::cuda::simt_flash_forward(stream, params, rope, kernel_tensor(q), kernel_tensor(k),
+                                    kernel_tensor(v), mask, segments, kernel_tensor(r.out),
+                                    kernel_tensor(r.lse), kernel_tensor(r.bits));
+  kernels::cuda::simt_flash_backward(
+      stream, params, rope, kernel_tensor(q), kernel_tensor(k), kernel_tensor(v), mask, segments,
+      kernel_tensor(r.out), kernel_tensor(r.lse), kernel_tensor(r.bits), kernel_tensor(grad_out),
+      kernel_tensor(r.dq), kernel_tensor(r.dk), kernel_tensor(r.dv));
+  return r;
+}
+
+class FlashAttentionEmulated : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashAttentionEmulated, MatchesTheCpuForwardAndBackward) {
+  const Case& c = GetParam();
+  const Problem p = make_problem(c);
+  expect_match(c, p, run_emulated(c, p), run(c, p, Device::cpu(), DType::f32));
+}
+
+// The tensor-core cases of the GPU test, shrunk to what the emulator runs in
+// seconds; the token streams keep their segments (70 and 1, 130, 45, 19, 64).
+std::vector<Case> emulated_cases() {
+  std::vector<Case> out;
+  for (Case c : cases()) {
+    if (c.D != 64 || c.S > 300) continue;
+    c.S = 130;
+    c.H = 2;
+    out.push_back(c);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionEmulated, ::testing::ValuesIn(emulated_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace roformer
