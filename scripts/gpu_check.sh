@@ -345,6 +345,8 @@ mpi_2_ranks() {
   [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+  # No cross-memory attach (process_vm_readv): sandboxed runtimes (gVisor) may refuse it.
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
   LAUNCH="mpirun -np 2 --bind-to none -x LD_LIBRARY_PATH -x PATH" THREADS=4 \
     run_tiny mpi-2 "$GPU" f32 distributed.bucket_mb=1
   grep -m2 "data parallel\|GPU ranks" "$WORK/mpi-2.out" | sed 's/^.*\] //' >> "$WORK/notes.txt" || true
@@ -354,11 +356,12 @@ mpi_2_ranks() {
 memcheck_step() {
   command -v compute-sanitizer > /dev/null || { echo "compute-sanitizer is not installed"; exit 77; }
   local ok=0 suite
-  # One suite at a time under its own limit, so a slow one leaves the others checked.
+  # One suite at a time under its own limit, so a slow one leaves the others checked;
+  # "*Suite.*" takes in the parameterised instances too (Shapes/CudaGemm.*).
   for suite in CudaOptimizer CudaGemm CudaPhilox CudaUpload CudaAllocator CudaOps; do
     local t0=$SECONDS rc=0
     timeout --kill-after=5 "${MEMCHECK_SUITE_SECONDS:-90}" compute-sanitizer --tool memcheck \
-      --error-exitcode 1 --leak-check full cuda_tests --gtest_filter="$suite.*" \
+      --error-exitcode 1 --leak-check full cuda_tests --gtest_filter="*$suite.*" \
       > "$WORK/memcheck-$suite.log" 2>&1 || rc=$?
     local result=clean
     ((rc == 124 || rc == 137)) && result="stopped at the time limit"

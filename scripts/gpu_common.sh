@@ -59,6 +59,9 @@ gpu_build_and_pack() {
   done
   "$pack" "$stage" "$pack_dir"
   rm -rf "$stage"
+  # The test programs read the tree at this absolute path (ROFORMER_SOURCE_DIR,
+  # ROFORMER_FIXTURES_DIR): gpu_unpack points it at the device machine's copy.
+  echo "$PWD" > "$pack_dir/source_dir"
 }
 
 # gpu_unpack PACK_DIR: on the device machine, the bundle's programs and
@@ -70,6 +73,20 @@ gpu_unpack() {
   # shellcheck disable=SC1091
   source "$pack_dir/gpubundle/env.sh"
   export PATH=$PATH:/usr/local/cuda/bin  # compute-sanitizer, nvcc
+  # A library the bundle leaves to the machine (cuBLASLt, NCCL) but env.sh did
+  # not find: wherever that machine keeps it (e.g. PyTorch's pip packages).
+  local lib found
+  for lib in $(ldd "$pack_dir"/gpubundle/bin/* 2> /dev/null | awk '/not found/ {print $1}' | sort -u); do
+    found=$(find /usr/local/cuda*/ /opt /usr/lib /usr/local/lib -name "$lib" 2> /dev/null | head -1)
+    [[ -n $found ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:${found%/*} &&
+      echo "gpu_unpack: $lib from $found"
+  done
+  local built_in root=${ROOT:-$PWD}  # bench/gpu/attention_table.sh sets no ROOT
+  built_in=$(cat "$pack_dir/source_dir" 2> /dev/null || true)
+  if [[ -n $built_in && $built_in != "$root" && ! -e $built_in ]]; then
+    mkdir -p "$(dirname "$built_in")" && ln -s "$root" "$built_in" &&
+      echo "gpu_unpack: $built_in (the build's source path) -> $root"
+  fi
 }
 
 # gpu_dry_path: here, the programs of $gpu_build_dir onto PATH in place of the bundle's.

@@ -391,11 +391,16 @@ void backward_loop(const AttentionArgs& args, const View& out, const View& lse,
 
 }  // namespace
 
-void attention_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
+void attention_forward(Stream stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
                        KT out_kt, KT lse_kt, KT keep_bits_kt) {
   const AttentionArgs args(params, q, k, v, key_mask);
   const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt);
   if (out.numel() == 0) return;
+  if (args.k.shape()[2] == 0) {  // no key: zeros, lse -inf (oneDNN builds no empty product)
+    fill(stream, out_kt, 0.0);
+    fill(stream, lse_kt, -std::numeric_limits<double>::infinity());
+    return;
+  }
   if (args.q.dtype() == DType::f32 || args.q.dtype() == DType::bf16) {
     RF_CHECK(out.dtype() == DType::f32 && lse.dtype() == DType::f32,
              "attention kernel: f32/bf16 inputs write f32 out and lse, got ", out.desc(), ", ",
@@ -408,10 +413,16 @@ void attention_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, 
   }
 }
 
-void attention_backward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
+void attention_backward(Stream stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
                         KT out_kt, KT lse_kt, KT keep_bits_kt, KT grad_out_kt, KT grad_q_kt,
                         KT grad_k_kt, KT grad_v_kt) {
   const AttentionArgs args(params, q, k, v, key_mask);
+  if (args.q.shape()[2] == 0 || args.k.shape()[2] == 0) {
+    // No query rows or no keys: every gradient is zero (and oneDNN builds no
+    // empty product).
+    for (KT g : {grad_q_kt, grad_k_kt, grad_v_kt}) fill(stream, g, 0.0);
+    return;
+  }
   const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt), grad_out(grad_out_kt),
       grad_q(grad_q_kt), grad_k(grad_k_kt), grad_v(grad_v_kt);
   if (args.q.dtype() == DType::f32 || args.q.dtype() == DType::bf16) {

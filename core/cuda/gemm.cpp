@@ -175,6 +175,8 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   const uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b);
   const uint32_t align_c = alignment_of(g.c);
   const uint32_t align_bias = g.bias ? alignment_of(g.bias) : 256;
+  // The heuristic reads the aux pointer too (for its alignment).
+  const uint32_t align_aux = g.aux ? alignment_of(g.aux) : 256;
   RF_CHECK(g.epilogue == GemmEpilogue::kNone ||
                (g.batch == 1 && g.aux && g.ld_aux >= g.n && g.ld_aux % 8 == 0 &&
                 alignment_of(g.aux) >= 16 && g.bias),
@@ -199,7 +201,7 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
       g.stride_b,
       g.stride_c,
       uint64_t(align_a) | uint64_t(align_b) << 9 | uint64_t(align_c) << 18 |
-          uint64_t(align_bias) << 27};
+          uint64_t(align_bias) << 27 | uint64_t(align_aux) << 36};
   static std::mutex cache_mutex;
   // The heuristic's answer, or nullopt when it has none (asked once too).
   static auto* cache = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();

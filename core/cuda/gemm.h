@@ -50,8 +50,8 @@ struct GemmArgs {
 };
 
 // Whether the kernel list's f32 matmul may use TF32 tensor cores (off by
-// default: f32 results then match the CPU closely). A run sets it from its
-// precision setting.
+// default: f32 results then match the CPU closely). Nothing sets it yet: f32
+// runs use full f32 products, bf16 runs the bf16 tensor cores.
 void set_allow_tf32(bool allow);
 bool allow_tf32();
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
@@ -45,6 +46,34 @@ TEST(KernelRegions, AttentionKernelErrorInsideItsRegionIsThrownNotTerminate) {
     launch::attention_forward(Device::cpu(), params, q, q, q, Tensor(), out, lse, bad_bits);
   });
   EXPECT_MENTIONS(msg, "f32");
+}
+
+// Attention with no query rows or no keys: every output is written (they
+// start as NaN) -- zeros, and lse -inf for a row with no key -- in each CPU
+// path (oneDNN GEMMs for f32 and bf16, loops for f64); the CUDA kernels'
+// edge cases pin the same (tests/cuda/test_flash_attention.cpp).
+TEST(AttentionKernels, NoQueryRowsOrNoKeysWriteZeros) {
+  const int64_t B = 2, H = 2, D = 8;
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f64})
+    for (const auto& [Sq, Sk] : {std::pair<int64_t, int64_t>{0, 5}, {4, 0}}) {
+      const DType result = dtype == DType::f64 ? DType::f64 : DType::f32;
+      auto in = [&](int64_t S) { return Tensor::ones({B, H, S, D}, dtype); };
+      auto nan = [&](const Shape& shape) { return Tensor::full(shape, NAN, result); };
+      const Tensor q = in(Sq), k = in(Sk), v = in(Sk), grad_out = in(Sq);
+      const Tensor out = nan({B, H, Sq, D}), lse = nan({B, H, Sq});
+      const Tensor dq = nan({B, H, Sq, D}), dk = nan({B, H, Sk, D}), dv = nan({B, H, Sk, D});
+      kernels::AttentionParams params;
+      params.scale = 0.5;
+      launch::attention_forward(Device::cpu(), params, q, k, v, Tensor(), out, lse, Tensor());
+      launch::attention_backward(Device::cpu(), params, q, k, v, Tensor(), out, lse, Tensor(),
+                                 grad_out, dq, dk, dv);
+      const std::string what = std::string(dtype_name(dtype)) + " Sq " + std::to_string(Sq) +
+                               ", Sk " + std::to_string(Sk);
+      for (const Tensor* t : {&out, &dq, &dk, &dv})
+        for (double x : t->to(DType::f64).to_vector<double>()) ASSERT_EQ(x, 0.0) << what;
+      for (double x : lse.to(DType::f64).to_vector<double>())
+        ASSERT_TRUE(std::isinf(x) && x < 0) << what;
+    }
 }
 
 TEST(PrimitiveCache, IsBoundedAndEvictsTheLeastRecentlyUsed) {

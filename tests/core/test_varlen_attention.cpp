@@ -1,13 +1,16 @@
 // Variable-length attention on a token stream and token-stream dropout:
 // packed attention equals each document's attention run on its own (forward
 // and gradients), no token sees another document, the draws equal the padded
-// op's, f64 finite differences, and the errors.
+// op's and both kernels' keep bits follow the shared Philox rule, f64 finite
+// differences, and the errors.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <vector>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
+#include "core/philox.h"
 #include "core/precision.h"
 #include "gradcheck.h"
 #include "tests/test_support.h"
@@ -210,6 +213,71 @@ TEST(VarlenAttention, TokensInNoSegmentGetZeros) {
   const std::vector<double> o = out.to_vector<double>();
   for (size_t i = 6; i < 10; ++i) EXPECT_EQ(o[i], 0.0);
   EXPECT_NE(o[0], 0.0);
+}
+
+// The keep bits of both CPU attention kernels follow the shared rule of
+// core/philox.h, which the CUDA kernels (flash_attention.cu, attention.cu)
+// draw on their own: key j is the feature, the query's position the position
+// (a segment's position + i in a token stream, i when padded), the sequence
+// first_sequence + the batch row (the segment's row), the head goes with the
+// site; masked keys are drawn like the others.
+TEST(AttentionKeepBits, FollowTheSharedRulePaddedAndPerSegment) {
+  kernels::AttentionParams params;
+  params.scale = 0.5;
+  params.dropout_p = 0.3;
+  params.dropout = DropoutKey{7, 2, 9, 3};  // seed, step, first sequence, site
+  const PhiloxKey key = dropout_key(7, 2);
+  const uint32_t threshold = dropout_threshold(0.3);
+  auto rule = [&](int64_t j, int64_t position, int64_t row, int64_t head) {
+    return (dropout_word(key, uint32_t(j), uint32_t(position), uint32_t(9 + row), 3,
+                         uint32_t(head)) >>
+            8) >= threshold;
+  };
+  int64_t checked = 0, dropped = 0;
+  // Every key bit of `rows` query rows against the rule; want(row, j).
+  auto expect_bits = [&](const Tensor& bits, int64_t rows, int64_t keys, auto want) {
+    const std::vector<int32_t> w = bits.to_vector<int32_t>();
+    const int64_t W = bits.size(-1);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < keys; ++j, ++checked) {
+        const bool got = (uint32_t(w[size_t(r * W + j / 32)]) >> (j % 32)) & 1u;
+        const bool expected = want(r, j);
+        ASSERT_EQ(got, expected) << "row " << r << ", key " << j;
+        dropped += !expected;
+      }
+  };
+  {  // A token stream: rows and positions other than 0, a segment across words,
+     // token 40 in no segment.
+    const std::vector<int64_t> segs{0, 37, 1, 5, 37, 3, 0, 0, 41, 70, 2, 11};
+    const int64_t T = 111;
+    const Tensor x = random_f64({T, kH, kD}, 61).to(DType::f32);
+    const Tensor out = Tensor::empty({T, kH, kD}), lse = Tensor::empty({T, kH});
+    const Tensor bits = Tensor::zeros({T, kH, 3}, DType::i32);
+    params.longest_segment = 70;
+    launch::attention_varlen_forward(Device::cpu(), params, x, x, x,
+                                     Tensor::from_vector(segs, {3, 4}), out, lse, bits);
+    for (size_t n = 0; n < segs.size(); n += 4) {
+      const int64_t start = segs[n], len = segs[n + 1], row = segs[n + 2], pos = segs[n + 3];
+      const Tensor seg_bits = bits.narrow(0, start, len).contiguous();
+      expect_bits(seg_bits, len * kH, len,
+                  [&](int64_t r, int64_t j) { return rule(j, pos + r / kH, row, r % kH); });
+    }
+  }
+  {  // Padded, a key mask hiding the last 9 keys of batch row 1.
+    const int64_t B = 2, S = 40;
+    const Tensor x = random_f64({B, kH, S, kD}, 62).to(DType::f32);
+    std::vector<int32_t> m(size_t(B * S), 1);
+    for (int64_t j = S - 9; j < S; ++j) m[size_t(S + j)] = 0;
+    const Tensor out = Tensor::empty({B, kH, S, kD}), lse = Tensor::empty({B, kH, S});
+    const Tensor bits = Tensor::zeros({B, kH, S, 2}, DType::i32);
+    params.longest_segment = 0;
+    launch::attention_forward(Device::cpu(), params, x, x, x, Tensor::from_vector(m, {B, S}), out,
+                              lse, bits);
+    expect_bits(bits, B * kH * S, S,
+                [&](int64_t r, int64_t j) { return rule(j, r % S, r / (kH * S), (r / S) % kH); });
+  }
+  EXPECT_GT(dropped, checked / 5);  // p = 0.3: the rule does drop
+  EXPECT_LT(dropped, checked * 2 / 5);
 }
 
 TEST(VarlenAttention, ErrorsNameTheSegmentAndShapes) {

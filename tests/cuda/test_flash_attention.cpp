@@ -10,6 +10,7 @@
 
 #include "tests/cuda/flash_attention_cases.h"
 #include "tests/cuda/gpu_test.h"
+#include "tests/test_support.h"
 
 namespace roformer {
 namespace {
@@ -33,6 +34,48 @@ TEST_P(FlashAttention, TheReferenceAgreesWithItselfInF64) {
   if (c.S > 300) GTEST_SKIP() << "long case: GPU only";
   const Problem p = make_problem(c);
   expect_match(c, p, run(c, p, Device::cpu(), DType::f64), run(c, p, Device::cpu(), DType::f32));
+}
+
+constexpr int64_t kH = 3;  // heads of the edge cases
+
+// No query rows (Sq = 0) but keys: the key and value gradients are zeros,
+// written (they start as NaN), as the CPU and the simple kernel write them.
+TEST(FlashAttentionEdges, NoQueryRowsGiveZeroKeyGradients) {
+  RF_REQUIRE_GPU();
+  const int64_t Sk = 70;
+  auto gpu = [](const Shape& shape, uint64_t seed) {
+    return bf16_values(shape, seed).to(DType::bf16).to(kGpu);
+  };
+  const Tensor q = Tensor::zeros({2, kH, 0, 64}, DType::bf16, kGpu);  // (randn: no empty shapes)
+  const Tensor k = gpu({2, kH, Sk, 64}, 2), v = gpu({2, kH, Sk, 64}, 3);
+  const Tensor grad_out = Tensor::zeros({2, kH, 0, 64}, DType::bf16, kGpu);
+  auto nan = [](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, kGpu); };
+  const Tensor out = nan({2, kH, 0, 64}), lse = nan({2, kH, 0}), dq = nan({2, kH, 0, 64});
+  const Tensor dk = nan({2, kH, Sk, 64}), dv = nan({2, kH, Sk, 64});
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  launch::attention_backward(kGpu, params, q, k, v, Tensor(), out, lse, Tensor(), grad_out, dq, dk,
+                             dv);
+  for (const Tensor* g : {&dk, &dv})
+    for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+}
+
+// A RoPE table with fewer rows than q's sequence is refused, not read past
+// its end (the rope kernel's check, kept by the fused path).
+TEST(FlashAttentionEdges, ATableShorterThanTheSequenceIsAnError) {
+  RF_REQUIRE_GPU();
+  const int64_t S = 40;
+  const Tensor x = bf16_values({1, kH, S, 64}, 5).to(DType::bf16).to(kGpu);
+  const Tensor positions = Tensor::from_vector(std::vector<int64_t>(size_t(S - 1), 0), {S - 1});
+  const Tensor table = rope_table(positions.to(kGpu), 64, 10000.0, DType::f32);
+  const Tensor out = Tensor::empty({1, kH, S, 64}, DType::f32, kGpu);
+  const Tensor lse = Tensor::empty({1, kH, S}, DType::f32, kGpu);
+  kernels::AttentionParams params;
+  const std::string msg = testing::error_of([&] {
+    launch::rope_attention_forward(kGpu, params, table, true, x, x, x, Tensor(), out, lse,
+                                   Tensor());
+  });
+  EXPECT_NE(msg.find("RoPE table"), std::string::npos) << msg;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashAttention, ::testing::ValuesIn(cases()),

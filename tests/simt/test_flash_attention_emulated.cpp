@@ -7,6 +7,7 @@
 
 #include "tests/cuda/flash_attention_cases.h"
 #include "tests/simt/flash_attention_emulated.h"
+#include "tests/test_support.h"
 
 namespace roformer {
 namespace {
@@ -61,6 +62,45 @@ std::vector<Case> emulated_cases() {
     out.push_back(c);
   }
   return out;
+}
+
+// No query rows (Sq = 0) but keys: the dk/dv pass alone runs and writes the
+// zero key and value gradients (they start as NaN).
+TEST(FlashAttentionEmulatedEdges, NoQueryRowsGiveZeroKeyGradients) {
+  const int64_t H = 3, Sk = 70;
+  const Device cpu = Device::cpu();
+  const Tensor q = Tensor::zeros({2, H, 0, 64}, DType::bf16, cpu);
+  const Tensor k = bf16_values({2, H, Sk, 64}, 2).to(DType::bf16);
+  const Tensor v = bf16_values({2, H, Sk, 64}, 3).to(DType::bf16);
+  auto nan = [&](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, cpu); };
+  const Tensor out = nan({2, H, 0, 64}), lse = nan({2, H, 0}), dq = nan({2, H, 0, 64});
+  const Tensor dk = nan({2, H, Sk, 64}), dv = nan({2, H, Sk, 64});
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  kernels::cuda::simt_flash_backward(
+      kernels::Stream{}, params, kernels::cuda::FlashRope{}, kernel_tensor(q), kernel_tensor(k),
+      kernel_tensor(v), KernelTensor{}, KernelTensor{}, kernel_tensor(out), kernel_tensor(lse),
+      KernelTensor{}, kernel_tensor(q), kernel_tensor(dq), kernel_tensor(dk), kernel_tensor(dv));
+  for (const Tensor* g : {&dk, &dv})
+    for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+}
+
+// A RoPE table with fewer rows than q's sequence is refused before any launch.
+TEST(FlashAttentionEmulatedEdges, ATableShorterThanTheSequenceIsAnError) {
+  const int64_t S = 40;
+  const Tensor x = bf16_values({1, 2, S, 64}, 5).to(DType::bf16);
+  const Tensor positions = Tensor::from_vector(std::vector<int64_t>(size_t(S - 1), 0), {S - 1});
+  const Tensor table = rope_table(positions, 64, 10000.0, DType::f32);
+  const KernelTensor table_k = kernel_tensor(table);
+  const Tensor out = Tensor::empty({1, 2, S, 64}, DType::f32, Device::cpu());
+  const Tensor lse = Tensor::empty({1, 2, S}, DType::f32, Device::cpu());
+  const std::string msg = testing::error_of([&] {
+    kernels::cuda::simt_flash_forward(
+        kernels::Stream{}, kernels::AttentionParams{}, kernels::cuda::FlashRope{&table_k, true},
+        kernel_tensor(x), kernel_tensor(x), kernel_tensor(x), KernelTensor{}, KernelTensor{},
+        kernel_tensor(out), kernel_tensor(lse), KernelTensor{});
+  });
+  EXPECT_NE(msg.find("RoPE table"), std::string::npos) << msg;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionEmulated, ::testing::ValuesIn(emulated_cases()),

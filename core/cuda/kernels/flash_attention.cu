@@ -17,6 +17,8 @@
 //   sequence (a batch row or a segment), one head, one tile.
 // Fragment layouts are those of the PTX ISA for mma.m16n8k16 (.bf16): lane =
 // 4 g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide tile.
+#include <algorithm>
+
 #include "core/cuda/kernels/attention_common.cuh"
 #include "core/cuda/kernels/flash_attention.h"
 
@@ -733,9 +735,15 @@ FlashArgs make_args(const AttentionParams& params, const FlashRope& rope, const 
   a.inv_keep = float(a.drop.inv_keep);
   if (rope.table) {
     const KernelTensor& table = *rope.table;
+    // Row p of the table rotates row p of q's and k's sequence (or token)
+    // dimension, as the rope kernel's [..., S, D] by [2, S, D/2] does.
+    const int32_t seq = a.varlen ? 0 : 2;
     RF_CHECK(table.ndim == 3 && table.sizes[0] == 2 && table.sizes[2] == kD / 2 &&
-                 table.dtype == DType::f32 && table.is_contiguous(),
-             "flash attention: expected a contiguous f32 RoPE table [2, P, 32]");
+                 table.dtype == DType::f32 && table.is_contiguous() &&
+                 table.sizes[1] == q.sizes[seq] && table.sizes[1] == k.sizes[seq],
+             "flash attention: expected a contiguous f32 RoPE table [2, P, 32] with P = ",
+             q.sizes[seq], " rows (q's and k's sequence length), got [", table.sizes[0], ", ",
+             table.sizes[1], ", ", table.sizes[2], "]");
     a.table = table.as<const float>();
     a.table_rows = table.sizes[1];
     a.interleaved = rope.interleaved;
@@ -809,9 +817,10 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   a.dv = operand_of(grad_v);
   a.grad_dtype = grad_q.dtype;
   const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
-  if (lse.numel() == 0 || heads == 0) return;
-  // D = dO . O per query row, laid out like lse.
-  Scratch delta(stream, size_t(lse.numel()) * sizeof(float));
+  if (heads == 0) return;
+  // D = dO . O per query row, laid out like lse. With no query rows (Sq = 0)
+  // there is none, but the dk/dv pass still runs: it writes their zeros.
+  Scratch delta(stream, size_t(std::max<int64_t>(lse.numel(), 1)) * sizeof(float));
   const KernelTensor delta_t = contiguous_like(lse, delta.as<void>(), DType::f32);
   a.delta = lse_operand(delta_t);
   const Grid gq = grid_of(params, q, k, segments, false);

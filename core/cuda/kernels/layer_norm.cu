@@ -2,6 +2,10 @@
 // (mean, then the biased variance, in A = f32 for f32/bf16, f64 for f64).
 // Backward: dx per row block; dweight and dbias as column sums in two passes
 // (fixed row chunks, then the chunks in order): deterministic, no atomics.
+// The chunks are gridDim.y (at most 65535): chunks grow past kRowChunk rows
+// when there are more than 65535 of them.
+#include <algorithm>
+
 #include "core/cuda/kernels/common.cuh"
 
 namespace roformer::kernels::cuda {
@@ -9,7 +13,8 @@ namespace roformer::kernels::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
-constexpr int64_t kRowChunk = 64;  // rows per partial column sum
+constexpr int64_t kRowChunk = 64;      // rows per partial column sum (at least)
+constexpr int64_t kMaxChunks = 65535;  // gridDim.y's limit
 
 template <class T>
 __global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean,
@@ -71,13 +76,13 @@ __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mea
 template <class T>
 __global__ void layer_norm_param_partials(const T* x, const acc_t<T>* mean, const acc_t<T>* var,
                                           const T* dy, acc_t<T>* partial, int64_t rows,
-                                          int64_t cols, acc_t<T> eps) {
+                                          int64_t cols, int64_t chunk_rows, acc_t<T> eps) {
   using A = acc_t<T>;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= cols) return;
   const int64_t chunk = blockIdx.y, chunks = gridDim.y;
-  const int64_t r0 = chunk * kRowChunk;
-  const int64_t r1 = r0 + kRowChunk < rows ? r0 + kRowChunk : rows;
+  const int64_t r0 = chunk * chunk_rows;
+  const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
   A sw = 0, sb = 0;
   for (int64_t r = r0; r < r1; ++r) {
     const A g = convert<A>(dy[r * cols + c]);
@@ -144,13 +149,14 @@ void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTenso
                 dy.as<const T>(), dx.as<T>(), cols, A(eps));
     if (!dweight.defined() && !dbias.defined()) return;
     if (cols == 0) return;
-    const int64_t chunks = rows > 0 ? (rows + kRowChunk - 1) / kRowChunk : 1;
+    const int64_t chunk_rows = std::max(kRowChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+    const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
     Scratch partial(stream, size_t(2 * chunks * cols) * sizeof(A));
     if (rows > 0) {
       const dim3 grid(unsigned((cols + kThreads - 1) / kThreads), unsigned(chunks));
       RF_LAUNCH((layer_norm_param_partials<T>), grid, kThreads, 0, native(stream), x.as<const T>(),
                 mean.as<const A>(), var.as<const A>(), dy.as<const T>(), partial.as<A>(), rows,
-                cols, A(eps));
+                cols, chunk_rows, A(eps));
     } else {
       RF_CUDA_CHECK(
           cudaMemsetAsync(partial.as<void>(), 0, size_t(2 * cols) * sizeof(A), native(stream)));

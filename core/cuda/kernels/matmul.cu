@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cuda/gemm.h"
+#include "core/cuda/kernels/column_sums.cuh"
 #include "core/cuda/kernels/common.cuh"
 #include "core/kernels/gelu_tanh.h"
 
@@ -204,17 +205,6 @@ __global__ void dgelu_tanh_kernel(const T* pre, T* d, int64_t n) {
   RF_GRID_LOOP(i, n) d[i] = convert<T>(convert<A>(d[i]) * gelu_tanh_grad(convert<A>(pre[i])));
 }
 
-// Column sums of d [M, N], each column's rows in order (deterministic).
-template <class T>
-__global__ void column_sums_kernel(const T* d, T* out, int64_t M, int64_t N) {
-  using A = acc_t<T>;
-  RF_GRID_LOOP(c, N) {
-    A s = 0;
-    for (int64_t m = 0; m < M; ++m) s += convert<A>(d[m * N + c]);
-    out[c] = convert<T>(s);
-  }
-}
-
 void check_gelu_geometry(const KernelTensor& a, const KernelTensor& pre, const KernelTensor& out) {
   RF_CHECK(a.ndim == 2 && pre.ndim == 2 && out.ndim == 2 && pre.is_contiguous() &&
                out.is_contiguous() && pre.sizes[0] == out.sizes[0] && pre.sizes[1] == out.sizes[1],
@@ -276,8 +266,7 @@ void gemm_dgelu_backward(Stream stream, const KernelTensor& a, const KernelTenso
     if (M > 0)
       RF_LAUNCH((dgelu_tanh_kernel<T>), grid_for(M * N), kThreads, 0, native(stream),
                 pre.as<const T>(), dpre.as<T>(), M * N);
-    RF_LAUNCH((column_sums_kernel<T>), grid_for(N), kThreads, 0, native(stream), dpre.as<const T>(),
-              dbias.as<T>(), M, N);
+    column_sums<acc_t<T>>(stream, dpre.as<const T>(), dbias.as<T>(), M, N);
   });
 }
 

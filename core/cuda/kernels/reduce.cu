@@ -1,6 +1,9 @@
-// Reductions: sum over a set of dims (one thread per output element, the
-// reduced elements in row-major order: deterministic), max along a dim with
-// its argmax, and the argmax scatter of max's backward.
+// Reductions: sum over a set of dims (deterministic: over leading dims of a
+// contiguous tensor, the bias gradients' case, as two-pass column sums;
+// otherwise one thread per output element, the reduced elements in row-major
+// order), max along a dim with its argmax, and the argmax scatter of max's
+// backward.
+#include "core/cuda/kernels/column_sums.cuh"
 #include "core/cuda/kernels/common.cuh"
 
 namespace roformer::kernels::cuda {
@@ -86,8 +89,16 @@ SplitDims split(const KernelTensor& x, uint32_t reduced_mask) {
 void sum(Stream stream, const KernelTensor& x, uint32_t reduced_dims, const KernelTensor& out) {
   const SplitDims g = split(x, reduced_dims);
   if (g.n_kept == 0) return;
+  // Reduced dims 0..k-1 of a contiguous x: a [n_red, n_kept] matrix.
+  const bool leading = x.is_contiguous() && out.is_contiguous() && g.red_ndim > 0 &&
+                       reduced_dims == (1u << g.red_ndim) - 1u;
   on_any_dtype(x.dtype, [&](auto tag) {
     using T = decltype(tag);
+    using A = std::conditional_t<std::is_integral_v<T>, int64_t, double>;  // as sum_kernel
+    if (leading) {
+      column_sums<A>(stream, x.as<const T>(), out.as<T>(), g.n_red, g.n_kept);
+      return;
+    }
     RF_LAUNCH((sum_kernel<T>), grid_for(g.n_kept), kThreads, 0, native(stream), x.as<const T>(),
               out.as<T>(), g);
   });

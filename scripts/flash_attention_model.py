@@ -1,0 +1,547 @@
+#!/usr/bin/python3
+# A lane-level model of core/cuda/kernels/flash_attention.cu (the forward, dq
+# and dk/dv kernels), runnable without a GPU: the kernels' index arithmetic
+# written again line by line in float64 -- tile loads with the RoPE chunks,
+# ldmatrix (.trans) and mma.m16n8k16 with the fragments of the PTX ISA, the
+# online softmax, the dropout words, the rotated-back gradients -- against a
+# plain float64 attention. It checks the indexing, not bf16 rounding, and it
+# does not read the .cu: after changing the kernels' index arithmetic, change
+# it here the same way and run it (Debian's python3-numpy):
+#   /usr/bin/python3 scripts/flash_attention_model.py [case number]
+# Every case prints its largest relative errors (about 1e-15 when right).
+import numpy as np
+
+kD, kLd, kWarps = 64, 72, 8
+kThreads = kWarps * 32
+kRowsPerBlock, kInner = 16 * kWarps, 64
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453
+M32 = 0xFFFFFFFF
+
+
+# --- Philox (core/philox.h) ---------------------------------------------------
+def philox(ctr, key):
+    c = list(ctr)
+    k = list(key)
+    for _ in range(10):
+        p0 = 0xD2511F53 * c[0]
+        p1 = 0xCD9E8D57 * c[2]
+        c = [((p1 >> 32) ^ c[1] ^ k[0]) & M32, p1 & M32, ((p0 >> 32) ^ c[3] ^ k[1]) & M32, p0 & M32]
+        k = [(k[0] + 0x9E3779B9) & M32, (k[1] + 0xBB67AE85) & M32]
+    return c
+
+
+def dropout_key(seed, step):
+    k = (seed + (step + 1) * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    return [k & M32, k >> 32]
+
+
+def dropout_block(inner_block, position, sequence, site, head):
+    return [inner_block & M32, position & M32, sequence & M32, ((site << 8) | head) & M32]
+
+
+# --- fragments ----------------------------------------------------------------
+def ldmatrix(s, flat_addr, trans):
+    """s: 2-D shared tile [rows, kLd]; flat_addr[lane]: element offset of the
+    row lane gives. Returns regs [32, 4, 2]."""
+    rows = [divmod(a, kLd) for a in flat_addr]
+    out = np.zeros((32, 4, 2))
+    for lane in range(32):
+        for m in range(4):
+            for x in range(2):
+                if not trans:
+                    r, c = rows[8 * m + lane // 4]
+                    out[lane, m, x] = s[r, c + 2 * (lane % 4) + x]
+                else:
+                    r, c = rows[8 * m + 2 * (lane % 4) + x]
+                    out[lane, m, x] = s[r, c + lane // 4]
+    return out
+
+
+def mma(d, a, b0, b1):
+    """d [32, 4] += A (a [32, 4, 2]) B (b0, b1 [32, 2])."""
+    A = np.full((16, 16), np.nan)
+    B = np.full((16, 8), np.nan)
+    C = np.full((16, 8), np.nan)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for x in range(2):
+            A[g, 2 * t + x] = a[lane, 0, x]
+            A[g + 8, 2 * t + x] = a[lane, 1, x]
+            A[g, 2 * t + 8 + x] = a[lane, 2, x]
+            A[g + 8, 2 * t + 8 + x] = a[lane, 3, x]
+            B[2 * t + x, g] = b0[lane, x]
+            B[2 * t + 8 + x, g] = b1[lane, x]
+            C[g, 2 * t + x] = d[lane, x]
+            C[g + 8, 2 * t + x] = d[lane, 2 + x]
+    D = A @ B + C
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for x in range(2):
+            d[lane, x] = D[g, 2 * t + x]
+            d[lane, 2 + x] = D[g + 8, 2 * t + x]
+
+
+def lanes():
+    lane = np.arange(32)
+    return lane, lane >> 3, lane & 7
+
+
+def load_a(s, r0, k0):
+    lane, m, r = lanes()
+    return ldmatrix(s, (r0 + r + (m & 1) * 8) * kLd + k0 + (m >> 1) * 8, False)
+
+
+def load_b_pair(s, n0, k0):
+    lane, m, r = lanes()
+    return ldmatrix(s, (n0 + r + (m >> 1) * 8) * kLd + k0 + (m & 1) * 8, False)
+
+
+def load_b_trans(s, k0, n0):
+    lane, m, r = lanes()
+    return ldmatrix(s, (k0 + r + (m & 1) * 8) * kLd + n0 + (m >> 1) * 8, True)
+
+
+def accumulator_as_a(c, kk):
+    a = np.zeros((32, 4, 2))
+    a[:, 0] = c[:, 2 * kk, 0:2]
+    a[:, 1] = c[:, 2 * kk, 2:4]
+    a[:, 2] = c[:, 2 * kk + 1, 0:2]
+    a[:, 3] = c[:, 2 * kk + 1, 2:4]
+    return a
+
+
+def mma_accumulator_tile(acc, c, s):
+    for kk in range(4):
+        a = accumulator_as_a(c, kk)
+        for np_ in range(4):
+            b = load_b_trans(s, kk * 16, np_ * 16)
+            mma(acc[:, 2 * np_], a, b[:, 0], b[:, 1])
+            mma(acc[:, 2 * np_ + 1], a, b[:, 2], b[:, 3])
+
+
+def mma_rows(a, s):
+    c = np.zeros((32, 8, 4))
+    for ks in range(4):
+        for np_ in range(4):
+            b = load_b_pair(s, np_ * 16, ks * 16)
+            mma(c[:, 2 * np_], a[ks], b[:, 0], b[:, 1])
+            mma(c[:, 2 * np_ + 1], a[ks], b[:, 2], b[:, 3])
+    return c
+
+
+def quad(x, op):  # x [32] -> every lane gets op over its quad
+    q = x.reshape(8, 4)
+    return np.repeat(op(q, axis=1), 4)
+
+
+# --- the problem ------------------------------------------------------------------
+class Args:
+    pass
+
+
+def rotate_pair(x0, x1, a, pos, k, inverse):
+    c = a.table[0, pos, k]
+    s0 = a.table[1, pos, k]
+    s = -s0 if inverse else s0
+    return x0 * c - x1 * s, x1 * c + x0 * s
+
+
+def rotate_chunks(lo, hi, a, pos, c):
+    x, y = lo.copy(), hi.copy()
+    if a.interleaved:
+        for m in range(4):
+            x[2 * m], x[2 * m + 1] = rotate_pair(x[2 * m], x[2 * m + 1], a, pos, 4 * c + m, False)
+            y[2 * m], y[2 * m + 1] = rotate_pair(y[2 * m], y[2 * m + 1], a, pos, 16 + 4 * c + m, False)
+    else:
+        for e in range(8):
+            x[e], y[e] = rotate_pair(x[e], y[e], a, pos, 8 * c + e, False)
+    return x, y
+
+
+def load_tile(rows, X, blk, r0, limit, a, rotate):
+    """X: the sequence's rows [L, 64] (first = blk.first in the table)."""
+    s = np.full((rows, kLd), np.nan)  # the padding columns stay NaN: a read shows
+    for n in range(rows * 4 // kThreads):
+        for tid in range(kThreads):
+            item = tid + n * kThreads
+            row, c = item >> 2, item & 3
+            i = r0 + row
+            lo, hi = np.zeros(8), np.zeros(8)
+            if i < limit:
+                lo, hi = X[i, 8 * c:8 * c + 8].copy(), X[i, 8 * c + 32:8 * c + 40].copy()
+                if rotate:
+                    lo, hi = rotate_chunks(lo, hi, a, blk.first + i, c)
+            s[row, 8 * c:8 * c + 8] = lo
+            s[row, 8 * c + 32:8 * c + 40] = hi
+    return s
+
+
+def store_rows(c, OUT, blk, row0, limit, row_scale, a, unrotate):
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for hf in range(2):
+            i = row0 + g + 8 * hf
+            if i >= limit:
+                continue
+            x = np.zeros((8, 2))
+            for nt in range(8):
+                x[nt, 0] = c[lane, nt, 2 * hf] * row_scale[lane, hf]
+                x[nt, 1] = c[lane, nt, 2 * hf + 1] * row_scale[lane, hf]
+            if unrotate:
+                pos = blk.first + i
+                if a.interleaved:
+                    for nt in range(8):
+                        x[nt, 0], x[nt, 1] = rotate_pair(x[nt, 0], x[nt, 1], a, pos, nt * 4 + t, True)
+                else:
+                    for nt in range(4):
+                        for e in range(2):
+                            x[nt, e], x[nt + 4, e] = rotate_pair(x[nt, e], x[nt + 4, e], a, pos,
+                                                                 nt * 8 + 2 * t + e, True)
+            for nt in range(8):
+                OUT[i, nt * 8 + 2 * t] = x[nt, 0]
+                OUT[i, nt * 8 + 2 * t + 1] = x[nt, 1]
+
+
+def key_bias(a, blk, j):
+    if j >= blk.Lk:
+        return -np.inf
+    if blk.mask is not None and not blk.mask[j]:
+        return -np.inf
+    return 0.0
+
+
+def dropout_tile(p, a, blk, row0, j0, BITS):
+    words = np.zeros((32, 2, 2), dtype=np.int64)
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for hf in range(2):
+            i = row0 + g + 8 * hf
+            position = blk.drop_position + i
+            for nt in range(8):
+                j = j0 + nt * 8 + 2 * t
+                w = philox(dropout_block(j // 4, position, blk.drop_sequence, a.site, blk.h), a.key)
+                for e in range(2):
+                    keep = j + e < blk.Lk and (w[(j + e) % 4] >> 8) >= a.threshold
+                    p[lane, nt, 2 * hf + e] = p[lane, nt, 2 * hf + e] * a.inv_keep if keep else 0.0
+                    words[lane, hf, nt >> 2] |= int(keep) << ((nt & 3) * 8 + 2 * t + e)
+    row_words = (blk.Lk + 31) // 32
+    for hf in range(2):
+        for w in range(2):
+            word = quad(words[:, hf, w], np.bitwise_or.reduce)
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                i, index = row0 + g + 8 * hf, j0 // 32 + w
+                if t == 2 * hf + w and i < blk.Lq and index < row_words:
+                    BITS[i, index] = word[lane]
+
+
+def forward_block(a, blk, Q, K, V, OUT, LSE, BITS):
+    i0 = blk.tile * kRowsPerBlock
+    if i0 >= blk.Lq:
+        return
+    rope = a.table is not None
+    sQ = load_tile(kRowsPerBlock, Q, blk, i0, blk.Lq, a, rope)
+    for warp in range(kWarps):
+        qa = [load_a(sQ, warp * 16, ks * 16) for ks in range(4)]
+        row0 = i0 + warp * 16
+        o = np.zeros((32, 8, 4))
+        m = np.full((32, 2), -np.inf)
+        l = np.zeros((32, 2))
+        t = np.arange(32) & 3
+        for j0 in range(0, blk.Lk, kInner):
+            sK = load_tile(kInner, K, blk, j0, blk.Lk, a, rope)
+            sV = load_tile(kInner, V, blk, j0, blk.Lk, a, False)
+            sBias = np.array([key_bias(a, blk, j0 + x) for x in range(kInner)])
+            s = mma_rows(qa, sK)
+            mx = m.copy()
+            for nt in range(8):
+                for e in range(4):
+                    x = s[:, nt, e] * a.scale_log2 + sBias[nt * 8 + 2 * t + (e & 1)]
+                    s[:, nt, e] = x
+                    mx[:, e >> 1] = np.fmax(mx[:, e >> 1], x)
+            corr = np.zeros((32, 2))
+            for hf in range(2):
+                mx[:, hf] = quad(mx[:, hf], np.max)
+                with np.errstate(invalid="ignore"):
+                    corr[:, hf] = np.where(mx[:, hf] == -np.inf, 1.0, np.exp2(m[:, hf] - mx[:, hf]))
+                m[:, hf] = mx[:, hf]
+                l[:, hf] *= corr[:, hf]
+            for nt in range(8):
+                for e in range(4):
+                    hf = e >> 1
+                    with np.errstate(invalid="ignore"):
+                        p = np.where(m[:, hf] == -np.inf, 0.0, np.exp2(s[:, nt, e] - m[:, hf]))
+                    s[:, nt, e] = p
+                    l[:, hf] += p
+                    o[:, nt, e] *= corr[:, hf]
+            if a.drop_on:
+                dropout_tile(s, a, blk, row0, j0, BITS)
+            mma_accumulator_tile(o, s, sV)
+        inv = np.zeros((32, 2))
+        for hf in range(2):
+            l[:, hf] = quad(l[:, hf], np.sum)
+            empty = m[:, hf] == -np.inf
+            with np.errstate(divide="ignore"):
+                inv[:, hf] = np.where(empty, 0.0, 1.0 / l[:, hf])
+            for lane in range(32):
+                g, tt = lane >> 2, lane & 3
+                i = row0 + g + 8 * hf
+                if tt == 0 and i < blk.Lq:
+                    LSE[i] = -np.inf if empty[lane] else (m[lane, hf] + np.log2(l[lane, hf])) * LN2
+        store_rows(o, OUT, blk, row0, blk.Lq, inv, a, False)
+
+
+def dq_block(a, blk, Q, K, V, O, LSE, BITS, DO, DQ, DELTA):
+    i0 = blk.tile * kRowsPerBlock
+    if i0 >= blk.Lq:
+        return
+    rope = a.table is not None
+    sQ = load_tile(kRowsPerBlock, Q, blk, i0, blk.Lq, a, rope)
+    sO = load_tile(kRowsPerBlock, DO, blk, i0, blk.Lq, a, False)
+    for warp in range(kWarps):
+        qa = [load_a(sQ, warp * 16, ks * 16) for ks in range(4)]
+        da = [load_a(sO, warp * 16, ks * 16) for ks in range(4)]
+        row0 = i0 + warp * 16
+        Di = np.zeros((32, 2))
+        lse2 = np.zeros((32, 2))
+        for hf in range(2):
+            partial = np.zeros(32)
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                i = row0 + g + 8 * hf
+                if i < blk.Lq:
+                    for ks in range(4):
+                        for e in range(2):
+                            col = ks * 16 + 8 * e + 2 * t
+                            d2 = da[ks][lane, hf + 2 * e]
+                            partial[lane] += d2[0] * O[i, col] + d2[1] * O[i, col + 1]
+            Di[:, hf] = quad(partial, np.sum)
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                i = row0 + g + 8 * hf
+                row_lse = LSE[i] if i < blk.Lq else -np.inf
+                lse2[lane, hf] = row_lse * LOG2E
+                if t == 0 and i < blk.Lq:
+                    DELTA[i] = Di[lane, hf]
+        dq = np.zeros((32, 8, 4))
+        for j0 in range(0, blk.Lk, kInner):
+            sK = load_tile(kInner, K, blk, j0, blk.Lk, a, rope)
+            sV = load_tile(kInner, V, blk, j0, blk.Lk, a, False)
+            sBias = np.array([key_bias(a, blk, j0 + x) for x in range(kInner)])
+            s = mma_rows(qa, sK)
+            dp = mma_rows(da, sV)
+            bits = np.zeros((32, 2, 2), dtype=np.int64)
+            if a.drop_on:
+                for lane in range(32):
+                    g = lane >> 2
+                    for hf in range(2):
+                        i = row0 + g + 8 * hf
+                        row_words = (blk.Lk + 31) // 32
+                        for w in range(2):
+                            if i < blk.Lq and j0 // 32 + w < row_words:
+                                bits[lane, hf, w] = BITS[i, j0 // 32 + w]
+            for lane in range(32):
+                t = lane & 3
+                for nt in range(8):
+                    for e in range(4):
+                        hf, col = e >> 1, nt * 8 + 2 * t + (e & 1)
+                        ds = 0.0
+                        if lse2[lane, hf] != -np.inf:
+                            p = np.exp2(s[lane, nt, e] * a.scale_log2 + sBias[col] - lse2[lane, hf])
+                            z = ((a.inv_keep if (bits[lane, hf, col >> 5] >> (col & 31)) & 1 else 0.0)
+                                 if a.drop_on else 1.0)
+                            ds = p * (dp[lane, nt, e] * z - Di[lane, hf]) * a.scale
+                        s[lane, nt, e] = ds
+            mma_accumulator_tile(dq, s, sK)
+        store_rows(dq, DQ, blk, row0, blk.Lq, np.ones((32, 2)), a, rope)
+
+
+def dkv_block(a, blk, Q, K, V, LSE, BITS, DO, DELTA, DK, DV):
+    j0 = blk.tile * kRowsPerBlock
+    if j0 >= blk.Lk:
+        return
+    rope = a.table is not None
+    sK = load_tile(kRowsPerBlock, K, blk, j0, blk.Lk, a, rope)
+    sV = load_tile(kRowsPerBlock, V, blk, j0, blk.Lk, a, False)
+    first_word, row_words = j0 // 32, (blk.Lk + 31) // 32
+    for warp in range(kWarps):
+        key0 = j0 + warp * 16
+        kept = np.zeros((32, 2), dtype=bool)
+        for lane in range(32):
+            for hf in range(2):
+                kept[lane, hf] = key_bias(a, blk, key0 + (lane >> 2) + 8 * hf) == 0.0
+        dk = np.zeros((32, 8, 4))
+        dv = np.zeros((32, 8, 4))
+        for i0 in range(0, blk.Lq, kInner):
+            sQ = load_tile(kInner, Q, blk, i0, blk.Lq, a, rope)
+            sO = load_tile(kInner, DO, blk, i0, blk.Lq, a, False)
+            sLse = np.array([LSE[i0 + x] * LOG2E if i0 + x < blk.Lq else -np.inf for x in range(kInner)])
+            sDelta = np.array([DELTA[i0 + x] if i0 + x < blk.Lq else 0.0 for x in range(kInner)])
+            sBits = np.zeros(256, dtype=np.int64)
+            if a.drop_on:
+                for tid in range(256):
+                    qi, w = tid >> 2, tid & 3
+                    i = i0 + qi
+                    sBits[tid] = BITS[i, first_word + w] if i < blk.Lq and first_word + w < row_words else 0
+            ka = [load_a(sK, warp * 16, ks * 16) for ks in range(4)]
+            st = mma_rows(ka, sQ)
+            va = [load_a(sV, warp * 16, ks * 16) for ks in range(4)]
+            dpt = mma_rows(va, sO)
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for nt in range(8):
+                    for e in range(4):
+                        hf, col = e >> 1, nt * 8 + 2 * t + (e & 1)
+                        key = warp * 16 + g + 8 * hf
+                        pz = ds = 0.0
+                        if kept[lane, hf] and sLse[col] != -np.inf:
+                            p = np.exp2(st[lane, nt, e] * a.scale_log2 - sLse[col])
+                            z = ((a.inv_keep if (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1 else 0.0)
+                                 if a.drop_on else 1.0)
+                            pz = p * z
+                            ds = p * (dpt[lane, nt, e] * z - sDelta[col]) * a.scale
+                        st[lane, nt, e] = pz
+                        dpt[lane, nt, e] = ds
+            mma_accumulator_tile(dv, st, sO)
+            mma_accumulator_tile(dk, dpt, sQ)
+        store_rows(dk, DK, blk, key0, blk.Lk, np.ones((32, 2)), a, rope)
+        store_rows(dv, DV, blk, key0, blk.Lk, np.ones((32, 2)), a, False)
+
+
+# --- reference ---------------------------------------------------------------------
+def rope_rows(X, table, first, interleaved, inverse=False):
+    Y = X.copy()
+    for i in range(X.shape[0]):
+        for k in range(32):
+            lo, hi = (2 * k, 2 * k + 1) if interleaved else (k, k + 32)
+            c, s = table[0, first + i, k], table[1, first + i, k]
+            if inverse:
+                s = -s
+            Y[i, lo] = X[i, lo] * c - X[i, hi] * s
+            Y[i, hi] = X[i, hi] * c + X[i, lo] * s
+    return Y
+
+
+def reference(a, blk, Q, K, V, DO):
+    rope = a.table is not None
+    Qr = rope_rows(Q[:blk.Lq], a.table, blk.first, a.interleaved) if rope else Q[:blk.Lq]
+    Kr = rope_rows(K[:blk.Lk], a.table, blk.first, a.interleaved) if rope else K[:blk.Lk]
+    Vv, dO = V[:blk.Lk], DO[:blk.Lq]
+    S = Qr @ Kr.T * a.scale
+    bias = np.array([key_bias(a, blk, j) for j in range(blk.Lk)])
+    S = S + bias
+    m = S.max(axis=1, keepdims=True) if blk.Lk else np.full((blk.Lq, 1), -np.inf)
+    with np.errstate(invalid="ignore"):
+        E = np.where(np.isfinite(m), np.exp(S - m), 0.0)
+    tot = E.sum(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        P = np.where(tot > 0, E / tot, 0.0)
+        lse = np.where(np.isfinite(m[:, 0]), m[:, 0] + np.log(tot[:, 0]), -np.inf)
+    Z = np.ones_like(P)
+    W = (blk.Lk + 31) // 32
+    bits = np.zeros((blk.Lq, max(W, 1)), dtype=np.int64)
+    if a.drop_on:
+        for i in range(blk.Lq):
+            for j in range(blk.Lk):
+                w = philox(dropout_block(j // 4, blk.drop_position + i, blk.drop_sequence, a.site, blk.h), a.key)
+                keep = (w[j % 4] >> 8) >= a.threshold
+                Z[i, j] = a.inv_keep if keep else 0.0
+                bits[i, j // 32] |= int(keep) << (j % 32)
+    Pd = P * Z
+    out = Pd @ Vv
+    dV = Pd.T @ dO
+    dPd = dO @ Vv.T
+    D = (dO * out).sum(axis=1, keepdims=True)
+    dS = P * (dPd * Z - D) * a.scale
+    dQr, dKr = dS @ Kr, dS.T @ Qr
+    dQ = rope_rows(dQr, a.table, blk.first, a.interleaved, True) if rope else dQr
+    dK = rope_rows(dKr, a.table, blk.first, a.interleaved, True) if rope else dKr
+    return out, lse, bits, dQ, dK, dV
+
+
+def run_case(name, L_q, L_k, first, mask, rope, interleaved, drop, seed):
+    rng = np.random.default_rng(seed)
+    a = Args()
+    a.scale = 0.3
+    a.scale_log2 = a.scale * LOG2E
+    a.interleaved = interleaved
+    P = first + max(L_q, L_k) + 3
+    if rope:
+        pos = np.arange(P) + 2
+        theta = 10000.0 ** (-2.0 * np.arange(32) / 64)
+        ang = pos[:, None] * theta[None, :]
+        a.table = np.stack([np.cos(ang), np.sin(ang)])
+    else:
+        a.table = None
+    a.drop_on = drop > 0
+    a.key = dropout_key(17, 3)
+    a.site = 2
+    a.threshold = int(np.ceil(drop * 16777216.0))
+    a.inv_keep = 1.0 / (1.0 - drop) if drop > 0 else 1.0
+    blk = Args()
+    blk.first, blk.Lq, blk.Lk, blk.h, blk.mask = first, L_q, L_k, 1, mask
+    blk.drop_sequence, blk.drop_position = 5 + 3, 11
+    # The operands as the kernel sees them: rows first + i of the stream (the
+    # table is indexed by first + i too).
+    Q = rng.standard_normal((L_q, 64))
+    K = rng.standard_normal((L_k, 64))
+    V = rng.standard_normal((L_k, 64))
+    DO = rng.standard_normal((L_q, 64))
+    OUT = np.full((L_q, 64), np.nan)
+    LSE = np.full(L_q, np.nan)
+    W = (L_k + 31) // 32
+    BITS = np.full((L_q, max(W, 1)), -1, dtype=np.int64)
+    for tile in range((L_q + kRowsPerBlock - 1) // kRowsPerBlock + 1):  # one extra: exits
+        blk.tile = tile
+        forward_block(a, blk, Q, K, V, OUT, LSE, BITS)
+    DQ = np.full((L_q, 64), np.nan)
+    DK = np.full((L_k, 64), np.nan)
+    DV = np.full((L_k, 64), np.nan)
+    DELTA = np.full(L_q, np.nan)
+    for tile in range((L_q + kRowsPerBlock - 1) // kRowsPerBlock):
+        blk.tile = tile
+        dq_block(a, blk, Q, K, V, OUT, LSE, BITS, DO, DQ, DELTA)
+    for tile in range((L_k + kRowsPerBlock - 1) // kRowsPerBlock):
+        blk.tile = tile
+        dkv_block(a, blk, Q, K, V, LSE, BITS, DO, DELTA, DK, DV)
+    out, lse, bits, dQ, dK, dV = reference(a, blk, Q, K, V, DO)
+
+    def err(x, y):
+        if x.size == 0:
+            return 0.0
+        if np.isnan(x).any():
+            return np.inf
+        return np.abs(x - y).max() / max(np.abs(y).max(), 1.0)
+
+    lse_ok = np.array_equal(np.isinf(LSE), np.isinf(lse)) and np.allclose(
+        LSE[np.isfinite(lse)], lse[np.isfinite(lse)], rtol=1e-12, atol=1e-12)
+    bits_ok = (not a.drop_on) or np.array_equal(BITS[:, :W] & M32, bits[:, :W])
+    errs = [err(OUT, out), err(DQ, dQ), err(DK, dK), err(DV, dV)]
+    ok = lse_ok and bits_ok and max(errs) < 1e-11
+    print(f"{name:40s} out {errs[0]:.1e} dq {errs[1]:.1e} dk {errs[2]:.1e} dv {errs[3]:.1e} "
+          f"lse {'ok' if lse_ok else 'BAD'} bits {'ok' if bits_ok else 'BAD'} -> {'OK' if ok else 'FAIL'}")
+    return ok
+
+
+if __name__ == "__main__":
+    import sys
+    results = []
+    mask = np.ones(150, dtype=bool)
+    mask[[3, 70, 71, 140]] = False
+    mask[100:120] = False
+    cases = [
+        ("plain 150x150", 150, 150, 0, None, False, True, 0.0),
+        ("rope interleaved, mask, dropout", 150, 150, 0, mask, True, True, 0.2),
+        ("rope half, first 7, dropout", 70, 70, 7, None, True, False, 0.15),
+        ("rope half 130 (two tiles)", 130, 130, 3, None, True, False, 0.0),
+        ("length 1, dropout", 1, 1, 40, None, True, True, 0.3),
+        ("all keys masked", 20, 20, 0, np.zeros(20, dtype=bool), False, True, 0.1),
+        ("cross 40 queries x 90 keys", 40, 90, 0, None, False, True, 0.1),
+    ]
+    only = int(sys.argv[1]) if len(sys.argv) > 1 else None
+    for n, c in enumerate(cases):
+        if only is not None and n != only:
+            continue
+        results.append(run_case(*c, seed=n))
+    print("ALL OK" if all(results) else "SOME FAILED")
+    sys.exit(0 if all(results) else 1)
