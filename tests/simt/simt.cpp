@@ -385,19 +385,11 @@ void syncthreads() {
   arrive_and_wait(b.barrier, int(b.fibers.size()), "__syncthreads", [] {});
 }
 
-uint32_t shfl_xor_word(unsigned mask, uint32_t value, int lane_mask, int width) {
+uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode) {
   RF_CHECK(mask == 0xffffffffu, "simt: only full-warp shuffles are emulated");
-  const uint32_t in[3] = {value, uint32_t(lane_mask), uint32_t(width)};
+  const uint32_t in[3] = {value, uint32_t(arg), uint32_t(width)};
   uint32_t out;
-  collective(Op::shfl_xor, in, 3, &out, 1);
-  return out;
-}
-
-uint32_t shfl_word(unsigned mask, uint32_t value, int src_lane, int width) {
-  RF_CHECK(mask == 0xffffffffu, "simt: only full-warp shuffles are emulated");
-  const uint32_t in[3] = {value, uint32_t(src_lane), uint32_t(width)};
-  uint32_t out;
-  collective(Op::shfl, in, 3, &out, 1);
+  collective(xor_mode ? Op::shfl_xor : Op::shfl, in, 3, &out, 1);
   return out;
 }
 

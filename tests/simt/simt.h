@@ -90,8 +90,9 @@ uint32_t shared_address(const void* p);
 void syncthreads();
 
 // Warp collectives over the calling lane's warp (mask must be 0xffffffff).
-uint32_t shfl_xor_word(unsigned mask, uint32_t value, int lane_mask, int width);
-uint32_t shfl_word(unsigned mask, uint32_t value, int src_lane, int width);
+// A shuffle of one word: from lane ^ arg (xor_mode) or from lane arg, within
+// segments of `width` lanes.
+uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode);
 
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 r, [address].
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
@@ -106,8 +107,7 @@ T shfl_generic(unsigned mask, T value, int arg, int width, bool xor_mode) {
                 "emulated shuffles move 4- or 8-byte values");
   uint32_t w[2] = {0, 0};
   std::memcpy(w, &value, sizeof(T));
-  for (size_t i = 0; i < sizeof(T) / 4; ++i)
-    w[i] = xor_mode ? shfl_xor_word(mask, w[i], arg, width) : shfl_word(mask, w[i], arg, width);
+  for (size_t i = 0; i < sizeof(T) / 4; ++i) w[i] = shfl_word(mask, w[i], arg, width, xor_mode);
   std::memcpy(&value, w, sizeof(T));
   return value;
 }
