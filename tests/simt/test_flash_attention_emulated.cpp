@@ -2,7 +2,9 @@
 // (core/cuda/kernels/flash_attention.cu) run through the SIMT emulator:
 // forward, the dq pass and the dk/dv pass against the CPU kernels on the
 // cases of tests/cuda/test_flash_attention.cpp, made small (S = 130: a full
-// and a partial tile; 2 heads), at the same tolerances. No GPU needed.
+// and a partial tile; 2 heads), at the same tolerances; and the edges: no
+// query rows, a short RoPE table, bf16 outputs, query and key lengths that
+// differ. No GPU needed.
 #include <gtest/gtest.h>
 
 #include "tests/cuda/flash_attention_cases.h"
@@ -101,6 +103,66 @@ TEST(FlashAttentionEmulatedEdges, ATableShorterThanTheSequenceIsAnError) {
         kernel_tensor(out), kernel_tensor(lse), KernelTensor{});
   });
   EXPECT_NE(msg.find("RoPE table"), std::string::npos) << msg;
+}
+
+// bf16 outputs (out and the gradients) and padded batches with more keys
+// than queries or fewer: the kernel's other store and read paths, and query
+// and key tile counts that differ, against the CPU in f32.
+void expect_bf16_outputs_match(int64_t Sq, int64_t Sk) {
+  SCOPED_TRACE("Sq " + std::to_string(Sq) + ", Sk " + std::to_string(Sk));
+  const int64_t B = 2, H = 2;
+  const Device cpu = Device::cpu();
+  const Tensor q = bf16_values({B, H, Sq, 64}, 1), k = bf16_values({B, H, Sk, 64}, 2);
+  const Tensor v = bf16_values({B, H, Sk, 64}, 3), grad_out = bf16_values({B, H, Sq, 64}, 4);
+  std::vector<int32_t> m(size_t(B * Sk), 1);
+  for (int64_t j = Sk - 30; j < Sk; ++j) m[size_t(j)] = 0;  // row 0: padding at the end
+  const Tensor mask = Tensor::from_vector(m, {B, Sk});
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  params.dropout_p = 0.1;
+  params.dropout = DropoutKey{17, 3, 5, 2};
+  auto run_on = [&](DType out_dtype, bool emulated) {
+    auto nan = [&](const Shape& shape, DType d) { return Tensor::full(shape, NAN, d, cpu); };
+    Result r;
+    r.out = nan({B, H, Sq, 64}, out_dtype);
+    r.lse = nan({B, H, Sq}, DType::f32);
+    r.bits = Tensor::full({B, H, Sq, (Sk + 31) / 32}, -1.0, DType::i32, cpu);
+    r.dq = nan({B, H, Sq, 64}, out_dtype);
+    r.dk = nan({B, H, Sk, 64}, out_dtype);
+    r.dv = nan({B, H, Sk, 64}, out_dtype);
+    if (!emulated) {
+      launch::attention_forward(cpu, params, q, k, v, mask, r.out, r.lse, r.bits);
+      launch::attention_backward(cpu, params, q, k, v, mask, r.out, r.lse, r.bits, grad_out, r.dq,
+                                 r.dk, r.dv);
+      return r;
+    }
+    auto kt = [](const Tensor& t) { return kernel_tensor(t); };
+    const Tensor qb = q.to(DType::bf16), kb = k.to(DType::bf16), vb = v.to(DType::bf16),
+                 gb = grad_out.to(DType::bf16);
+    const kernels::cuda::FlashRope none{};
+    kernels::cuda::simt_flash_forward(kernels::Stream{}, params, none, kt(qb), kt(kb), kt(vb),
+                                      kt(mask), KernelTensor{}, kt(r.out), kt(r.lse), kt(r.bits));
+    kernels::cuda::simt_flash_backward(kernels::Stream{}, params, none, kt(qb), kt(kb), kt(vb),
+                                       kt(mask), KernelTensor{}, kt(r.out), kt(r.lse), kt(r.bits),
+                                       kt(gb), kt(r.dq), kt(r.dk), kt(r.dv));
+    return r;
+  };
+  const Result ref = run_on(DType::f32, false), got = run_on(DType::bf16, true);
+  auto err = [](const Tensor& a, const Tensor& b) {
+    return testing::relative_error(host(a), host(b));
+  };
+  EXPECT_LT(err(got.out, ref.out), 2e-2);
+  EXPECT_LT(err(got.dq, ref.dq), 4e-2);
+  EXPECT_LT(err(got.dk, ref.dk), 4e-2);
+  EXPECT_LT(err(got.dv, ref.dv), 4e-2);
+  EXPECT_LT(err(got.lse, ref.lse), 1e-4);
+  const auto bits = got.bits.to_vector<int32_t>(), ref_bits = ref.bits.to_vector<int32_t>();
+  EXPECT_EQ(bits, ref_bits);
+}
+
+TEST(FlashAttentionEmulatedEdges, Bf16OutputsAndUnequalLengths) {
+  expect_bf16_outputs_match(70, 130);
+  expect_bf16_outputs_match(130, 70);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionEmulated, ::testing::ValuesIn(emulated_cases()),
