@@ -110,6 +110,16 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 // recomputes the probabilities. f32 (oneDNN) and f64 (loops).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                  double dropout_p, bool training, DropoutContext& ctx, double scale);
+// attention() by the device vendor's fused kernel where it takes the call:
+// cuDNN SDPA on a CUDA device for bf16 operands (bf16 autocast), head dim a
+// multiple of 8 up to 128 and no dropout while training
+// (model.attention_kernel: cudnn_sdpa; the config makes training meet these).
+// Its key masks must keep a prefix of each row (padded batches; a row that
+// does not is reported at the next sync). Anywhere else the device's own
+// kernels compute the same function, as attention() does.
+Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& key_padding_mask, double dropout_p, bool training,
+                       DropoutContext& ctx, double scale);
 // Variable-length softmax attention on a token stream (core/ops/attention.cpp):
 // q, k [T, H, D], v [T, H, Dv] (strided views fine); segments [N, 4] i64 of
 // (first token, length, row, position of the first token in its row), in

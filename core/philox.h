@@ -25,6 +25,11 @@ struct PhiloxCounter {
   uint32_t v[4];
   RF_HOST_DEVICE uint32_t& operator[](int i) { return v[i]; }
   RF_HOST_DEVICE uint32_t operator[](int i) const { return v[i]; }
+  // Word i (0..3) picked by selects: indexing v with a value known only at
+  // run time puts the block in a GPU thread's local memory.
+  RF_HOST_DEVICE uint32_t word(uint32_t i) const {
+    return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+  }
 };
 struct PhiloxKey {
   uint32_t v[2];
@@ -150,7 +155,7 @@ RF_HOST_DEVICE inline PhiloxCounter dropout_block(uint32_t inner_block, uint32_t
 // The word for `inner` (one Philox call per word).
 RF_HOST_DEVICE inline uint32_t dropout_word(const PhiloxKey& key, uint32_t inner, uint32_t position,
                                             uint32_t sequence, uint32_t site, uint32_t head) {
-  return philox4x32(dropout_block(inner / 4, position, sequence, site, head), key)[int(inner % 4)];
+  return philox4x32(dropout_block(inner / 4, position, sequence, site, head), key).word(inner % 4);
 }
 inline uint32_t dropout_threshold(double p) {
   return uint32_t(std::ceil(p * 16777216.0));

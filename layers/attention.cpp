@@ -17,6 +17,15 @@ bool rope_inside_attention(AttentionKernel kernel, Device device) {
   return kernel == AttentionKernel::kFusedRope;
 }
 
+// Softmax attention of (already rotated) q, k by the kernel the config names.
+Tensor softmax_attention(AttentionKernel kernel, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& key_mask, double dropout, bool training, DropoutContext& ctx,
+                         double scale) {
+  if (kernel == AttentionKernel::kCudnnSdpa)
+    return cudnn_attention(q, k, v, key_mask, dropout, training, ctx, scale);
+  return attention(q, k, v, key_mask, dropout, training, ctx, scale);
+}
+
 }  // namespace
 
 Tensor rope_linear_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -95,7 +104,8 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_ma
         k = rope(k, positions, config_.rope_base, layout);
       }
       RF_PROFILE("attention");
-      context = attention(q, k, v, key_mask, dropout, training, ctx, scale);
+      context = softmax_attention(config_.attention_kernel, q, k, v, key_mask, dropout, training,
+                                  ctx, scale);
     }
   }
   return context.transpose(1, 2).reshape({B, S, H * Dh});
@@ -106,6 +116,10 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   if (config_.attention != AttentionKind::kSoftmax)
     throw Error(detail::concat("RoFormerSelfAttention: unpadded batches need model.attention: ",
                                "softmax (set data.unpadded: false for linear attention)"));
+  if (config_.attention_kernel == AttentionKernel::kCudnnSdpa)
+    throw Error(detail::concat("RoFormerSelfAttention: model.attention_kernel: cudnn_sdpa takes ",
+                               "padded batches only, not token streams (set data.unpadded: false ",
+                               "or choose another model.attention_kernel)"));
   const int64_t T = hidden.size(0);
   const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
   // [T, hidden] -> [T, H, Dh] views of the projections (no copies).

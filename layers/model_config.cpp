@@ -27,7 +27,8 @@ std::span<const EnumEntry<AttentionKernel>> enum_entries<AttentionKernel>() {
   static constexpr EnumEntry<AttentionKernel> kEntries[] = {
       {"auto", AttentionKernel::kAuto},
       {"fused_rope", AttentionKernel::kFusedRope},
-      {"separate", AttentionKernel::kSeparate}};
+      {"separate", AttentionKernel::kSeparate},
+      {"cudnn_sdpa", AttentionKernel::kCudnnSdpa}};
   return kEntries;
 }
 template <>
@@ -97,6 +98,13 @@ std::optional<ConfigIssue> find_model_config_issue(const ModelConfig& c,
                              "({}hidden_size {} / {}num_attention_heads {}); change those sizes or "
                              "set {}position to absolute or none",
                              c.head_dim(), p, c.hidden_size, p, c.num_attention_heads, p));
+  if (c.attention_kernel == AttentionKernel::kCudnnSdpa && c.attention == AttentionKind::kSoftmax &&
+      c.attention_probs_dropout_prob > 0.0)
+    return issue({"attention_kernel", "attention_probs_dropout_prob"},
+                 fmt::format("cudnn_sdpa has no attention dropout that follows the shared "
+                             "Philox rule: set {}attention_probs_dropout_prob: 0 (got {}) or "
+                             "choose another {}attention_kernel",
+                             p, c.attention_probs_dropout_prob, p));
   if (c.rotary_value && c.position != PositionEncoding::kRope)
     return issue({"rotary_value", "position"},
                  fmt::format("rotary_value needs {}position: rope, got {}position: {}", p, p,

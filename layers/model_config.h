@@ -53,8 +53,10 @@ enum class AttentionKind { kSoftmax, kLinear };
 // Where softmax attention applies RoPE to q and k: inside the attention
 // kernel (rope_attention: no rotated copies; CUDA rotates tiles as they
 // load), as separate rope ops before it, or auto (inside on an accelerator,
-// separate on the CPU, where the fused op composes the same kernels).
-enum class AttentionKernel { kAuto, kFusedRope, kSeparate };
+// separate on the CPU, where the fused op composes the same kernels);
+// cudnn_sdpa: separate rope ops, then cuDNN's fused attention (CUDA, bf16,
+// padded batches, no attention dropout).
+enum class AttentionKernel { kAuto, kFusedRope, kSeparate, kCudnnSdpa };
 // RopeLayout (kInterleaved | kHalf) comes from core/rope_layout.h, shared with the rope op.
 
 template <>

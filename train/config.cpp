@@ -717,6 +717,17 @@ void validate(const Context& ctx, const Config& c) {
                   fmt::format("{} tokens of decay are more than the run holds after its warm-up",
                               *c.optim.decay_tokens)});
   }
+  if (c.model.attention_kernel == AttentionKernel::kCudnnSdpa &&
+      c.model.attention == AttentionKind::kSoftmax) {
+    const char* why = c.run.device.is_cpu() ? "runs on CUDA only (run.device)"
+                      : c.run.precision != Precision::kBf16
+                          ? "takes bf16 operands: set run.precision: bf16"
+                      : uses_token_stream(c.data, c.model, c.run)
+                          ? "takes padded batches only: set data.unpadded: false (token streams "
+                            "run on the other kernels)"
+                          : nullptr;
+    if (why) fail_issue(ctx, "model", {{"attention_kernel"}, fmt::format("cudnn_sdpa {}", why)});
+  }
   if (c.data.packing) {
     const char* why = !c.data.unpadded ? "needs data.unpadded: true (packed rows are token streams)"
                       : c.model.attention != AttentionKind::kSoftmax

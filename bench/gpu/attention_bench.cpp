@@ -1,12 +1,15 @@
-// attention_bench: our attention kernels at head dim 64 in bf16 on the GPU,
+// attention_bench: our attention kernels and cuDNN's at head dim 64 in bf16 on the GPU,
 // forward and backward TFLOP/s for S = 512, 1536, 4096, 16384 (B x S = 32768
-// tokens, 12 heads, no mask, no dropout), three ways:
+// tokens, 12 heads, no mask, no dropout), five ways:
 //   ours-plain      attention_forward / attention_backward (no RoPE): the
 //                   kernel to set beside torch's SDPA, which has no RoPE
 //   ours-fused      rope_attention_forward / _backward: Q and K rotated while
 //                   their tiles load, gradients rotated back in the epilogue
 //   ours-separate   the rope kernel writes rotated copies of q and k, then
 //                   attention; backward: attention, then dq and dk rotated back
+//   cudnn-plain     cuDNN's fused attention (core/cuda/cudnn_sdpa.cpp), no RoPE
+//   cudnn-separate  the rope kernels, then cuDNN's attention: what
+//                   model.attention_kernel: cudnn_sdpa runs
 // FLOPs as FlashAttention counts them: forward 4 B H S^2 D (two products),
 // backward 2.5 x that (five products; our backward recomputes S and dP in
 // both of its passes, seven products, but is credited with five).
@@ -100,23 +103,47 @@ void bench(int64_t S, Device device) {
   });
   print("ours-fused", S, B, fused_fwd, fused_bwd);
 
-  // RoPE as separate kernels with rotated copies (what the model did before).
+  // RoPE as separate kernels with rotated copies (what the model did before),
+  // the attention by `p`'s engine.
   const Tensor rq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor rk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor dq_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor dk_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const double separate_fwd = time_ms(device, [&] {
-    launch::rope(device, q, table, true, false, rq);
-    launch::rope(device, k, table, true, false, rk);
-    launch::attention_forward(device, params, rq, rk, v, none, out, lse, none);
-  });
-  const double separate_bwd = time_ms(device, [&] {
-    launch::attention_backward(device, params, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
-                               dk_rot, dv);
-    launch::rope(device, dq_rot, table, true, true, dq);
-    launch::rope(device, dk_rot, table, true, true, dk);
-  });
-  print("ours-separate", S, B, separate_fwd, separate_bwd);
+  auto separate = [&](const char* impl, const kernels::AttentionParams& p) {
+    const double fwd = time_ms(device, [&] {
+      launch::rope(device, q, table, true, false, rq);
+      launch::rope(device, k, table, true, false, rk);
+      launch::attention_forward(device, p, rq, rk, v, none, out, lse, none);
+    });
+    const double bwd = time_ms(device, [&] {
+      launch::attention_backward(device, p, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
+                                 dk_rot, dv);
+      launch::rope(device, dq_rot, table, true, true, dq);
+      launch::rope(device, dk_rot, table, true, true, dk);
+    });
+    print(impl, S, B, fwd, bwd);
+  };
+  separate("ours-separate", params);
+
+  // cuDNN's fused attention (model.attention_kernel: cudnn_sdpa): plain, and
+  // after the rope kernels as the model runs it. No engine for a shape: a line
+  // saying so, the other lengths still measured.
+  kernels::AttentionParams vendor = params;
+  vendor.engine = kernels::AttentionEngine::vendor;
+  try {
+    const double cudnn_fwd = time_ms(
+        device, [&] { launch::attention_forward(device, vendor, q, k, v, none, out, lse, none); });
+    const double cudnn_bwd = time_ms(device, [&] {
+      launch::attention_backward(device, vendor, q, k, v, none, out, lse, none, grad_out, dq, dk,
+                                 dv);
+    });
+    print("cudnn-plain", S, B, cudnn_fwd, cudnn_bwd);
+    separate("cudnn-separate", vendor);
+  } catch (const Error& e) {
+    std::printf("attention impl=cudnn-plain S=%lld unavailable: %s\n", static_cast<long long>(S),
+                e.what());
+    std::fflush(stdout);
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 # The attention-kernel table of issue 14: forward and backward TFLOP/s at head
 # dim 64 in bf16 for S = 512, 1536, 4096, 16384 (B x S = 32768 tokens, 12
 # heads), ours (bench/gpu/attention_bench.cpp: plain, RoPE inside, RoPE as
-# separate kernels) beside torch's scaled_dot_product_attention backends
+# separate kernels) and cuDNN's fused SDPA called directly (the same program:
+# plain, and after our rope kernels as model.attention_kernel: cudnn_sdpa
+# runs it) beside torch's scaled_dot_product_attention backends
 # (bench/gpu/attention_bench_torch.py: flash, cuDNN, memory-efficient) on the
 # same GPU, in one run. FLOPs as FlashAttention counts them: forward
 # 4 B H S^2 D, backward 2.5 x that.

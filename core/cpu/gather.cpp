@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "core/cpu/strided_loop.h"
 
@@ -75,18 +77,31 @@ void scatter_add_rows(Stream, KT grad_out_kt, KT ids_kt, KT grad_table_kt) {
     using A = acc_t<T>;
     const T* g = static_cast<const T*>(grad_out.data());
     T* gw = static_cast<T*>(grad_table.data());
+    // Sums in A: a bf16 table is summed in an f32 copy and rounded once (an
+    // id can take most of the batch, and bf16 sums of thousands of rows lose
+    // whole digits); f32 and f64 sum in place.
+    std::vector<A> wide;
+    A* acc = nullptr;
+    if constexpr (std::is_same_v<T, A>) {
+      acc = gw;
+    } else {
+      wide.assign(gw, gw + rows * dim);
+      acc = wide.data();
+    }
     with_ids(ids, [&](auto id) {
       parallel_rows(blocks, count * block, [&](int64_t b) {
         const int64_t c0 = b * block, c1 = std::min(dim, c0 + block);
         for (int64_t n = 0; n < count; ++n) {
           const int64_t v = id(n);
           if (v < 0 || v >= rows) continue;  // reported by the forward
-          T* dst = gw + v * dim;
+          A* dst = acc + v * dim;
           const T* src = g + n * dim;
-          for (int64_t c = c0; c < c1; ++c) dst[c] = T(A(dst[c]) + A(src[c]));
+          for (int64_t c = c0; c < c1; ++c) dst[c] += A(src[c]);
         }
       });
     });
+    if constexpr (!std::is_same_v<T, A>)
+      for (int64_t i = 0; i < rows * dim; ++i) gw[i] = T(wide[size_t(i)]);
   });
 }
 

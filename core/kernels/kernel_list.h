@@ -57,7 +57,15 @@ enum class UnaryOp : uint8_t {
 // Dropout draws follow the shared rule of core/philox.h (dropout_key,
 // dropout_block, dropout_threshold) for a DropoutKey (core/dropout_context.h):
 // they depend on (seed, step, sequence, site, head, position, feature) only.
+// Which implementation a device uses for padded softmax attention: its own
+// kernels, or the vendor's fused attention (cuDNN SDPA on CUDA; bf16
+// operands, no dropout, key masks whose kept keys come first -- a row that
+// breaks this is reported with `mask_site`). The CPU has only its own.
+enum class AttentionEngine : uint8_t { own, vendor };
+
 struct AttentionParams {
+  AttentionEngine engine = AttentionEngine::own;
+  int32_t mask_site = 0;        // vendor: the op's report site for a key mask it cannot take
   double scale = 1.0;           // scores = q k^T * scale
   double dropout_p = 0.0;       // on the probabilities; 0 = none
   DropoutKey dropout;           // batch row b is sequence dropout.first_sequence + b;

@@ -62,10 +62,32 @@ Tensor rotary_table(const char* op, const RotaryEmbedding* rotary, const Tensor&
   return rope_table(rotary->positions, D, rotary->base, rope_table_dtype(q.dtype()));
 }
 
+// Whether the vendor's fused attention (cuDNN SDPA) takes a call: a CUDA
+// device, bf16 operands (autocast), no dropout (its RNG cannot follow the
+// shared Philox rule), a head dim it has kernels for.
+bool vendor_takes(Device device, bool low, bool drop, int64_t head_dim) {
+  return !device.is_cpu() && low && !drop && head_dim % 8 == 0 && head_dim <= 128;
+}
+
+// The report site of a key mask cuDNN's padding mask cannot express (a kept
+// key after a masked one in a row); 0 without a mask.
+int32_t vendor_mask_site(const char* op, Device device, const Tensor& key_padding_mask,
+                         int64_t Sk) {
+  if (!key_padding_mask.defined()) return 0;
+  return kernels::index_check_site(
+      device, [op, Sk, mask = key_padding_mask.desc()](int64_t kept, int64_t position) {
+        return detail::concat(op, ": cuDNN SDPA (model.attention_kernel: cudnn_sdpa) takes key ",
+                              "masks whose kept keys come first; key_padding_mask ", mask, " row ",
+                              position / Sk, " keeps key ", position % Sk, " after a masked one (",
+                              kept, " kept in all)");
+      });
+}
+
 // attention() and rope_attention(): one node, RoPE inside when `rotary`.
 Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& key_padding_mask, const RotaryEmbedding* rotary,
-                        double dropout_p, bool training, DropoutContext& ctx, double scale) {
+                        double dropout_p, bool training, DropoutContext& ctx, double scale,
+                        kernels::AttentionEngine engine = kernels::AttentionEngine::own) {
   const Device device = kernel_device(op, {&q, &k, &v, &key_padding_mask});
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
     throw Error(detail::concat(op, ": expected q, k, v as [B, H, S, D], got ", q.desc(), ", ",
@@ -87,13 +109,16 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
                                " does not match [B, Sk] = [", B, ", ", Sk, "]"));
   const Tensor table = rotary_table(op, rotary, q, k, 2);
   const bool interleaved = rotary && rotary->layout == RopeLayout::interleaved;
-  const kernels::AttentionParams params =
-      attention_params(op, q, H, scale, dropout_p, training, ctx);
+  kernels::AttentionParams params = attention_params(op, q, H, scale, dropout_p, training, ctx);
   const bool drop = params.dropout_p > 0.0;
   // Under bf16 autocast the two products read bf16 q, k, v (kept for
   // backward at half the memory) and the probabilities as bf16; scores,
   // softmax, lse and the output stay f32.
   const bool low = autocast_bf16(device, q.dtype());
+  if (engine == kernels::AttentionEngine::vendor && vendor_takes(device, low, drop, D) && Dv == D) {
+    params.engine = engine;
+    params.mask_site = vendor_mask_site(op, device, key_padding_mask, Sk);
+  }
   auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
   const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
   // The kernel reads the mask itself (nonzero = attend): no host copy.
@@ -142,6 +167,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
                  double dropout_p, bool training, DropoutContext& ctx, double scale) {
   return padded_attention("attention", q, k, v, key_padding_mask, nullptr, dropout_p, training, ctx,
                           scale);
+}
+
+Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& key_padding_mask, double dropout_p, bool training,
+                       DropoutContext& ctx, double scale) {
+  return padded_attention("cudnn_attention", q, k, v, key_padding_mask, nullptr, dropout_p,
+                          training, ctx, scale, kernels::AttentionEngine::vendor);
 }
 
 Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -3,12 +3,16 @@
 // view/reshape, and the device error record behind index checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
+#include "core/kernels/coalesce_dims.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "tests/test_support.h"
@@ -188,6 +192,68 @@ TEST(KernelTensor, CarriesPointerDtypeSizesAndStrides) {
   EXPECT_EQ(k.strides[1], 6);
   EXPECT_FALSE(k.is_contiguous());
   EXPECT_FALSE(kernels::kernel_tensor(Tensor()).defined());
+}
+
+// The offsets of row-major index i over (ndim, sizes, strides of operand k).
+int64_t walk_offset(int64_t i, int32_t ndim, const int64_t* sizes, const int64_t* strides) {
+  int64_t off = 0;
+  for (int32_t d = ndim - 1; d >= 0; --d) {
+    off += (i % sizes[d]) * strides[d];
+    i /= sizes[d];
+  }
+  return off;
+}
+
+TEST(CoalesceDims, EveryElementKeepsItsOffsetsAndContiguousCallsAreFlat) {
+  using kernels::coalesce_dims;
+  using kernels::kMaxDims;
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t ndim = int32_t(rng() % 5) + 1;
+    int64_t sizes[kMaxDims] = {};
+    for (int32_t d = 0; d < ndim; ++d) sizes[d] = int64_t(rng() % 4) + 1;
+    // Operand 0 contiguous; 1 broadcast on random dims; 2 a permuted (transposed)
+    // layout; 3 every other element of a wider buffer.
+    int64_t strides[3 + 1][kMaxDims] = {};
+    int64_t s = 1;
+    for (int32_t d = ndim - 1; d >= 0; --d) {
+      strides[0][d] = s;
+      strides[1][d] = rng() % 2 ? 0 : s;
+      strides[3][d] = 2 * s;
+      s *= sizes[d];
+    }
+    std::vector<int32_t> order(size_t(ndim), 0);
+    for (int32_t d = 0; d < ndim; ++d) order[size_t(d)] = d;
+    std::shuffle(order.begin(), order.end(), rng);
+    s = 1;
+    for (int32_t d : order) {
+      strides[2][d] = s;
+      s *= sizes[d];
+    }
+    int64_t csizes[kMaxDims], cstrides[4][kMaxDims];
+    std::copy(sizes, sizes + kMaxDims, csizes);
+    std::copy(&strides[0][0], &strides[0][0] + 4 * kMaxDims, &cstrides[0][0]);
+    const int32_t cdim = coalesce_dims(ndim, csizes, cstrides, 4);
+    for (int64_t i = 0; i < s; ++i)
+      for (int k = 0; k < 4; ++k)
+        ASSERT_EQ(walk_offset(i, cdim, csizes, cstrides[k]),
+                  walk_offset(i, ndim, sizes, strides[k]))
+            << "trial " << trial << ", element " << i << ", operand " << k;
+  }
+  // Contiguous operands of one shape: one dim. A bias over rows: two.
+  int64_t sizes[kMaxDims] = {4, 3, 8};
+  int64_t strides[2][kMaxDims] = {{24, 8, 1}, {24, 8, 1}};
+  EXPECT_EQ(coalesce_dims(3, sizes, strides, 2), 1);
+  EXPECT_EQ(sizes[0], 96);
+  int64_t bias_sizes[kMaxDims] = {4, 3, 8};
+  int64_t bias_strides[2][kMaxDims] = {{24, 8, 1}, {0, 0, 1}};
+  EXPECT_EQ(coalesce_dims(3, bias_sizes, bias_strides, 2), 2);
+  EXPECT_EQ(bias_sizes[0], 12);
+  EXPECT_EQ(bias_sizes[1], 8);
+  // Only dims of size 1: no dim left (offset 0 for the one element).
+  int64_t ones[kMaxDims] = {1, 1};
+  int64_t ones_strides[1][kMaxDims] = {{5, 7}};
+  EXPECT_EQ(coalesce_dims(2, ones, ones_strides, 1), 0);
 }
 
 }  // namespace

@@ -289,6 +289,22 @@ std::vector<OpCase> make_table() {
                .dtypes = {DType::f64, DType::f32},
                .unsupported = kAttentionF32F64Only});
 
+  // cuDNN's fused attention where it takes the call (CUDA under bf16
+  // autocast: the "cuda autocast" cell), attention()'s kernels elsewhere.
+  // Head dim 16: cuDNN takes multiples of 8, and the f64 finite differences stay quick.
+  t.push_back(
+      {.op = "cudnn_attention",
+       .name = "cudnn_attention_padding_mask",
+       .inputs = {in({2, 2, 5, 16}, heads, -1.0, 1.0), in({2, 2, 5, 16}, heads, -1.0, 1.0),
+                  in({2, 2, 5, 16}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
+       .build =
+           [](const X& x) {
+             DropoutContext ctx{0, 0, 0};
+             return cudnn_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.25);
+           },
+       .dtypes = {DType::f64, DType::f32},
+       .unsupported = kAttentionF32F64Only});
+
   // Three segments of a 9-token stream (tokens 5 and 8 in none): rows 0, 0, 1.
   t.push_back({.op = "varlen_attention",
                .name = "varlen_attention_segments",
@@ -433,6 +449,22 @@ std::vector<OpCase> make_table() {
                .inputs = {in({2, 37, 9}, transposed), in({9, 23})},
                .build = [](const X& x) { return matmul(x[0], x[1]); },
                .tol_bf16 = 2e-2});
+  // Segments of sorted ids longer than the CUDA kernel's 256-row chunks
+  // (gather.cu): id 0 ends exactly at a chunk end, id 1 spans three chunks
+  // and ends inside one; the ids come in a scrambled order.
+  t.push_back({.op = "embedding",
+               .name = "embedding_long_segments",
+               .inputs = {in({3, 40}), fixed(i64(
+                                           [] {
+                                             std::vector<int64_t> ids(1536);
+                                             for (int64_t i = 0; i < 1536; ++i) {
+                                               const int64_t r = i * 7 % 1536;
+                                               ids[size_t(i)] = r < 768 ? 0 : r < 1368 ? 1 : 2;
+                                             }
+                                             return ids;
+                                           }(),
+                                           {1536}))},
+               .build = [](const X& x) { return embedding(x[0], x[1]); }});
   t.push_back({.op = "embedding",
                .name = "embedding_wide_rows",
                .inputs = {in({50, 80}), fixed(i64(
@@ -750,8 +782,9 @@ std::vector<Tensor> nudged_bases(const OpCase& c) {
 void check_autocast(const OpCase& c, const Result& got, const Result& plain, const Result& ref,
                     const std::string& column) {
   const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention" ||
-                         c.op == "rope_attention" || c.op == "varlen_attention" ||
-                         c.op == "varlen_rope_attention" || c.op == "gelu_tanh_ffn";
+                         c.op == "cudnn_attention" || c.op == "rope_attention" ||
+                         c.op == "varlen_attention" || c.op == "varlen_rope_attention" ||
+                         c.op == "gelu_tanh_ffn";
   if (!matrix_op) {
     // Not a product: the same function, so exactly the plain f32 numbers.
     const std::string same = compare(c, got, plain, 0.0, 0.0);

@@ -41,16 +41,6 @@ inline void PrintTo(const Case& c, std::ostream* os) {
   *os << c.name;
 }
 
-// Values rounded to bf16 (so both devices read the same numbers), as f32.
-inline Tensor bf16_values(const Shape& shape, uint64_t seed) {
-  Generator gen{seed, 0};
-  return Tensor::randn(shape, gen, DType::f32).to(DType::bf16).to(DType::f32);
-}
-
-inline std::vector<double> host(const Tensor& t) {
-  return t.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
-}
-
 // The geometry of a case: operands, mask or segments, positions.
 struct Problem {
   Tensor q, k, v, grad_out;  // f32 holding bf16 values, CPU

@@ -32,4 +32,15 @@ inline double relative_error(const std::vector<double>& out, const std::vector<d
   return std::sqrt(diff / (norm > 0 ? norm : 1.0));
 }
 
+// Values rounded to bf16 (so both devices read the same numbers), as f32.
+inline Tensor bf16_values(const Shape& shape, uint64_t seed) {
+  Generator gen{seed, 0};
+  return Tensor::randn(shape, gen, DType::f32).to(DType::bf16).to(DType::f32);
+}
+
+// A tensor's values on the host as f64, in logical order.
+inline std::vector<double> host(const Tensor& t) {
+  return t.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
+}
+
 }  // namespace roformer::testing

@@ -16,6 +16,8 @@ namespace roformer {
 namespace {
 
 using namespace testing::flash;
+using testing::bf16_values;
+using testing::host;
 using testing::kGpu;
 
 class FlashAttention : public ::testing::TestWithParam<Case> {};

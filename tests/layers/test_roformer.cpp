@@ -261,10 +261,10 @@ TEST(RoFormerOptions, EveryVariantTrains) {
 TEST(RoFormerOptions, AttentionKernelChangesHowNotWhat) {
   // model.attention_kernel: RoPE inside the attention op or as separate ops
   // before it gives the same loss and gradients (padding mask and dropout on).
-  auto run = [](AttentionKernel kernel, RopeLayout layout) {
+  auto run = [](AttentionKernel kernel, RopeLayout layout, double attention_dropout = 0.1) {
     ModelConfig c = small_config();
     c.hidden_dropout_prob = 0.1;
-    c.attention_probs_dropout_prob = 0.1;
+    c.attention_probs_dropout_prob = attention_dropout;
     c.rope_layout = layout;
     c.attention_kernel = kernel;
     RoFormerForMaskedLM model(c, 5);
@@ -282,6 +282,11 @@ TEST(RoFormerOptions, AttentionKernelChangesHowNotWhat) {
     for (size_t i = 0; i < fused.size(); ++i)
       ASSERT_NEAR(fused[i], separate[i], 1e-5 * (1.0 + std::abs(separate[i]))) << "element " << i;
   }
+  // cudnn_sdpa (no attention dropout): on the CPU the separate rope ops and
+  // the CPU's attention kernels, so exactly `separate` (on CUDA:
+  // tests/cuda/test_cudnn_sdpa.cpp).
+  EXPECT_EQ(run(AttentionKernel::kCudnnSdpa, RopeLayout::interleaved, 0.0),
+            run(AttentionKernel::kSeparate, RopeLayout::interleaved, 0.0));
 }
 
 // hidden_act gelu_new (the fused tanh-GELU feed-forward block, the tanh GELU

@@ -17,6 +17,8 @@ namespace {
 using namespace testing::flash;
 using kernels::kernel_tensor;
 using kernels::KernelTensor;
+using testing::bf16_values;
+using testing::host;
 
 // The emulated kernels on CPU tensors: bf16 operands, f32 outputs.
 Result run_emulated(const Case& c, const Problem& p) {

@@ -152,6 +152,24 @@ const std::vector<BadConfig>& bad_configs() {
            kStages,
        {},
        "bad.yaml:5:12: data.packing: data.packing: needs model.attention: softmax"},
+      {"cudnn_sdpa_with_attention_dropout",
+       std::string("model:\n  attention_kernel: cudnn_sdpa\n") + kStages,
+       {},
+       "bad.yaml:2:21: model.attention_kernel: cudnn_sdpa has no attention dropout that follows "
+       "the shared Philox rule: set model.attention_probs_dropout_prob: 0 (got 0.1) or choose "
+       "another model.attention_kernel"},
+      {"cudnn_sdpa_on_the_cpu",
+       std::string("model:\n  attention_kernel: cudnn_sdpa\n  attention_probs_dropout_prob: 0\n") +
+           kStages,
+       {},
+       "bad.yaml:2:21: model.attention_kernel: cudnn_sdpa runs on CUDA only (run.device)"},
+      {"cudnn_sdpa_on_token_streams",
+       std::string("model:\n  attention_kernel: cudnn_sdpa\n  attention_probs_dropout_prob: 0\n"
+                   "run:\n  device: cuda\n  precision: bf16\n") +
+           kStages,
+       {},
+       "bad.yaml:2:21: model.attention_kernel: cudnn_sdpa takes padded batches only: set "
+       "data.unpadded: false (token streams run on the other kernels)"},
       {"packing_not_a_bool",
        std::string("data:\n  packing: sometimes\n") + kStages,
        {},

@@ -10,6 +10,7 @@
 // Arithmetic in f32 for f32/bf16 and f64 for f64. bf16 q, k, v at head dim
 // 64 go to the tensor-core kernel of flash_attention.cu instead.
 #include "core/cuda/kernels/attention_common.cuh"
+#include "core/cuda/kernels/cudnn_attention.h"
 #include "core/cuda/kernels/flash_attention.h"
 
 namespace roformer::kernels::cuda {
@@ -323,6 +324,10 @@ void attention_forward(Stream stream, const AttentionParams& params, const Kerne
                        const KernelTensor& keep_bits) {
   check_geometry(q, k, v);
   if (out.numel() == 0) return;
+  if (params.engine == AttentionEngine::vendor) {
+    cudnn_attention_forward(stream, params, q, k, v, key_mask, out, lse);
+    return;
+  }
   if (flash_outputs(q, k, v, out, lse)) {
     flash_forward(stream, params, FlashRope{}, q, k, v, key_mask, KernelTensor{}, out, lse,
                   keep_bits);
@@ -345,6 +350,11 @@ void attention_backward(Stream stream, const AttentionParams& params, const Kern
                         const KernelTensor& grad_q, const KernelTensor& grad_k,
                         const KernelTensor& grad_v) {
   check_geometry(q, k, v);
+  if (params.engine == AttentionEngine::vendor) {
+    cudnn_attention_backward(stream, params, q, k, v, key_mask, out, lse, grad_out, grad_q, grad_k,
+                             grad_v);
+    return;
+  }
   if (flash_outputs(q, k, v, out, lse) && flash_supported(q, k, v, grad_out) &&
       flash_outputs(q, k, v, grad_q, lse) && grad_k.dtype == grad_q.dtype &&
       grad_v.dtype == grad_q.dtype) {

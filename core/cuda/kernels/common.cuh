@@ -14,6 +14,7 @@
 #include "core/cuda/check.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/kernels/coalesce_dims.h"
 #include "core/kernels/kernel_list.h"
 
 namespace roformer::kernels::cuda {
@@ -65,6 +66,11 @@ struct Strided {
 
   // Element offsets of linear index i (row-major over sizes) in each operand.
   __device__ __forceinline__ void offsets(int64_t i, int64_t (&out)[N]) const {
+    if (ndim == 1) {  // coalesced to one dim (contiguous operands): no division
+#pragma unroll
+      for (int k = 0; k < N; ++k) out[k] = i * strides[k][0];
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < N; ++k) out[k] = 0;
     for (int32_t d = ndim - 1; d >= 0; --d) {
@@ -77,7 +83,8 @@ struct Strided {
 };
 
 // `shape` gives the sizes; operands must have that many dims (broadcast dims
-// carry stride 0, as the op expands them).
+// carry stride 0, as the op expands them). The dims are coalesced
+// (core/kernels/coalesce_dims.h).
 template <int N>
 Strided<N> strided(const KernelTensor& shape, const KernelTensor* const (&operands)[N]) {
   Strided<N> s;
@@ -88,6 +95,7 @@ Strided<N> strided(const KernelTensor& shape, const KernelTensor* const (&operan
              " dims for a result with ", shape.ndim);
     for (int32_t d = 0; d < shape.ndim; ++d) s.strides[k][d] = operands[k]->strides[d];
   }
+  s.ndim = coalesce_dims(s.ndim, s.sizes, s.strides, N);
   return s;
 }
 

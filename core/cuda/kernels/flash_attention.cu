@@ -398,7 +398,7 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& 
           a.drop.key);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool keep = j + e < r.Lk && (w[int((j + e) % 4)] >> 8) >= a.drop.threshold;
+        const bool keep = j + e < r.Lk && (w.word(uint32_t(j + e) % 4) >> 8) >= a.drop.threshold;
         p[nt][2 * hf + e] = keep ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
         words[hf][nt >> 2] |= uint32_t(keep) << ((nt & 3) * 8 + 2 * t + e);
       }

@@ -1,7 +1,12 @@
 // Row gathers (embedding lookup, index_select) and the deterministic
 // scatter-add of their backward: the (id, position) pairs are stably sorted
-// by id (CUB radix sort), then one thread per (id segment, column) adds the
-// segment's rows in position order -- the CPU's order, without float atomics.
+// by id (CUB radix sort), then each id's segment of rows is summed per column
+// in position order, without float atomics. A segment can hold most of the
+// batch (the token-type table has two rows), so the sorted pairs are cut into
+// fixed chunks: one pass sums, per (chunk, column), the run of the id the
+// chunk starts with; then one thread per (segment, column) adds its rows in
+// its first chunk and those chunk sums for the chunks it goes on into.
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "core/cuda/kernels/common.cuh"
@@ -47,17 +52,53 @@ __global__ void make_keys(const I* ids, int64_t count, int64_t rows, int64_t* ke
   }
 }
 
+// Rows of sorted pairs per chunk, at least: about the square root of a
+// batch's tokens, so neither pass is long for one thread.
+constexpr int64_t kSegmentChunk = 256;
+constexpr int64_t kMaxChunks = 65535;  // gridDim.y's limit
+
+// first_run[chunk][c]: the sum of column c over the chunk's leading run of
+// one id, in position order.
+template <class T>
+__global__ void leading_run_sums(const T* grad_out, const int64_t* keys, const int64_t* positions,
+                                 acc_t<T>* first_run, int64_t count, int64_t dim, int64_t chunk) {
+  using A = acc_t<T>;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= dim) return;
+  const int64_t begin = int64_t(blockIdx.y) * chunk;
+  const int64_t end = begin + chunk < count ? begin + chunk : count;
+  const int64_t key = keys[begin];
+  A s = A(0);
+  for (int64_t j = begin; j < end && keys[j] == key; ++j)
+    s += convert<A>(grad_out[positions[j] * dim + c]);
+  first_run[int64_t(blockIdx.y) * dim + c] = s;
+}
+
 template <class T>
 __global__ void segment_sums(const T* grad_out, const int64_t* keys, const int64_t* positions,
-                             T* grad_table, int64_t count, int64_t rows, int64_t dim) {
+                             const acc_t<T>* first_run, T* grad_table, int64_t count, int64_t rows,
+                             int64_t dim, int64_t chunk) {
   using A = acc_t<T>;
   RF_GRID_LOOP(i, count * dim) {
     const int64_t s = i / dim, c = i % dim;
     const int64_t key = keys[s];
     if (key >= rows || (s > 0 && keys[s - 1] == key)) continue;  // not a segment start
+    const int64_t k0 = s / chunk;
+    const int64_t first_end = (k0 + 1) * chunk < count ? (k0 + 1) * chunk : count;
+    A acc = A(0);
+    int64_t j = s;
+    for (; j < first_end && keys[j] == key; ++j)
+      acc += convert<A>(grad_out[positions[j] * dim + c]);
+    // Past its first chunk, each chunk the segment reaches starts with it.
+    if (j == first_end && j < count && keys[j] == key) {
+      for (int64_t k = k0 + 1;; ++k) {
+        const int64_t end = (k + 1) * chunk < count ? (k + 1) * chunk : count;
+        acc += first_run[k * dim + c];
+        if (end == count || keys[end - 1] != key || keys[end] != key) break;
+      }
+    }
     T* dst = grad_table + key * dim + c;
-    for (int64_t j = s; j < count && keys[j] == key; ++j)
-      *dst = convert<T>(convert<A>(*dst) + convert<A>(grad_out[positions[j] * dim + c]));
+    *dst = convert<T>(convert<A>(*dst) + acc);
   }
 }
 
@@ -120,11 +161,18 @@ void scatter_add_rows(Stream stream, const KernelTensor& grad_out, const KernelT
   RF_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys, sorted_keys,
                                                 positions, sorted_positions, count, 0, end_bit,
                                                 native(stream)));
+  const int64_t chunk = std::max(kSegmentChunk, (count + kMaxChunks - 1) / kMaxChunks);
+  const int64_t chunks = (count + chunk - 1) / chunk;
   on_floating_dtype(grad_table.dtype, "scatter_add_rows", [&](auto tag) {
     using T = decltype(tag);
+    using A = acc_t<T>;
+    Scratch first_run(stream, size_t(chunks * dim) * sizeof(A));
+    const dim3 grid(unsigned((dim + kThreads - 1) / kThreads), unsigned(chunks));
+    RF_LAUNCH((leading_run_sums<T>), grid, kThreads, 0, native(stream), grad_out.as<const T>(),
+              sorted_keys, sorted_positions, first_run.as<A>(), count, dim, chunk);
     RF_LAUNCH((segment_sums<T>), grid_for(count * dim), kThreads, 0, native(stream),
-              grad_out.as<const T>(), sorted_keys, sorted_positions, grad_table.as<T>(), count,
-              rows, dim);
+              grad_out.as<const T>(), sorted_keys, sorted_positions, first_run.as<const A>(),
+              grad_table.as<T>(), count, rows, dim, chunk);
   });
 }
 
