@@ -122,6 +122,12 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += int64_t(gridDim.x) * blockDim.x)
 
+// A kernel's dynamic shared memory (the launch's third argument) as
+// `unsigned char name[]`; the SIMT emulator (tests/simt/simt.h) defines its own.
+#ifndef RF_DYNAMIC_SHARED
+#define RF_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 // Launches and checks; wrap a template kernel in parentheses:
 // RF_LAUNCH((k<T, U>), grid, block, shared, stream, args...).
 #define RF_LAUNCH(kernel, grid, block, shared, stream, ...)                 \

@@ -101,11 +101,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 // d += a b for a 16x16 A (row) and a 16x8 B (col), bf16 in, f32 accumulate.
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
+#if defined(ROFORMER_SIMT_EMULATION)  // tests/simt: run on the CPU
+  const uint32_t b[2] = {b0, b1};
+  const float c[4] = {d[0], d[1], d[2], d[3]};
+  ::roformer::simt::mma_m16n8k16_bf16(d, a, b, c);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a shared tile,
@@ -116,9 +122,13 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* s, int r0
   const int m = lane >> 3, r = lane & 7;
   const bf16_t* p = s + (r0 + r + (m & 1) * 8) * kLd + k0 + (m >> 1) * 8;
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+#if defined(ROFORMER_SIMT_EMULATION)
+  ::roformer::simt::ldmatrix_x4(a, addr, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(addr));
+#endif
 }
 
 // B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
@@ -130,9 +140,13 @@ __device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16_t* s, i
   const int m = lane >> 3, r = lane & 7;
   const bf16_t* p = s + (n0 + r + (m >> 1) * 8) * kLd + k0 + (m & 1) * 8;
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+#if defined(ROFORMER_SIMT_EMULATION)
+  ::roformer::simt::ldmatrix_x4(b, addr, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(addr));
+#endif
 }
 
 // B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
@@ -143,9 +157,13 @@ __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], const bf16_t* s, 
   const int m = lane >> 3, r = lane & 7;
   const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + n0 + (m >> 1) * 8;
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+#if defined(ROFORMER_SIMT_EMULATION)
+  ::roformer::simt::ldmatrix_x4(b, addr, true);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(addr));
+#endif
 }
 
 // The A fragment for keys (or queries) [16 kk, 16 kk + 16) of a 16 x 64
@@ -485,7 +503,7 @@ __device__ __forceinline__ float out_at(const FlashArgs& a, const Block& r, int6
 
 // dq for 128 query rows, and D = dO . O of those rows (for the dk/dv pass).
 __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a, int64_t tiles) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  RF_DYNAMIC_SHARED(smem);
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);
   bf16_t* sO = sQ + kRowsPerBlock * kLd;  // dO
   bf16_t* sK = sO + kRowsPerBlock * kLd;
@@ -578,7 +596,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
 
 // dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64.
 __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a, int64_t tiles) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  RF_DYNAMIC_SHARED(smem);
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem);
   bf16_t* sV = sK + kRowsPerBlock * kLd;
   bf16_t* sQ = sV + kRowsPerBlock * kLd;
@@ -774,7 +792,7 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   RF_CHECK(out.dtype == DType::f32 || out.dtype == DType::bf16,
            "flash attention: out must be f32 or bf16");
   FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
-  const int64_t heads = q.sizes[q.ndim - 2];
+  const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
   const Grid g = grid_of(params, q, k, segments, false);
   if (g.sequences * g.tiles == 0 || heads == 0) return;
   RF_LAUNCH(flash_forward_kernel, launch_grid(g, heads), kThreadsPerBlock, 0, native(stream), a,
@@ -798,7 +816,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   a.dk = operand_of(grad_k);
   a.dv = operand_of(grad_v);
   a.grad_dtype = grad_q.dtype;
-  const int64_t heads = q.sizes[q.ndim - 2];
+  const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
   if (heads == 0) return;
   // D = dO . O per query row, laid out like lse. With no query rows (Sq = 0)
   // there is none, but the dk/dv pass still runs: it writes their zeros.

@@ -1,0 +1,17 @@
+// core/cuda/kernels/flash_attention.cu as it is, compiled by g++ for the SIMT
+// emulator: its launches run through simt::launch, its scratch memory and
+// shared-memory opt-in are the emulator's, its public functions are renamed
+// (flash_attention_emulated.h) so they sit beside the real ones.
+#include "tests/simt/simt.h"
+//
+#include "core/cuda/kernels/attention_common.cuh"
+
+#undef RF_LAUNCH
+#define RF_LAUNCH(kernel, grid, block, shared, stream, ...) \
+  ((void)(stream), ::roformer::simt::launch(kernel, grid, block, shared, __VA_ARGS__))
+#define allow_shared ::roformer::simt::allow_dynamic_shared
+#define Scratch ::roformer::simt::HostScratch
+
+#include "tests/simt/flash_attention_emulated.h"
+//
+#include "core/cuda/kernels/flash_attention.cu"

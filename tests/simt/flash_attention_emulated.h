@@ -1,0 +1,12 @@
+// The tensor-core attention (core/cuda/kernels/flash_attention.cu) compiled
+// for the SIMT emulator by flash_attention_emulated.cpp: simt_flash_forward,
+// simt_flash_backward and simt_flash_supported take the arguments of
+// flash_forward, flash_backward and flash_supported with host memory in
+// place of device memory, and run the kernel's own source on the CPU. A
+// translation unit includes this header or flash_attention.h, not both.
+#pragma once
+
+#define flash_forward simt_flash_forward
+#define flash_backward simt_flash_backward
+#define flash_supported simt_flash_supported
+#include "core/cuda/kernels/flash_attention.h"

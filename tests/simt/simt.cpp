@@ -1,0 +1,471 @@
+// The SIMT emulator's scheduler and warp collectives (see simt.h).
+#include "tests/simt/simt.h"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+// The linker's bounds of the shared window (every `__shared__` variable and
+// the dynamic shared memory).
+extern "C" {
+extern char __start_simt_shared[] __attribute__((weak));
+extern char __stop_simt_shared[] __attribute__((weak));
+// AddressSanitizer's, when the binary has it: a stack given back with frames
+// still poisoned (fibers abandoned after a fault) must not poison later maps.
+void __asan_unpoison_memory_region(void const volatile* addr, size_t size) __attribute__((weak));
+}
+
+namespace roformer::simt {
+namespace {
+
+__attribute__((section("simt_shared"), aligned(128))) unsigned char g_dynamic[kMaxDynamicShared];
+
+unsigned char* window_begin() {
+  return reinterpret_cast<unsigned char*>(__start_simt_shared);
+}
+size_t window_size() {
+  return size_t(__stop_simt_shared - __start_simt_shared);
+}
+
+constexpr int kWarp = 32;
+constexpr size_t kStackBytes = 64 * 1024;  // AddressSanitizer clears a stack's shadow per switch
+constexpr size_t kGuardBytes = 4096;       // an inaccessible page below each stack
+
+// Fiber stacks of one launch, each above a guard page.
+class Stacks {
+ public:
+  explicit Stacks(size_t count) : count_(count) {
+    bytes_ = count * (kStackBytes + kGuardBytes);
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    RF_CHECK(p != MAP_FAILED, "simt: cannot map ", bytes_, " bytes of fiber stacks");
+    base_ = static_cast<char*>(p);
+    for (size_t i = 0; i < count; ++i)
+      mprotect(base_ + i * (kStackBytes + kGuardBytes), kGuardBytes, PROT_NONE);
+  }
+  ~Stacks() {
+    if (&__asan_unpoison_memory_region != nullptr) __asan_unpoison_memory_region(base_, bytes_);
+    munmap(base_, bytes_);
+  }
+  Stacks(const Stacks&) = delete;
+  Stacks& operator=(const Stacks&) = delete;
+  char* stack(size_t i) const { return base_ + i * (kStackBytes + kGuardBytes) + kGuardBytes; }
+
+ private:
+  size_t count_ = 0, bytes_ = 0;
+  char* base_ = nullptr;
+};
+
+struct Barrier {
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+enum class Op : uint32_t { shfl_xor, shfl, ldmatrix, ldmatrix_trans, mma };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::shfl_xor:
+      return "__shfl_xor_sync";
+    case Op::shfl:
+      return "__shfl_sync";
+    case Op::ldmatrix:
+      return "ldmatrix.x4";
+    case Op::ldmatrix_trans:
+      return "ldmatrix.x4.trans";
+    case Op::mma:
+      return "mma.m16n8k16";
+  }
+  return "?";
+}
+
+struct Warp {
+  Barrier barrier;
+  Op op[kWarp] = {};
+  uint32_t in[kWarp][10] = {};
+  uint32_t out[kWarp][4] = {};
+};
+
+struct Fiber {
+  ucontext_t context;
+  ThreadState state;
+  bool done = false;
+  const uint64_t* wait_generation = nullptr;  // runnable once *wait_generation != wait_value
+  uint64_t wait_value = 0;
+  const char* waiting_at = "";
+};
+
+// The block being run.
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  Barrier barrier;
+  int running = 0;
+  bool reverse = false;
+  size_t dynamic_bytes = 0;
+  ucontext_t main;
+  const std::function<void()>* body = nullptr;
+  std::exception_ptr error;
+  std::string fault;
+};
+
+Block* g_block = nullptr;
+std::map<const void*, size_t> g_opt_in;  // kernel -> its dynamic shared memory limit
+std::mutex g_launch_mutex;               // one emulated launch at a time (shared statics)
+
+bool runnable(const Fiber& f) {
+  return !f.done && (f.wait_generation == nullptr || *f.wait_generation != f.wait_value);
+}
+
+// The next runnable fiber after the running one in the block's order (the
+// running one itself last), or -1.
+int next_runnable(const Block& b) {
+  const int n = int(b.fibers.size()), step = b.reverse ? n - 1 : 1;
+  for (int k = 1; k <= n; ++k) {
+    const int j = (b.running + k * step) % n;
+    if (runnable(b.fibers[size_t(j)])) return j;
+  }
+  return -1;
+}
+
+std::string describe_deadlock(const Block& b) {
+  std::map<std::string, int> where;
+  for (const Fiber& f : b.fibers) {
+    const int warp = f.state.linear / kWarp;
+    if (f.done)
+      ++where["exited"];
+    else if (f.wait_generation == &b.barrier.generation)
+      ++where["waiting at __syncthreads"];
+    else
+      ++where["warp " + std::to_string(warp) + " waiting at " + f.waiting_at];
+  }
+  std::string s = "simt: deadlock in block (" + std::to_string(b.fibers[0].state.block_idx.x) +
+                  ", " + std::to_string(b.fibers[0].state.block_idx.y) + ", " +
+                  std::to_string(b.fibers[0].state.block_idx.z) + "): threads ";
+  for (const auto& [what, count] : where) s += std::to_string(count) + " " + what + "; ";
+  return s + "(a barrier or warp collective that not every thread reaches)";
+}
+
+// Leaves the running fiber (which waits or has exited) for the next runnable
+// one, or for the launch when none is left.
+void switch_away(bool exited) {
+  Block& b = *g_block;
+  const int from = b.running;
+  const int to = b.error ? -1 : next_runnable(b);
+  if (to == from) {
+    b.fibers[size_t(from)].wait_generation = nullptr;
+    return;
+  }
+  if (to < 0) {
+    bool all_done = true;
+    for (const Fiber& f : b.fibers) all_done = all_done && f.done;
+    if (!all_done && !b.error) b.fault = describe_deadlock(b);
+    if (exited)
+      setcontext(&b.main);
+    else
+      swapcontext(&b.fibers[size_t(from)].context, &b.main);  // never resumed
+    return;
+  }
+  b.running = to;
+  current_thread = &b.fibers[size_t(to)].state;
+  if (exited) setcontext(&b.fibers[size_t(to)].context);
+  swapcontext(&b.fibers[size_t(from)].context, &b.fibers[size_t(to)].context);
+  b.fibers[size_t(from)].wait_generation = nullptr;  // resumed: what it waited for happened
+}
+
+void fiber_main() {
+  Block& b = *g_block;
+  try {
+    (*b.body)();
+  } catch (...) {
+    if (!b.error) b.error = std::current_exception();
+  }
+  b.fibers[size_t(b.running)].done = true;
+  switch_away(true);
+}
+
+// The running thread arrives at `bar` of `count` threads; the last to arrive
+// runs `on_last` before releasing the others.
+template <class OnLast>
+void arrive_and_wait(Barrier& bar, int count, const char* what, OnLast&& on_last) {
+  Block& b = *g_block;
+  if (++bar.arrived == count) {
+    on_last();
+    bar.arrived = 0;
+    ++bar.generation;
+    return;
+  }
+  Fiber& f = b.fibers[size_t(b.running)];
+  f.wait_generation = &bar.generation;
+  f.wait_value = bar.generation;
+  f.waiting_at = what;
+  switch_away(false);
+}
+
+// --- the collectives, from the PTX ISA ------------------------------------------------
+
+float bf16_bits_to_float(uint32_t bits16) {
+  const uint32_t w = bits16 << 16;
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+
+// One 16-byte row of an 8x8 b16 matrix at a lane's shared address.
+const unsigned char* matrix_row(const Block& b, uint32_t address) {
+  RF_CHECK(address % 16 == 0, "simt: ldmatrix row address ", address, " is not 16-byte aligned");
+  RF_CHECK(size_t(address) + 16 <= window_size(), "simt: ldmatrix row address ", address,
+           " outside shared memory");
+  const size_t dyn = size_t(g_dynamic - window_begin());
+  if (address >= dyn && address < dyn + kMaxDynamicShared)
+    RF_CHECK(address + 16 <= dyn + b.dynamic_bytes, "simt: ldmatrix reads dynamic shared byte ",
+             address + 16 - dyn, " of ", b.dynamic_bytes, " launched");
+  return window_begin() + address;
+}
+
+uint32_t b16_at(const unsigned char* row, int i) {
+  uint16_t v;
+  std::memcpy(&v, row + 2 * i, 2);
+  return v;
+}
+
+// ldmatrix .m8n8 .x4 .b16: lanes 8m..8m+7 give the row addresses of matrix m;
+// lane l receives in register m the elements (l / 4, 2 (l % 4)) and
+// (l / 4, 2 (l % 4) + 1) of matrix m (lower column in the lower half); with
+// .trans the matrix is read column-major, i.e. those elements of its transpose.
+void ldmatrix_all(const Block& b, Warp& w, bool trans) {
+  const unsigned char* rows[kWarp];
+  for (int i = 0; i < kWarp; ++i) rows[i] = matrix_row(b, w.in[i][0]);
+  for (int l = 0; l < kWarp; ++l)
+    for (int m = 0; m < 4; ++m) {
+      const int r = l / 4, c = 2 * (l % 4);
+      uint32_t lo, hi;
+      if (!trans) {
+        lo = b16_at(rows[8 * m + r], c);
+        hi = b16_at(rows[8 * m + r], c + 1);
+      } else {
+        lo = b16_at(rows[8 * m + c], r);
+        hi = b16_at(rows[8 * m + c + 1], r);
+      }
+      w.out[l][m] = lo | (hi << 16);
+    }
+}
+
+// mma .m16n8k16 .row.col f32.bf16.bf16.f32: with groupID g = lane >> 2 and
+// threadID_in_group t = lane % 4,
+//  A element a_i (register i / 2, half i % 2): row g for i in {0, 1, 4, 5}
+//    else g + 8; column 2t + (i & 1), + 8 for i >= 4;
+//  B element b_i: row 2t + (i & 1), + 8 for i >= 2; column g;
+//  C and D element c_i: row g, + 8 for i >= 2; column 2t + (i & 1).
+void mma_all(Warp& w) {
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l >> 2, t = l % 4;
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t reg = w.in[l][i / 2];
+      const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+      const int col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+      A[row][col] = bf16_bits_to_float(i % 2 == 0 ? reg & 0xffffu : reg >> 16);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t reg = w.in[l][4 + i / 2];
+      const int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0);
+      B[row][g] = bf16_bits_to_float(i % 2 == 0 ? reg & 0xffffu : reg >> 16);
+    }
+    for (int i = 0; i < 4; ++i) {
+      float c;
+      std::memcpy(&c, &w.in[l][6 + i], 4);
+      C[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = c;
+    }
+  }
+  for (int l = 0; l < kWarp; ++l) {
+    const int g = l >> 2, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+      double acc = C[row][col];
+      for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(B[k][col]);
+      const float d = float(acc);
+      std::memcpy(&w.out[l][i], &d, 4);
+    }
+  }
+}
+
+void shuffle_all(Warp& w, bool xor_mode) {
+  for (int l = 0; l < kWarp; ++l) {
+    const int arg = int(w.in[l][1]), width = int(w.in[l][2]);
+    RF_CHECK(width > 0 && width <= kWarp && (width & (width - 1)) == 0, "simt: shuffle width ",
+             width, " is not a power of two <= 32");
+    int src;
+    if (xor_mode) {
+      src = l ^ arg;
+      if (src / width != l / width || src >= kWarp) src = l;
+    } else {
+      src = (l / width) * width + (arg % width + width) % width;
+    }
+    w.out[l][0] = w.in[src][0];
+  }
+}
+
+void compute(const Block& b, Warp& w) {
+  for (int l = 1; l < kWarp; ++l)
+    RF_CHECK(w.op[l] == w.op[0], "simt: warp divergence: lane 0 at ", op_name(w.op[0]), ", lane ",
+             l, " at ", op_name(w.op[l]));
+  switch (w.op[0]) {
+    case Op::shfl_xor:
+      return shuffle_all(w, true);
+    case Op::shfl:
+      return shuffle_all(w, false);
+    case Op::ldmatrix:
+      return ldmatrix_all(b, w, false);
+    case Op::ldmatrix_trans:
+      return ldmatrix_all(b, w, true);
+    case Op::mma:
+      return mma_all(w);
+  }
+}
+
+// The running lane's part of a warp collective: its inputs in, its results out.
+void collective(Op op, const uint32_t* in, int n_in, uint32_t* out, int n_out) {
+  RF_CHECK(g_block != nullptr, "simt: ", op_name(op), " outside an emulated launch");
+  Block& b = *g_block;
+  const Fiber& f = b.fibers[size_t(b.running)];
+  const int lane = f.state.linear % kWarp;
+  Warp& w = b.warps[size_t(f.state.linear / kWarp)];
+  w.op[lane] = op;
+  std::memcpy(w.in[lane], in, size_t(n_in) * 4);
+  arrive_and_wait(w.barrier, kWarp, op_name(op), [&] { compute(b, w); });
+  std::memcpy(out, w.out[lane], size_t(n_out) * 4);
+}
+
+// Out of line: getcontext and swapcontext return twice, which would clobber
+// the launch loop's variables.
+__attribute__((noinline)) void make_fiber(Fiber& f, char* stack) {
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = stack;
+  f.context.uc_stack.ss_size = kStackBytes;
+  f.context.uc_link = nullptr;
+  makecontext(&f.context, fiber_main, 0);
+}
+
+__attribute__((noinline)) void run_block(Block& b) {
+  b.running = b.reverse ? int(b.fibers.size()) - 1 : 0;
+  current_thread = &b.fibers[size_t(b.running)].state;
+  swapcontext(&b.main, &b.fibers[size_t(b.running)].context);
+}
+
+}  // namespace
+
+void allow_dynamic_shared(const void* kernel, size_t bytes) {
+  RF_CHECK(bytes <= kMaxDynamicShared, "simt: ", bytes, " bytes of dynamic shared memory over the ",
+           kMaxDynamicShared, " a block can have");
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  g_opt_in[kernel] = bytes;
+}
+
+unsigned char* dynamic_shared() {
+  return g_dynamic;
+}
+
+uint32_t shared_address(const void* p) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  RF_CHECK(c >= window_begin() && c < window_begin() + window_size(),
+           "simt: __cvta_generic_to_shared of an address outside shared memory");
+  return uint32_t(c - window_begin());
+}
+
+void syncthreads() {
+  RF_CHECK(g_block != nullptr, "simt: __syncthreads outside an emulated launch");
+  Block& b = *g_block;
+  arrive_and_wait(b.barrier, int(b.fibers.size()), "__syncthreads", [] {});
+}
+
+uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode) {
+  RF_CHECK(mask == 0xffffffffu, "simt: only full-warp shuffles are emulated");
+  const uint32_t in[3] = {value, uint32_t(arg), uint32_t(width)};
+  uint32_t out;
+  collective(xor_mode ? Op::shfl_xor : Op::shfl, in, 3, &out, 1);
+  return out;
+}
+
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans) {
+  collective(trans ? Op::ldmatrix_trans : Op::ldmatrix, &address, 1, r, 4);
+}
+
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                       const float (&c)[4]) {
+  uint32_t in[10];
+  std::memcpy(in, a, 16);
+  std::memcpy(in + 4, b, 8);
+  std::memcpy(in + 6, c, 16);
+  uint32_t out[4];
+  collective(Op::mma, in, 10, out, 4);
+  std::memcpy(d, out, 16);
+}
+
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+              const std::function<void()>& body) {
+  std::lock_guard<std::mutex> lock(g_launch_mutex);
+  const size_t threads = size_t(block.x) * block.y * block.z;
+  RF_CHECK(threads > 0 && threads <= 1024 && threads % kWarp == 0, "simt: block of ", threads,
+           " threads (the emulator runs 32 to 1024 threads, whole warps)");
+  RF_CHECK(grid.x > 0 && grid.y > 0 && grid.z > 0, "simt: empty grid");
+  const auto opt_in = g_opt_in.find(kernel);
+  const size_t limit = opt_in == g_opt_in.end() ? kDefaultDynamicShared : opt_in->second;
+  RF_CHECK(dynamic_shared_bytes <= limit, "simt: launch with ", dynamic_shared_bytes,
+           " bytes of dynamic shared memory, over the kernel's limit of ", limit,
+           " (cudaFuncSetAttribute raises it)");
+  // Every kernel's static shared memory counts: an upper bound of this one's.
+  const size_t static_bytes = window_size() - kMaxDynamicShared;
+  RF_CHECK(static_bytes + dynamic_shared_bytes <= kMaxDynamicShared, "simt: ", static_bytes,
+           " bytes of static and ", dynamic_shared_bytes, " of dynamic shared memory");
+
+  Stacks stacks(threads);
+  Block b;
+  b.fibers.resize(threads);
+  b.warps.resize(threads / kWarp);
+  b.body = &body;
+  b.dynamic_bytes = dynamic_shared_bytes;
+  g_block = &b;
+  struct Reset {
+    ~Reset() {
+      g_block = nullptr;
+      current_thread = nullptr;
+    }
+  } reset;
+  uint64_t index = 0;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x, ++index) {
+        std::memset(window_begin(), 0xff, window_size());
+        b.barrier.arrived = 0;
+        for (Warp& w : b.warps) w.barrier.arrived = 0;
+        for (size_t i = 0; i < threads; ++i) {
+          Fiber& f = b.fibers[i];
+          f.done = false;
+          f.wait_generation = nullptr;
+          f.state.linear = int(i);
+          f.state.thread_idx = uint3{unsigned(i % block.x), unsigned(i / block.x % block.y),
+                                     unsigned(i / (size_t(block.x) * block.y))};
+          f.state.block_idx = uint3{x, y, z};
+          f.state.block_dim = block;
+          f.state.grid_dim = grid;
+          make_fiber(f, stacks.stack(i));
+        }
+        b.reverse = index % 2 == 1;
+        run_block(b);
+        if (b.error) std::rethrow_exception(b.error);
+        RF_CHECK(b.fault.empty(), b.fault);
+        for (size_t i = dynamic_shared_bytes; i < kMaxDynamicShared; ++i)
+          RF_CHECK(g_dynamic[i] == 0xff, "simt: block (", x, ", ", y, ", ", z,
+                   ") wrote dynamic shared byte ", i, " past the ", dynamic_shared_bytes,
+                   " launched");
+      }
+}
+
+}  // namespace roformer::simt

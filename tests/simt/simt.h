@@ -1,0 +1,159 @@
+// A small SIMT emulator: CUDA device code, compiled by g++ as host C++ after
+// this prelude, runs on the CPU, so a kernel's own source is checked without a
+// GPU (tests/simt/). Include it first, with ROFORMER_SIMT_EMULATION defined.
+//
+// What it emulates:
+// - a launch runs the grid's blocks one after another; each thread of a block
+//   is a fiber (ucontext) on the calling OS thread, switched only at
+//   __syncthreads() and at warp collectives, in lane order (reversed on every
+//   other block, so a missing barrier meets both orders);
+// - `__shared__` variables are function statics (blocks run one at a time, so
+//   the running block's threads share them) placed, with the dynamic shared
+//   memory, in one section, the shared window: __cvta_generic_to_shared gives
+//   offsets into it, and it is filled with 0xff bytes (NaN in bf16 and f32)
+//   before each block, so a read before a write shows;
+// - __syncthreads() waits for every thread of the block; a warp collective
+//   (__shfl_xor_sync, __shfl_sync, ldmatrix, mma.sync) waits for the warp's 32
+//   lanes, then each lane takes its result; threads that never arrive (a lane
+//   skipping a collective, a thread missing a barrier) are reported as a
+//   deadlock, and lanes meeting at different collectives as divergence;
+// - ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 and
+//   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, written from the PTX
+//   ISA's fragment layouts (not from any kernel's comments); the product is
+//   summed in double and rounded to f32 once (tensor cores keep at least f32);
+// - dynamic shared memory above 48 KB needs the kernel's opt-in (allow_shared
+//   through simt::allow_dynamic_shared), as cudaFuncSetAttribute on a GPU.
+// What it cannot: memory races and the memory model beyond the two fixed
+// fiber orders, timing, bank conflicts, register or occupancy limits, partial
+// warp masks, atomics, and device errors other than the checks above.
+#pragma once
+
+#ifndef ROFORMER_SIMT_EMULATION
+#define ROFORMER_SIMT_EMULATION 1
+#endif
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace roformer::simt {
+
+// What a running emulated thread sees as its built-in variables.
+struct ThreadState {
+  uint3 thread_idx{0, 0, 0}, block_idx{0, 0, 0};
+  dim3 block_dim{1, 1, 1}, grid_dim{1, 1, 1};
+  int linear = 0;  // thread index in the block (x fastest)
+};
+
+// The running fiber's state (set by the scheduler before it resumes one).
+inline ThreadState* current_thread = nullptr;
+
+// The largest dynamic shared memory a kernel may opt into (H100: 227 KB).
+constexpr size_t kMaxDynamicShared = 227 * 1024;
+constexpr size_t kDefaultDynamicShared = 48 * 1024;
+
+// Runs `body` as every thread of every block of the grid, with
+// `dynamic_shared` bytes of dynamic shared memory; rethrows what a thread
+// throws, and throws on deadlock, divergence or a shared-memory fault.
+// `kernel` identifies the kernel for the shared-memory opt-in.
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared,
+              const std::function<void()>& body);
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
+void allow_dynamic_shared(const void* kernel, size_t bytes);
+template <class Kernel>
+void allow_dynamic_shared(Kernel* kernel, size_t bytes) {
+  allow_dynamic_shared(reinterpret_cast<const void*>(kernel), bytes);
+}
+
+// kernel<<<grid, block, shared>>>(args...): each thread gets its own copy of
+// the arguments, as kernel parameters are.
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, Args&&... args) {
+  run_grid(reinterpret_cast<const void*>(kernel), grid, block, shared, [&] { kernel(args...); });
+}
+
+// The block's dynamic shared memory.
+unsigned char* dynamic_shared();
+
+// Offset of p in the shared window (throws when p is not shared memory).
+uint32_t shared_address(const void* p);
+
+void syncthreads();
+
+// Warp collectives over the calling lane's warp (mask must be 0xffffffff).
+// A shuffle of one word: from lane ^ arg (xor_mode) or from lane arg, within
+// segments of `width` lanes.
+uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode);
+
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 r, [address].
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 d, a, b, c.
+void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                       const float (&c)[4]);
+
+template <class T>
+T shfl_generic(unsigned mask, T value, int arg, int width, bool xor_mode) {
+  static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
+                "emulated shuffles move 4- or 8-byte values");
+  uint32_t w[2] = {0, 0};
+  std::memcpy(w, &value, sizeof(T));
+  for (size_t i = 0; i < sizeof(T) / 4; ++i) w[i] = shfl_word(mask, w[i], arg, width, xor_mode);
+  std::memcpy(&value, w, sizeof(T));
+  return value;
+}
+
+// Device memory of one call (the kernels' Scratch), here host memory filled
+// with 0xff bytes so an element read before it is written shows as NaN.
+class HostScratch {
+ public:
+  template <class Stream>
+  HostScratch(const Stream&, size_t nbytes) : bytes_(nbytes > 0 ? nbytes : 1, 0xff) {}
+  template <class T>
+  T* as() const {
+    return reinterpret_cast<T*>(bytes_.data());
+  }
+
+ private:
+  mutable std::vector<unsigned char> bytes_;
+};
+
+}  // namespace roformer::simt
+
+// --- the CUDA built-ins, for g++ ---------------------------------------------------
+// cuda_runtime.h outside nvcc already makes __device__, __global__, __host__
+// empty and __forceinline__ an always-inline hint.
+#undef __shared__
+#define __shared__ static __attribute__((section("simt_shared")))
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#define RF_DYNAMIC_SHARED(name) unsigned char* const name = ::roformer::simt::dynamic_shared()
+
+#define threadIdx (::roformer::simt::current_thread->thread_idx)
+#define blockIdx (::roformer::simt::current_thread->block_idx)
+#define blockDim (::roformer::simt::current_thread->block_dim)
+#define gridDim (::roformer::simt::current_thread->grid_dim)
+
+inline void __syncthreads() {
+  ::roformer::simt::syncthreads();
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  return ::roformer::simt::shfl_generic(mask, value, lane_mask, width, true);
+}
+template <class T>
+inline T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
+  return ::roformer::simt::shfl_generic(mask, value, src_lane, width, false);
+}
+inline size_t __cvta_generic_to_shared(const void* p) {
+  return ::roformer::simt::shared_address(p);
+}

@@ -1,0 +1,174 @@
+// The bf16 tensor-core attention kernel's own source
+// (core/cuda/kernels/flash_attention.cu) run through the SIMT emulator:
+// forward, the dq pass and the dk/dv pass against the CPU kernels on the
+// cases of tests/cuda/test_flash_attention.cpp, made small (S = 130: a full
+// and a partial tile; 2 heads), at the same tolerances; and the edges: no
+// query rows, a short RoPE table, bf16 outputs, query and key lengths that
+// differ. No GPU needed.
+#include <gtest/gtest.h>
+
+#include "tests/cuda/flash_attention_cases.h"
+#include "tests/simt/flash_attention_emulated.h"
+#include "tests/test_support.h"
+
+namespace roformer {
+namespace {
+
+using namespace testing::flash;
+using kernels::kernel_tensor;
+using kernels::KernelTensor;
+using testing::bf16_values;
+using testing::host;
+
+// The emulated kernels on CPU tensors: bf16 operands, f32 outputs.
+Result run_emulated(const Case& c, const Problem& p) {
+  const kernels::AttentionParams params = params_of(c, p);
+  const Device cpu = Device::cpu();
+  auto bf16 = [](const Tensor& t) { return t.to(DType::bf16).contiguous(); };
+  const Tensor q = bf16(p.q), k = bf16(p.k), v = bf16(p.v), grad_out = bf16(p.grad_out);
+  const Tensor table = rope_table_of(c, p, cpu, DType::f32);
+  const KernelTensor table_k = kernel_tensor(table);
+  const kernels::cuda::FlashRope rope{c.rope ? &table_k : nullptr,
+                                      c.layout == RopeLayout::interleaved};
+  const KernelTensor extra = kernel_tensor(p.mask_or_segments);
+  const KernelTensor mask = c.token_stream ? KernelTensor{} : extra;
+  const KernelTensor segments = c.token_stream ? extra : KernelTensor{};
+  Result r = poisoned_result(c, p, cpu, DType::f32);
+  const kernels::Stream stream;
+  EXPECT_TRUE(kernels::cuda::simt_flash_supported(kernel_tensor(q), kernel_tensor(k),
+                                                  kernel_tensor(v), kernel_tensor(grad_out)));
+  kernels::cuda::simt_flash_forward(stream, params, rope, kernel_tensor(q), kernel_tensor(k),
+                                    kernel_tensor(v), mask, segments, kernel_tensor(r.out),
+                                    kernel_tensor(r.lse), kernel_tensor(r.bits));
+  kernels::cuda::simt_flash_backward(
+      stream, params, rope, kernel_tensor(q), kernel_tensor(k), kernel_tensor(v), mask, segments,
+      kernel_tensor(r.out), kernel_tensor(r.lse), kernel_tensor(r.bits), kernel_tensor(grad_out),
+      kernel_tensor(r.dq), kernel_tensor(r.dk), kernel_tensor(r.dv));
+  return r;
+}
+
+class FlashAttentionEmulated : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FlashAttentionEmulated, MatchesTheCpuForwardAndBackward) {
+  const Case& c = GetParam();
+  const Problem p = make_problem(c);
+  expect_match(c, p, run_emulated(c, p), run(c, p, Device::cpu(), DType::f32));
+}
+
+// The tensor-core cases of the GPU test, shrunk to what the emulator runs in
+// seconds; the token streams keep their segments (70 and 1, 130, 45, 19, 64).
+std::vector<Case> emulated_cases() {
+  std::vector<Case> out;
+  for (Case c : cases()) {
+    if (c.D != 64 || c.S > 300) continue;
+    c.S = 130;
+    c.H = 2;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// No query rows (Sq = 0) but keys: the dk/dv pass alone runs and writes the
+// zero key and value gradients (they start as NaN).
+TEST(FlashAttentionEmulatedEdges, NoQueryRowsGiveZeroKeyGradients) {
+  const int64_t H = 3, Sk = 70;
+  const Device cpu = Device::cpu();
+  const Tensor q = Tensor::zeros({2, H, 0, 64}, DType::bf16, cpu);
+  const Tensor k = bf16_values({2, H, Sk, 64}, 2).to(DType::bf16);
+  const Tensor v = bf16_values({2, H, Sk, 64}, 3).to(DType::bf16);
+  auto nan = [&](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, cpu); };
+  const Tensor out = nan({2, H, 0, 64}), lse = nan({2, H, 0}), dq = nan({2, H, 0, 64});
+  const Tensor dk = nan({2, H, Sk, 64}), dv = nan({2, H, Sk, 64});
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  kernels::cuda::simt_flash_backward(
+      kernels::Stream{}, params, kernels::cuda::FlashRope{}, kernel_tensor(q), kernel_tensor(k),
+      kernel_tensor(v), KernelTensor{}, KernelTensor{}, kernel_tensor(out), kernel_tensor(lse),
+      KernelTensor{}, kernel_tensor(q), kernel_tensor(dq), kernel_tensor(dk), kernel_tensor(dv));
+  for (const Tensor* g : {&dk, &dv})
+    for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+}
+
+// A RoPE table with fewer rows than q's sequence is refused before any launch.
+TEST(FlashAttentionEmulatedEdges, ATableShorterThanTheSequenceIsAnError) {
+  const int64_t S = 40;
+  const Tensor x = bf16_values({1, 2, S, 64}, 5).to(DType::bf16);
+  const Tensor positions = Tensor::from_vector(std::vector<int64_t>(size_t(S - 1), 0), {S - 1});
+  const Tensor table = rope_table(positions, 64, 10000.0, DType::f32);
+  const KernelTensor table_k = kernel_tensor(table);
+  const Tensor out = Tensor::empty({1, 2, S, 64}, DType::f32, Device::cpu());
+  const Tensor lse = Tensor::empty({1, 2, S}, DType::f32, Device::cpu());
+  const std::string msg = testing::error_of([&] {
+    kernels::cuda::simt_flash_forward(
+        kernels::Stream{}, kernels::AttentionParams{}, kernels::cuda::FlashRope{&table_k, true},
+        kernel_tensor(x), kernel_tensor(x), kernel_tensor(x), KernelTensor{}, KernelTensor{},
+        kernel_tensor(out), kernel_tensor(lse), KernelTensor{});
+  });
+  EXPECT_NE(msg.find("RoPE table"), std::string::npos) << msg;
+}
+
+// bf16 outputs (out and the gradients) and padded batches with more keys
+// than queries or fewer: the kernel's other store and read paths, and query
+// and key tile counts that differ, against the CPU in f32.
+void expect_bf16_outputs_match(int64_t Sq, int64_t Sk) {
+  SCOPED_TRACE("Sq " + std::to_string(Sq) + ", Sk " + std::to_string(Sk));
+  const int64_t B = 2, H = 2;
+  const Device cpu = Device::cpu();
+  const Tensor q = bf16_values({B, H, Sq, 64}, 1), k = bf16_values({B, H, Sk, 64}, 2);
+  const Tensor v = bf16_values({B, H, Sk, 64}, 3), grad_out = bf16_values({B, H, Sq, 64}, 4);
+  std::vector<int32_t> m(size_t(B * Sk), 1);
+  for (int64_t j = Sk - 30; j < Sk; ++j) m[size_t(j)] = 0;  // row 0: padding at the end
+  const Tensor mask = Tensor::from_vector(m, {B, Sk});
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  params.dropout_p = 0.1;
+  params.dropout = DropoutKey{17, 3, 5, 2};
+  auto run_on = [&](DType out_dtype, bool emulated) {
+    auto nan = [&](const Shape& shape, DType d) { return Tensor::full(shape, NAN, d, cpu); };
+    Result r;
+    r.out = nan({B, H, Sq, 64}, out_dtype);
+    r.lse = nan({B, H, Sq}, DType::f32);
+    r.bits = Tensor::full({B, H, Sq, (Sk + 31) / 32}, -1.0, DType::i32, cpu);
+    r.dq = nan({B, H, Sq, 64}, out_dtype);
+    r.dk = nan({B, H, Sk, 64}, out_dtype);
+    r.dv = nan({B, H, Sk, 64}, out_dtype);
+    if (!emulated) {
+      launch::attention_forward(cpu, params, q, k, v, mask, r.out, r.lse, r.bits);
+      launch::attention_backward(cpu, params, q, k, v, mask, r.out, r.lse, r.bits, grad_out, r.dq,
+                                 r.dk, r.dv);
+      return r;
+    }
+    auto kt = [](const Tensor& t) { return kernel_tensor(t); };
+    const Tensor qb = q.to(DType::bf16), kb = k.to(DType::bf16), vb = v.to(DType::bf16),
+                 gb = grad_out.to(DType::bf16);
+    const kernels::cuda::FlashRope none{};
+    kernels::cuda::simt_flash_forward(kernels::Stream{}, params, none, kt(qb), kt(kb), kt(vb),
+                                      kt(mask), KernelTensor{}, kt(r.out), kt(r.lse), kt(r.bits));
+    kernels::cuda::simt_flash_backward(kernels::Stream{}, params, none, kt(qb), kt(kb), kt(vb),
+                                       kt(mask), KernelTensor{}, kt(r.out), kt(r.lse), kt(r.bits),
+                                       kt(gb), kt(r.dq), kt(r.dk), kt(r.dv));
+    return r;
+  };
+  const Result ref = run_on(DType::f32, false), got = run_on(DType::bf16, true);
+  auto err = [](const Tensor& a, const Tensor& b) {
+    return testing::relative_error(host(a), host(b));
+  };
+  EXPECT_LT(err(got.out, ref.out), 2e-2);
+  EXPECT_LT(err(got.dq, ref.dq), 4e-2);
+  EXPECT_LT(err(got.dk, ref.dk), 4e-2);
+  EXPECT_LT(err(got.dv, ref.dv), 4e-2);
+  EXPECT_LT(err(got.lse, ref.lse), 1e-4);
+  const auto bits = got.bits.to_vector<int32_t>(), ref_bits = ref.bits.to_vector<int32_t>();
+  EXPECT_EQ(bits, ref_bits);
+}
+
+TEST(FlashAttentionEmulatedEdges, Bf16OutputsAndUnequalLengths) {
+  expect_bf16_outputs_match(70, 130);
+  expect_bf16_outputs_match(130, 70);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionEmulated, ::testing::ValuesIn(emulated_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace roformer
