@@ -468,4 +468,19 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
       }
 }
 
+cudaError_t memset_bytes(void* p, int value, size_t nbytes) {
+  if (nbytes > 0) std::memset(p, value, nbytes);
+  return cudaSuccess;
+}
+
+cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return cudaSuccess;
+  const auto* d = static_cast<const unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  RF_CHECK(d + nbytes <= s || s + nbytes <= d, "simt: cudaMemcpy between overlapping ranges (",
+           nbytes, " bytes, ", s - d, " apart): CUDA promises no memmove");
+  std::memcpy(dst, src, nbytes);
+  return cudaSuccess;
+}
+
 }  // namespace roformer::simt

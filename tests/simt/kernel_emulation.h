@@ -1,0 +1,58 @@
+// The prelude of a kernel file of core/cuda/kernels/ compiled by g++ for the
+// SIMT emulator (simt.h): a translation unit includes this header, then the
+// .cu file, and gets that file's kernel-list functions as
+// roformer::kernels::simt_cuda::<name> (emulated_kernels.h declares them),
+// running the kernels' own source on host memory.
+//
+// How: launches run through simt::launch, Scratch is host memory poisoned
+// with 0xff bytes, the stream-ordered memory calls are plain host ones
+// (simt::memset_bytes, copy_bytes), and the token `cuda` names
+// simt_cuda, so the file's namespace roformer::kernels::cuda becomes
+// roformer::kernels::simt_cuda: the emulated functions sit beside the real
+// ones of roformer_kernels_cuda (same names: sum, max, copy... which no
+// function-renaming macro could take), and see the real namespace's shared
+// helpers (common.cuh) through a using-directive. Every header that must keep
+// the real namespace is included here, before the rename.
+#pragma once
+
+#include "tests/simt/simt.h"
+//
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/cuda/kernels/common.cuh"
+#include "core/philox.h"
+
+#undef RF_LAUNCH
+#define RF_LAUNCH(kernel, grid, block, shared, stream, ...) \
+  ((void)(stream), ::roformer::simt::launch(kernel, grid, block, shared, __VA_ARGS__))
+#define allow_shared ::roformer::simt::allow_dynamic_shared
+#define Scratch ::roformer::simt::HostScratch
+
+#define cudaMemsetAsync(p, value, nbytes, stream) \
+  ((void)(stream), ::roformer::simt::memset_bytes(p, value, nbytes))
+#define cudaMemcpyAsync(dst, src, nbytes, kind, stream) \
+  ((void)(kind), (void)(stream), ::roformer::simt::copy_bytes(dst, src, nbytes))
+#define cudaMemcpy(dst, src, nbytes, kind) \
+  ((void)(kind), ::roformer::simt::copy_bytes(dst, src, nbytes))
+#define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)
+
+// What the renamed namespaces see of the real ones: RF_CUDA_CHECK's
+// ::roformer::cuda::check_status, common.cuh's helpers.
+namespace roformer::simt_cuda {
+using namespace ::roformer::cuda;
+}  // namespace roformer::simt_cuda
+namespace roformer::kernels::simt_cuda {
+using namespace ::roformer::kernels::cuda;
+}  // namespace roformer::kernels::simt_cuda
+
+#define cuda simt_cuda
+
+namespace roformer::kernels::cuda {
+// Declared here so that the kernel files' calls find the emulated one
+// (stream_emulated.cpp), not common.cuh's through the using-directive.
+void report_first_bad(const Stream& stream, int32_t site, const unsigned long long* first,
+                      const KernelTensor& ids);
+}  // namespace roformer::kernels::cuda
