@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/kernels/common.cuh"
@@ -38,6 +40,38 @@
 #define cudaMemcpy(dst, src, nbytes, kind) \
   ((void)(kind), ::roformer::simt::copy_bytes(dst, src, nbytes))
 #define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)
+
+// CUB's radix sort of (key, value) pairs (gather.cu), which runs on a device
+// only: the same stable order by the key bits [begin_bit, end_bit), by a host
+// std::stable_sort. The first call (no temporary storage) asks for 1 byte.
+namespace cub {
+struct DeviceRadixSort {
+  template <class K, class V, class N>
+  static cudaError_t SortPairs(void* temp, size_t& temp_bytes, const K* keys_in, K* keys_out,
+                               const V* values_in, V* values_out, N count, int begin_bit,
+                               int end_bit, cudaStream_t = nullptr) {
+    if (temp == nullptr) {
+      temp_bytes = 1;
+      return cudaSuccess;
+    }
+    const auto bits = [&](K k) {
+      using U = std::make_unsigned_t<K>;
+      const int width = end_bit - begin_bit;
+      const U mask = width >= int(8 * sizeof(U)) ? ~U(0) : (U(1) << width) - 1;
+      return (U(k) >> begin_bit) & mask;
+    };
+    std::vector<std::pair<K, V>> pairs(static_cast<size_t>(count));
+    for (size_t i = 0; i < pairs.size(); ++i) pairs[i] = {keys_in[i], values_in[i]};
+    std::stable_sort(pairs.begin(), pairs.end(),
+                     [&](const auto& a, const auto& b) { return bits(a.first) < bits(b.first); });
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      keys_out[i] = pairs[i].first;
+      values_out[i] = pairs[i].second;
+    }
+    return cudaSuccess;
+  }
+};
+}  // namespace cub
 
 // What the renamed namespaces see of the real ones: RF_CUDA_CHECK's
 // ::roformer::cuda::check_status, common.cuh's helpers.
