@@ -66,6 +66,7 @@ inline void expect_close(const Tensor& got, const Tensor& ref, double tol,
   const std::vector<double> a = host(got), b = host(ref);
   double diff = 0.0, norm = 0.0;
   for (size_t i = 0; i < b.size(); ++i) {
+    if (a[i] == b[i]) continue;  // infinities too (the lse of a row with no key)
     ASSERT_TRUE(std::isfinite(a[i]) || std::isnan(b[i]))
         << what << ": element " << i << " is " << a[i] << ", the CPU's " << b[i];
     if (std::isnan(b[i])) continue;

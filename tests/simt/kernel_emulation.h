@@ -6,13 +6,17 @@
 //
 // How: launches run through simt::launch, Scratch is host memory poisoned
 // with 0xff bytes, the stream-ordered memory calls are plain host ones
-// (simt::memset_bytes, copy_bytes), and the token `cuda` names
+// (simt::memset_bytes, copy_bytes), a shared-memory opt-in is the
+// emulator's, CUB's sort is a host one, and the token `cuda` names
 // simt_cuda, so the file's namespace roformer::kernels::cuda becomes
 // roformer::kernels::simt_cuda: the emulated functions sit beside the real
 // ones of roformer_kernels_cuda (same names: sum, max, copy... which no
 // function-renaming macro could take), and see the real namespace's shared
 // helpers (common.cuh) through a using-directive. Every header that must keep
-// the real namespace is included here, before the rename.
+// the real namespace is included here, before the rename; the emulated
+// kernel list is declared here too, so that a kernel file's calls of list
+// kernels (copy, in attention_common.cuh) reach the emulated ones. A binary
+// links the *_emulated.cpp of every file its kernels call into.
 #pragma once
 
 #include "tests/simt/simt.h"
@@ -26,11 +30,11 @@
 
 #include "core/cuda/kernels/common.cuh"
 #include "core/philox.h"
+#include "tests/simt/emulated_kernels.h"
 
 #undef RF_LAUNCH
 #define RF_LAUNCH(kernel, grid, block, shared, stream, ...) \
   ((void)(stream), ::roformer::simt::launch(kernel, grid, block, shared, __VA_ARGS__))
-#define allow_shared ::roformer::simt::allow_dynamic_shared
 #define Scratch ::roformer::simt::HostScratch
 
 #define cudaMemsetAsync(p, value, nbytes, stream) \
@@ -40,6 +44,9 @@
 #define cudaMemcpy(dst, src, nbytes, kind) \
   ((void)(kind), ::roformer::simt::copy_bytes(dst, src, nbytes))
 #define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)
+// attention_common.cuh's allow_shared: the emulator's opt-in.
+#define cudaFuncSetAttribute(kernel, attribute, bytes) \
+  ((void)(attribute), ::roformer::simt::allow_dynamic_shared(kernel, size_t(bytes)), cudaSuccess)
 
 // CUB's radix sort of (key, value) pairs (gather.cu), which runs on a device
 // only: the same stable order by the key bits [begin_bit, end_bit), by a host

@@ -13,7 +13,7 @@
 //   offsets into it, and it is filled with 0xff bytes (NaN in bf16 and f32)
 //   before each block, so a read before a write shows;
 // - __syncthreads() waits for every thread of the block; a warp collective
-//   (__shfl_xor_sync, __shfl_sync, ldmatrix, mma.sync) waits for the warp's 32
+//   (__shfl_xor_sync, __shfl_sync, __ballot_sync, ldmatrix, mma.sync) waits for the warp's 32
 //   lanes, then each lane takes its result; threads that never arrive (a lane
 //   skipping a collective, a thread missing a barrier) are reported as a
 //   deadlock, and lanes meeting at different collectives as divergence;
@@ -100,6 +100,9 @@ void syncthreads();
 // segments of `width` lanes.
 uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode);
 
+// __ballot_sync: bit l of the result is lane l's predicate.
+uint32_t ballot(unsigned mask, bool predicate);
+
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 r, [address].
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
 
@@ -161,6 +164,9 @@ inline void __syncthreads() {
 template <class T>
 inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   return ::roformer::simt::shfl_generic(mask, value, lane_mask, width, true);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  return ::roformer::simt::ballot(mask, predicate != 0);
 }
 template <class T>
 inline T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
