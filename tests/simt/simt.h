@@ -197,6 +197,24 @@ inline T atomicCAS(T* address, T compare, T value) {
   if (old == compare) *address = value;
   return old;
 }
+// Arithmetic with a named rounding (round to nearest even): single operations,
+// never contracted into fused multiply-adds (the emulated kernel files are
+// built with -ffp-contract=off).
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+inline float __fdiv_rn(float a, float b) {
+  return a / b;
+}
+inline float __fsqrt_rn(float a) {
+  return std::sqrt(a);
+}
 inline size_t __cvta_generic_to_shared(const void* p) {
   return ::roformer::simt::shared_address(p);
 }
