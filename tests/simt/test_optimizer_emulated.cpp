@@ -102,11 +102,12 @@ TEST(OptimizerEmulated, GradNormStatsSumSquaresAndCountNonFinite) {
   double ref = 0.0;
   for (float x : g) ref += double(x) * double(x);
   EXPECT_NEAR(first.sum_squares, ref, 1e-12 * ref);
-  EXPECT_EQ(first.sum_squares, run().sum_squares);
   EXPECT_EQ(first.non_finite, 0u);
   g[5] = NAN;
   g[size_t(n - 1)] = INFINITY;
-  EXPECT_EQ(run().non_finite, 2u);
+  const simt_cuda::GradStats bad = run();
+  EXPECT_EQ(bad.non_finite, 2u);
+  EXPECT_TRUE(std::isnan(bad.sum_squares));
 }
 
 }  // namespace

@@ -161,7 +161,7 @@ TEST(LayerNormEmulated, ForwardAndBackwardMatchTheCpu) {
     // 130 rows: two full 64-row chunks and a partial one; 300 columns: two
     // column blocks, and rows longer than a block's 256 threads.
     expect_layer_norm_matches({t == DType::f32 ? 130 : 70, 300}, t, true, true, true);
-    expect_layer_norm_matches({2, 65, 48}, t, true, true, false);
+    expect_layer_norm_matches({2, 33, 48}, t, true, true, false);
     expect_layer_norm_matches({64, 40}, t, false, false, true);
     expect_layer_norm_matches({5, 40}, t, true, false, false);
   }
@@ -246,8 +246,8 @@ void expect_cross_entropy_matches(int64_t rows, int64_t cols, DType t, DType it)
 }
 
 TEST(CrossEntropyEmulated, ForwardAndBackwardMatchTheCpu) {
-  for (DType t : kFloats)
-    for (DType it : {DType::i64, DType::i32}) expect_cross_entropy_matches(70, 300, t, it);
+  for (DType t : kFloats) expect_cross_entropy_matches(70, 300, t, DType::i64);
+  expect_cross_entropy_matches(70, 300, DType::f32, DType::i32);
   // More rows than the finishing block's 1024 threads.
   expect_cross_entropy_matches(1100, 40, DType::f32, DType::i64);
 }
