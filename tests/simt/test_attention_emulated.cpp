@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "tests/simt/emulated_test_support.h"
 #include "tests/test_support.h"
@@ -52,6 +53,21 @@ Inputs padded_inputs(int64_t B, int64_t H, int64_t Sq, int64_t Sk, int64_t D, in
   return in;
 }
 
+// The forward into the poisoned outputs `o`, then the backward on them
+// (padded and token-stream kernels take the same arguments).
+Outputs run(kernels::signature::attention_forward* forward,
+            kernels::signature::attention_backward* backward, bool emulated,
+            const kernels::AttentionParams& params, const Inputs& in, Outputs o) {
+  EmulatedStream s;
+  const kernels::Stream stream = emulated ? s.get() : cpu_stream();
+  auto kt = [](const Tensor& t) { return kernel_tensor(t); };
+  forward(stream, params, kt(in.q), kt(in.k), kt(in.v), kt(in.mask_or_segments), kt(o.out),
+          kt(o.lse), kt(o.bits));
+  backward(stream, params, kt(in.q), kt(in.k), kt(in.v), kt(in.mask_or_segments), kt(o.out),
+           kt(o.lse), kt(o.bits), kt(in.grad_out), kt(o.dq), kt(o.dk), kt(o.dv));
+  return o;
+}
+
 Outputs padded_on(bool emulated, const kernels::AttentionParams& params, const Inputs& in,
                   DType out_dtype) {
   const int64_t B = in.q.shape()[0], H = in.q.shape()[1], Sq = in.q.shape()[2];
@@ -63,16 +79,9 @@ Outputs padded_on(bool emulated, const kernels::AttentionParams& params, const I
             poisoned(in.q.shape(), out_dtype),
             poisoned(in.k.shape(), out_dtype),
             poisoned(in.v.shape(), out_dtype)};
-  EmulatedStream s;
-  const kernels::Stream stream = emulated ? s.get() : cpu_stream();
-  auto* forward = emulated ? &emu::attention_forward : &cpu::attention_forward;
-  auto* backward = emulated ? &emu::attention_backward : &cpu::attention_backward;
-  auto kt = [](const Tensor& t) { return kernel_tensor(t); };
-  forward(stream, params, kt(in.q), kt(in.k), kt(in.v), kt(in.mask_or_segments), kt(o.out),
-          kt(o.lse), kt(o.bits));
-  backward(stream, params, kt(in.q), kt(in.k), kt(in.v), kt(in.mask_or_segments), kt(o.out),
-           kt(o.lse), kt(o.bits), kt(in.grad_out), kt(o.dq), kt(o.dk), kt(o.dv));
-  return o;
+  return run(emulated ? &emu::attention_forward : &cpu::attention_forward,
+             emulated ? &emu::attention_backward : &cpu::attention_backward, emulated, params, in,
+             std::move(o));
 }
 
 void expect_outputs_match(const Outputs& got, const Outputs& ref, double tol, double lse_tol) {
@@ -146,16 +155,9 @@ Outputs stream_on(bool emulated, const kernels::AttentionParams& params, const I
             poisoned(in.q.shape(), out_dtype),
             poisoned(in.k.shape(), out_dtype),
             poisoned(in.v.shape(), out_dtype)};
-  EmulatedStream s;
-  const kernels::Stream stream = emulated ? s.get() : cpu_stream();
-  auto* forward = emulated ? &emu::attention_varlen_forward : &cpu::attention_varlen_forward;
-  auto* backward = emulated ? &emu::attention_varlen_backward : &cpu::attention_varlen_backward;
-  auto kt = [](const Tensor& t) { return kernel_tensor(t); };
-  forward(stream, params, kt(in.q), kt(in.k), kt(in.v), kt(in.mask_or_segments), kt(o.out),
-          kt(o.lse), kt(o.bits));
-  backward(stream, params, kt(in.q), kt(in.k), kt(in.v), kt(in.mask_or_segments), kt(o.out),
-           kt(o.lse), kt(o.bits), kt(in.grad_out), kt(o.dq), kt(o.dk), kt(o.dv));
-  return o;
+  return run(emulated ? &emu::attention_varlen_forward : &cpu::attention_varlen_forward,
+             emulated ? &emu::attention_varlen_backward : &cpu::attention_varlen_backward, emulated,
+             params, in, std::move(o));
 }
 
 TEST(TokenStreamEmulated, VarlenAttentionMatchesTheCpu) {
