@@ -90,6 +90,7 @@ using namespace ::roformer::kernels::cuda;
 }  // namespace roformer::kernels::simt_cuda
 
 #define cuda simt_cuda
+#define cuda_kernel_table simt_cuda_kernel_table
 
 namespace roformer::kernels::cuda {
 // Declared here so that the kernel files' calls find the emulated one
