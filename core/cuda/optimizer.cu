@@ -98,10 +98,8 @@ void grad_norm_stats(const float* g, int64_t n, GradStats* out, void* scratch,
                      cudaStream_t stream) {
   auto* sums = static_cast<double*>(scratch);
   auto* bad = reinterpret_cast<unsigned long long*>(sums + kNormBlocks);
-  grad_norm_partials<<<kNormBlocks, kNormThreads, 0, stream>>>(g, n, sums, bad);
-  RF_CUDA_CHECK_LAUNCH(grad_norm_partials);
-  grad_norm_finish<<<1, kNormBlocks, 0, stream>>>(sums, bad, out);
-  RF_CUDA_CHECK_LAUNCH(grad_norm_finish);
+  RF_LAUNCH(grad_norm_partials, kNormBlocks, kNormThreads, 0, stream, g, n, sums, bad);
+  RF_LAUNCH(grad_norm_finish, 1, kNormBlocks, 0, stream, sums, bad, out);
 }
 
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
@@ -110,10 +108,9 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
                 cudaStream_t stream) {
   if (n == 0) return;
   constexpr int kThreads = 256;
-  adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
-      params, grads, exp_avg, exp_avg_sq, reinterpret_cast<__nv_bfloat16*>(working_bf16), n,
-      segment_starts, segment_decays, num_segments, args);
-  RF_CUDA_CHECK_LAUNCH(adamw_kernel);
+  RF_LAUNCH(adamw_kernel, grid_for(n, kThreads), kThreads, 0, stream, params, grads, exp_avg,
+            exp_avg_sq, reinterpret_cast<__nv_bfloat16*>(working_bf16), n, segment_starts,
+            segment_decays, num_segments, args);
 }
 
 }  // namespace roformer::cuda

@@ -67,7 +67,7 @@ struct Barrier {
   uint64_t generation = 0;
 };
 
-enum class Op : uint32_t { shfl_xor, shfl, ldmatrix, ldmatrix_trans, mma };
+enum class Op : uint32_t { shfl_xor, shfl, ballot, ldmatrix, ldmatrix_trans, mma };
 
 const char* op_name(Op op) {
   switch (op) {
@@ -75,6 +75,8 @@ const char* op_name(Op op) {
       return "__shfl_xor_sync";
     case Op::shfl:
       return "__shfl_sync";
+    case Op::ballot:
+      return "__ballot_sync";
     case Op::ldmatrix:
       return "ldmatrix.x4";
     case Op::ldmatrix_trans:
@@ -312,6 +314,14 @@ void shuffle_all(Warp& w, bool xor_mode) {
   }
 }
 
+// Every lane gets the word whose bit l is lane l's predicate.
+void ballot_all(Warp& w) {
+  uint32_t bits = 0;
+  for (int l = 0; l < kWarp; ++l)
+    if (w.in[l][0] != 0) bits |= 1u << l;
+  for (int l = 0; l < kWarp; ++l) w.out[l][0] = bits;
+}
+
 void compute(const Block& b, Warp& w) {
   for (int l = 1; l < kWarp; ++l)
     RF_CHECK(w.op[l] == w.op[0], "simt: warp divergence: lane 0 at ", op_name(w.op[0]), ", lane ",
@@ -321,6 +331,8 @@ void compute(const Block& b, Warp& w) {
       return shuffle_all(w, true);
     case Op::shfl:
       return shuffle_all(w, false);
+    case Op::ballot:
+      return ballot_all(w);
     case Op::ldmatrix:
       return ldmatrix_all(b, w, false);
     case Op::ldmatrix_trans:
@@ -383,6 +395,14 @@ void syncthreads() {
   RF_CHECK(g_block != nullptr, "simt: __syncthreads outside an emulated launch");
   Block& b = *g_block;
   arrive_and_wait(b.barrier, int(b.fibers.size()), "__syncthreads", [] {});
+}
+
+uint32_t ballot(unsigned mask, bool predicate) {
+  RF_CHECK(mask == 0xffffffffu, "simt: only full-warp ballots are emulated");
+  const uint32_t in = predicate ? 1u : 0u;
+  uint32_t out;
+  collective(Op::ballot, &in, 1, &out, 1);
+  return out;
 }
 
 uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode) {
@@ -466,6 +486,21 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
                    ") wrote dynamic shared byte ", i, " past the ", dynamic_shared_bytes,
                    " launched");
       }
+}
+
+cudaError_t memset_bytes(void* p, int value, size_t nbytes) {
+  if (nbytes > 0) std::memset(p, value, nbytes);
+  return cudaSuccess;
+}
+
+cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes) {
+  if (nbytes == 0) return cudaSuccess;
+  const auto* d = static_cast<const unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  RF_CHECK(d + nbytes <= s || s + nbytes <= d, "simt: cudaMemcpy between overlapping ranges (",
+           nbytes, " bytes, ", s - d, " apart): CUDA promises no memmove");
+  std::memcpy(dst, src, nbytes);
+  return cudaSuccess;
 }
 
 }  // namespace roformer::simt

@@ -13,7 +13,7 @@
 //   offsets into it, and it is filled with 0xff bytes (NaN in bf16 and f32)
 //   before each block, so a read before a write shows;
 // - __syncthreads() waits for every thread of the block; a warp collective
-//   (__shfl_xor_sync, __shfl_sync, ldmatrix, mma.sync) waits for the warp's 32
+//   (__shfl_xor_sync, __shfl_sync, __ballot_sync, ldmatrix, mma.sync) waits for the warp's 32
 //   lanes, then each lane takes its result; threads that never arrive (a lane
 //   skipping a collective, a thread missing a barrier) are reported as a
 //   deadlock, and lanes meeting at different collectives as divergence;
@@ -23,9 +23,15 @@
 //   summed in double and rounded to f32 once (tensor cores keep at least f32);
 // - dynamic shared memory above 48 KB needs the kernel's opt-in (allow_shared
 //   through simt::allow_dynamic_shared), as cudaFuncSetAttribute on a GPU.
+// - atomics (atomicAdd, atomicMin, atomicMax, atomicCAS): a thread runs
+//   uninterrupted between switch points, so a plain read-modify-write is atomic;
+// - the host side's stream-ordered memory calls (cudaMemsetAsync,
+//   cudaMemcpyAsync, cudaMemcpy, cudaStreamSynchronize) on host memory, for
+//   kernel files compiled through tests/simt/kernel_emulation.h; a copy between
+//   overlapping ranges is a fault (CUDA promises no memmove semantics).
 // What it cannot: memory races and the memory model beyond the two fixed
 // fiber orders, timing, bank conflicts, register or occupancy limits, partial
-// warp masks, atomics, and device errors other than the checks above.
+// warp masks, and device errors other than the checks above.
 #pragma once
 
 #ifndef ROFORMER_SIMT_EMULATION
@@ -94,6 +100,9 @@ void syncthreads();
 // segments of `width` lanes.
 uint32_t shfl_word(unsigned mask, uint32_t value, int arg, int width, bool xor_mode);
 
+// __ballot_sync: bit l of the result is lane l's predicate.
+uint32_t ballot(unsigned mask, bool predicate);
+
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 r, [address].
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
 
@@ -111,6 +120,12 @@ T shfl_generic(unsigned mask, T value, int arg, int width, bool xor_mode) {
   std::memcpy(&value, w, sizeof(T));
   return value;
 }
+
+// The host launchers' stream-ordered memory calls on host memory (emulated
+// launches run at once, so every call is already ordered): cudaMemsetAsync,
+// and cudaMemcpy(Async) of any kind, which throws on overlapping ranges.
+cudaError_t memset_bytes(void* p, int value, size_t nbytes);
+cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes);
 
 // Device memory of one call (the kernels' Scratch), here host memory filled
 // with 0xff bytes so an element read before it is written shows as NaN.
@@ -150,9 +165,55 @@ template <class T>
 inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   return ::roformer::simt::shfl_generic(mask, value, lane_mask, width, true);
 }
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  return ::roformer::simt::ballot(mask, predicate != 0);
+}
 template <class T>
 inline T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
   return ::roformer::simt::shfl_generic(mask, value, src_lane, width, false);
+}
+// Atomics: no other thread runs between the read and the write.
+template <class T>
+inline T atomicAdd(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
+template <class T>
+inline T atomicMin(T* address, T value) {
+  const T old = *address;
+  if (value < old) *address = value;
+  return old;
+}
+template <class T>
+inline T atomicMax(T* address, T value) {
+  const T old = *address;
+  if (value > old) *address = value;
+  return old;
+}
+template <class T>
+inline T atomicCAS(T* address, T compare, T value) {
+  const T old = *address;
+  if (old == compare) *address = value;
+  return old;
+}
+// Arithmetic with a named rounding (round to nearest even): single operations,
+// never contracted into fused multiply-adds (the emulated kernel files are
+// built with -ffp-contract=off).
+inline float __fadd_rn(float a, float b) {
+  return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+  return a - b;
+}
+inline float __fmul_rn(float a, float b) {
+  return a * b;
+}
+inline float __fdiv_rn(float a, float b) {
+  return a / b;
+}
+inline float __fsqrt_rn(float a) {
+  return std::sqrt(a);
 }
 inline size_t __cvta_generic_to_shared(const void* p) {
   return ::roformer::simt::shared_address(p);

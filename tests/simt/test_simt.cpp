@@ -194,6 +194,30 @@ TEST(Simt, ShufflesAndBarriersReduceEachBlock) {
   }
 }
 
+__global__ void ballot_atomic_kernel(const int* in, unsigned* ballots, int* total) {
+  const int tid = threadIdx.x;
+  const unsigned b = __ballot_sync(0xffffffffu, in[tid] > 0);
+  if (tid % 32 == 0) ballots[tid / 32] = b;
+  atomicAdd(total, in[tid]);
+}
+
+TEST(Simt, BallotsAndAtomics) {
+  std::vector<int> in(64);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = i % 3 == 0 || i == 63 ? int(i) : 0;
+  std::vector<unsigned> ballots(2, 0);
+  int total = 0;
+  launch(ballot_atomic_kernel, dim3(1), dim3(64), 0, in.data(), ballots.data(), &total);
+  for (int w = 0; w < 2; ++w) {
+    unsigned want = 0;
+    for (int l = 0; l < 32; ++l)
+      if (in[size_t(32 * w + l)] > 0) want |= 1u << l;
+    EXPECT_EQ(ballots[size_t(w)], want) << "warp " << w;
+  }
+  int sum = 0;
+  for (int x : in) sum += x;
+  EXPECT_EQ(total, sum);
+}
+
 __global__ void dynamic_kernel(float* out) {
   RF_DYNAMIC_SHARED(smem);
   float* s = reinterpret_cast<float*>(smem);

@@ -71,7 +71,7 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
                                          KernelTensor keep_bits, acc_t<T> scale, DropoutRule drop,
                                          int64_t H) {
   using A = acc_t<T>;
-  extern __shared__ unsigned char smem_raw[];
+  RF_DYNAMIC_SHARED(smem_raw);
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
   const BlockRow r = block_row(H);
@@ -133,7 +133,7 @@ __global__ void attention_dq_kernel(KernelTensor q, KernelTensor k, KernelTensor
                                     KernelTensor grad_q, acc_t<T>* delta, acc_t<T> scale,
                                     DropoutRule drop, int64_t H) {
   using A = acc_t<T>;
-  extern __shared__ unsigned char smem_raw[];
+  RF_DYNAMIC_SHARED(smem_raw);
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
   const BlockRow r = block_row(H);
@@ -192,7 +192,7 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
                                      KernelTensor grad_v, const acc_t<T>* delta, acc_t<T> scale,
                                      DropoutRule drop, int64_t H) {
   using A = acc_t<T>;
-  extern __shared__ unsigned char smem_raw[];
+  RF_DYNAMIC_SHARED(smem_raw);
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
   const BlockRow r = block_row(H);

@@ -7,7 +7,9 @@
 // chunk starts with; then one thread per (segment, column) adds its rows in
 // its first chunk and those chunk sums for the chunks it goes on into.
 #include <algorithm>
+#if !defined(ROFORMER_SIMT_EMULATION)  // tests/simt/kernel_emulation.h: a host sort in its place
 #include <cub/device/device_radix_sort.cuh>
+#endif
 
 #include "core/cuda/kernels/common.cuh"
 

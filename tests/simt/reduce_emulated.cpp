@@ -1,0 +1,4 @@
+// core/cuda/kernels/reduce.cu for the SIMT emulator (kernel_emulation.h).
+#include "tests/simt/kernel_emulation.h"
+//
+#include "core/cuda/kernels/reduce.cu"

@@ -1,0 +1,114 @@
+// The optimizer's fused passes (core/cuda/optimizer.cu) run through the SIMT
+// emulator against optim's CPU AdamW on the same flat buffers: parameters,
+// moments and the bf16 working copy bit for bit (the kernel rounds every
+// operation as the CPU loop does and fuses none), and the gradient norm's
+// sum of squares and non-finite count. No GPU needed.
+#include "tests/simt/emulated_optimizer.h"
+//
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/flat_parameters.h"
+#include "optim/adamw.h"
+#include "optim/device_passes.h"
+#include "tests/simt/emulated_test_support.h"
+
+namespace roformer {
+namespace {
+
+using namespace testing::emulated;
+
+std::vector<float> floats(const Tensor& t) {
+  return t.contiguous().to_vector<float>();
+}
+
+TEST(OptimizerEmulated, FusedAdamWMatchesTheCpuAdamWBitForBit) {
+  // Decayed, not decayed, no gradient (untouched), decayed: 1420 elements,
+  // six blocks of 256, with the flat set's padding between them.
+  Generator gen{5, 0};
+  std::vector<optim::NamedParameter> params;
+  const std::pair<int64_t, bool> layout[] = {{300, true}, {70, false}, {50, true}, {1000, true}};
+  for (const auto& [n, decay] : layout) {
+    Tensor t = Tensor::randn({n}, gen);
+    t.set_requires_grad(true);
+    params.push_back({std::string(1, char('a' + params.size())), t, decay});
+  }
+  optim::AdamWOptions options;
+  options.weight_decay = 0.01;
+  optim::AdamW adamw(params, options);
+  const auto flat = FlatParameters::owner_of(adamw.parameters()[0].tensor);
+  ASSERT_TRUE(flat);
+  const double lr = 1e-3, grad_scale = 0.37;
+  auto set_grads = [&] {
+    for (size_t i = 0; i < adamw.parameters().size(); ++i)
+      if (i != 2) {
+        const Tensor& t = adamw.parameters()[i].tensor;
+        t.set_grad(Tensor::randn(t.shape(), gen));
+      }
+  };
+  // Two CPU steps first, so the moments are not zero.
+  for (int s = 0; s < 2; ++s) {
+    set_grads();
+    adamw.step(lr, grad_scale);
+  }
+  set_grads();
+  // The third step: emulated on copies of the flat buffers, then the CPU's.
+  std::vector<float> p = floats(flat->data()), m = floats(adamw.exp_avg_shard()),
+                     v = floats(adamw.exp_avg_sq_shard());
+  const std::vector<float> g = floats(flat->grad());
+  std::vector<optim::device_passes::Run> runs;
+  for (size_t i = 0; i < flat->size(); ++i)
+    if (flat->has_grad(i))
+      runs.push_back({flat->offset(i), flat->offset(i) + flat->numel(i), params[i].decay});
+  const int64_t n = flat->padded_numel();
+  const optim::device_passes::Segments seg = optim::device_passes::segments_of(runs, n);
+  simt_cuda::AdamWArgs a;
+  a.lr = float(lr);
+  a.beta1 = float(options.beta1);
+  a.beta2 = float(options.beta2);
+  a.eps = float(options.eps);
+  a.step_size = float(lr / (1.0 - std::pow(options.beta1, 3.0)));
+  a.bc2_sqrt = float(std::sqrt(1.0 - std::pow(options.beta2, 3.0)));
+  a.grad_scale = float(grad_scale);
+  a.decay = float(1.0 - lr * options.weight_decay);
+  std::vector<uint16_t> working(size_t(n), 0xffff);
+  simt_cuda::adamw_step(p.data(), g.data(), m.data(), v.data(), working.data(), n,
+                        seg.starts.data(), seg.modes.data(), int(seg.modes.size()), a, nullptr);
+  adamw.step(lr, grad_scale);
+  EXPECT_EQ(p, floats(flat->data()));
+  EXPECT_EQ(m, floats(adamw.exp_avg_shard()));
+  EXPECT_EQ(v, floats(adamw.exp_avg_sq_shard()));
+  const std::vector<float> rounded = flat->data().to(DType::bf16).to_vector<float>();
+  for (size_t i = 0; i < working.size(); ++i) {
+    const uint32_t bits = uint32_t(working[i]) << 16;
+    float w;
+    std::memcpy(&w, &bits, 4);
+    ASSERT_EQ(w, rounded[i]) << "working copy element " << i;
+  }
+}
+
+TEST(OptimizerEmulated, GradNormStatsSumSquaresAndCountNonFinite) {
+  Generator gen{21, 0};
+  const int64_t n = 200003;  // more than the 512 x 256 threads of one sweep
+  std::vector<float> g = Tensor::randn({n}, gen).to_vector<float>();
+  std::vector<unsigned char> scratch(simt_cuda::grad_norm_scratch_bytes(), 0xff);
+  auto run = [&] {
+    simt_cuda::GradStats stats{NAN, 12345};
+    simt_cuda::grad_norm_stats(g.data(), n, &stats, scratch.data(), nullptr);
+    return stats;
+  };
+  const simt_cuda::GradStats first = run();
+  double ref = 0.0;
+  for (float x : g) ref += double(x) * double(x);
+  EXPECT_NEAR(first.sum_squares, ref, 1e-12 * ref);
+  EXPECT_EQ(first.non_finite, 0u);
+  g[5] = NAN;
+  g[size_t(n - 1)] = INFINITY;
+  const simt_cuda::GradStats bad = run();
+  EXPECT_EQ(bad.non_finite, 2u);
+  EXPECT_TRUE(std::isnan(bad.sum_squares));
+}
+
+}  // namespace
+}  // namespace roformer

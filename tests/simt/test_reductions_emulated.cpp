@@ -1,0 +1,279 @@
+// The row and reduction kernels' own source (core/cuda/kernels/reduce.cu,
+// column_sums.cuh, layer_norm.cu, softmax.cu, cross_entropy.cu) run through
+// the SIMT emulator against the CPU kernels on the same inputs, outputs
+// poisoned first. Shapes cross the kernels' tiles: 256-thread rows and column
+// blocks, 64-row chunks with a partial last one. No GPU needed.
+#include <gtest/gtest.h>
+
+#include "tests/simt/emulated_test_support.h"
+
+namespace roformer {
+namespace {
+
+using namespace testing::emulated;
+namespace cpu = kernels::cpu;
+namespace emu = kernels::simt_cuda;
+
+const DType kFloats[] = {DType::f32, DType::bf16, DType::f64};
+
+std::string name_of(DType t, const Shape& shape) {
+  std::string s = std::string(dtype_name(t)) + " [";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// --- sum ------------------------------------------------------------------------------
+Shape kept_shape(const Shape& shape, uint32_t mask) {
+  Shape out = shape;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if ((mask >> d) & 1u) out[d] = 1;
+  return out;
+}
+
+void expect_sum_matches(const Tensor& x, uint32_t mask, const std::string& what) {
+  SCOPED_TRACE(what + " " + name_of(x.dtype(), x.shape()) + " mask " + std::to_string(mask));
+  const Shape out_shape = kept_shape(x.shape(), mask);
+  const Tensor ref = poisoned(out_shape, x.dtype()), got = poisoned(out_shape, x.dtype());
+  cpu::sum(cpu_stream(), kernel_tensor(x), mask, kernel_tensor(ref));
+  EmulatedStream s;
+  emu::sum(s.get(), kernel_tensor(x), mask, kernel_tensor(got));
+  if (x.dtype() == DType::i64)
+    expect_equal(got, ref, "sum");
+  else
+    expect_close(got, ref, x.dtype() == DType::f32 ? 1e-6 : tolerance(x.dtype()), "sum");
+}
+
+TEST(ReduceEmulated, SumOverLeadingDimsTakesTheTwoPassColumnSums) {
+  for (DType t : {DType::f32, DType::bf16, DType::f64, DType::i64}) {
+    const auto x = [&](const Shape& shape) {
+      return t == DType::i64 ? random(shape, 1, DType::f64, 100.0).to(DType::i64)
+                             : random(shape, 1, t);
+    };
+    expect_sum_matches(x({300, 70}), 0b1, "5 chunks, the last partial");
+    expect_sum_matches(x({130, 300}), 0b1, "two column blocks");
+    expect_sum_matches(x({3, 50, 20}), 0b11, "two leading dims");
+    expect_sum_matches(x({128, 3}), 0b1, "chunks ending at the last row");
+    expect_sum_matches(x({7, 5}), 0b11, "every dim: one column");
+  }
+}
+
+TEST(ReduceEmulated, SumOfNoRowsIsZero) {
+  expect_sum_matches(Tensor::zeros({0, 5}), 0b1, "no rows");
+}
+
+TEST(ReduceEmulated, SumOverOtherDimsTakesTheGeneralPath) {
+  for (DType t : kFloats) {
+    expect_sum_matches(random({20, 37}, 2, t), 0b10, "last dim");
+    expect_sum_matches(random({4, 30, 5}, 3, t), 0b10, "middle dim");
+    expect_sum_matches(random({4, 30, 5}, 3, t), 0b101, "outer dims");
+    expect_sum_matches(random({40, 30}, 4, t).transpose(0, 1), 0b1, "transposed");
+    expect_sum_matches(random({40, 30}, 5, t).narrow(1, 3, 20), 0b1, "sliced");
+  }
+}
+
+// --- max and its scatter ---------------------------------------------------------------
+void expect_max_matches(const Tensor& x, int32_t dim, const std::string& what) {
+  SCOPED_TRACE(what + " " + name_of(x.dtype(), x.shape()) + " dim " + std::to_string(dim));
+  const Shape out_shape = kept_shape(x.shape(), 1u << dim);
+  const Tensor ref = poisoned(out_shape, x.dtype()), got = poisoned(out_shape, x.dtype());
+  const Tensor ref_i = poisoned(out_shape, DType::i64), got_i = poisoned(out_shape, DType::i64);
+  cpu::max(cpu_stream(), kernel_tensor(x), dim, kernel_tensor(ref), kernel_tensor(ref_i));
+  EmulatedStream s;
+  emu::max(s.get(), kernel_tensor(x), dim, kernel_tensor(got), kernel_tensor(got_i));
+  expect_equal(got, ref, "values");
+  expect_equal(got_i, ref_i, "indices");
+  // max's backward: the gradient lands at the argmax in a zeroed grad_x.
+  const Tensor grad = random(out_shape, 9, x.dtype());
+  const Tensor ref_g = Tensor::zeros(x.shape(), x.dtype()), got_g = ref_g.clone();
+  cpu::scatter_along(cpu_stream(), kernel_tensor(grad), kernel_tensor(ref_i), dim,
+                     kernel_tensor(ref_g));
+  emu::scatter_along(s.get(), kernel_tensor(grad), kernel_tensor(got_i), dim, kernel_tensor(got_g));
+  expect_equal(got_g, ref_g, "scatter_along");
+}
+
+TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
+  for (DType t : kFloats) {
+    expect_max_matches(random({5, 300}, 6, t), 1, "last dim");
+    expect_max_matches(random({300, 5}, 7, t), 0, "first dim");
+    expect_max_matches(random({6, 40, 3}, 8, t), 1, "middle dim");
+    expect_max_matches(random({40, 30}, 9, t).transpose(0, 1), 1, "transposed");
+  }
+  // Ties give the first index; NaN wins.
+  std::vector<double> v(60, 1.0);
+  v[7] = 2.0;
+  v[9] = 2.0;
+  v[30 + 4] = NAN;
+  v[30 + 20] = 5.0;
+  expect_max_matches(Tensor::from_vector(v, {2, 30}), 1, "ties and NaN");
+}
+
+// --- layer norm ---------------------------------------------------------------------------
+struct LayerNormOut {
+  Tensor y, mean, var, dx, dweight, dbias;
+};
+
+LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, const Tensor& b,
+                           const Tensor& dy, bool dweight, bool dbias) {
+  const int64_t cols = x.shape().back(), rows = x.numel() / cols;
+  const DType stat = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  LayerNormOut o{poisoned(x.shape(), x.dtype()),
+                 poisoned({rows}, stat),
+                 poisoned({rows}, stat),
+                 poisoned(x.shape(), x.dtype()),
+                 dweight ? poisoned({cols}, x.dtype()) : Tensor(),
+                 dbias ? poisoned({cols}, x.dtype()) : Tensor()};
+  EmulatedStream s;
+  const kernels::Stream stream = emulated ? s.get() : cpu_stream();
+  auto* forward = emulated ? &emu::layer_norm_forward : &cpu::layer_norm_forward;
+  auto* backward = emulated ? &emu::layer_norm_backward : &cpu::layer_norm_backward;
+  const double eps = 1e-5;
+  forward(stream, kernel_tensor(x), kernel_tensor(w), kernel_tensor(b), eps, kernel_tensor(o.y),
+          kernel_tensor(o.mean), kernel_tensor(o.var));
+  // Both backwards read the CPU's statistics, so they differ only by their own work.
+  backward(stream, kernel_tensor(x), kernel_tensor(w), kernel_tensor(o.mean), kernel_tensor(o.var),
+           kernel_tensor(dy), eps, kernel_tensor(o.dx), kernel_tensor(o.dweight),
+           kernel_tensor(o.dbias));
+  return o;
+}
+
+void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dweight, bool dbias) {
+  SCOPED_TRACE(name_of(t, shape) + (affine ? " affine" : "") + (dweight ? " dweight" : "") +
+               (dbias ? " dbias" : ""));
+  const int64_t cols = shape.back();
+  const Tensor x = random(shape, 11, t, 3.0, 1.0), dy = random(shape, 12, t);
+  const Tensor w = affine ? random({cols}, 13, t) : Tensor();
+  const Tensor b = affine ? random({cols}, 14, t) : Tensor();
+  const LayerNormOut ref = layer_norm_on(false, x, w, b, dy, dweight, dbias);
+  const LayerNormOut got = layer_norm_on(true, x, w, b, dy, dweight, dbias);
+  const double tol = tolerance(t);
+  if (x.numel() > 0) {
+    expect_close(got.y, ref.y, tol, "y");
+    expect_close(got.mean, ref.mean, t == DType::f64 ? 1e-12 : 1e-5, "mean");
+    expect_close(got.var, ref.var, t == DType::f64 ? 1e-12 : 1e-5, "var");
+    expect_close(got.dx, ref.dx, tol, "dx");
+  }
+  if (dweight) expect_close(got.dweight, ref.dweight, tol, "dweight");
+  if (dbias) expect_close(got.dbias, ref.dbias, tol, "dbias");
+}
+
+TEST(LayerNormEmulated, ForwardAndBackwardMatchTheCpu) {
+  for (DType t : kFloats) {
+    // 130 rows: two full 64-row chunks and a partial one; 300 columns: two
+    // column blocks, and rows longer than a block's 256 threads.
+    expect_layer_norm_matches({t == DType::f32 ? 130 : 70, 300}, t, true, true, true);
+    expect_layer_norm_matches({2, 33, 48}, t, true, true, false);
+    expect_layer_norm_matches({64, 40}, t, false, false, true);
+    expect_layer_norm_matches({5, 40}, t, true, false, false);
+  }
+}
+
+TEST(LayerNormEmulated, NoRowsGiveZeroParameterGradients) {
+  expect_layer_norm_matches({0, 40}, DType::f32, true, true, true);
+}
+
+// --- softmax ----------------------------------------------------------------------------
+TEST(SoftmaxEmulated, ForwardAndBackwardMatchTheCpu) {
+  for (DType t : kFloats) {
+    for (const Shape& shape : {Shape{7, 300}, Shape{3, 4, 33}, Shape{2, 1}}) {
+      for (bool log : {false, true}) {
+        SCOPED_TRACE(name_of(t, shape) + (log ? " log" : ""));
+        const Tensor x = random(shape, 21, t, 4.0), dy = random(shape, 22, t);
+        const Tensor ref_y = poisoned(shape, t), got_y = poisoned(shape, t);
+        cpu::softmax_forward(cpu_stream(), kernel_tensor(x), kernel_tensor(ref_y), log);
+        EmulatedStream s;
+        emu::softmax_forward(s.get(), kernel_tensor(x), kernel_tensor(got_y), log);
+        expect_close(got_y, ref_y, tolerance(t), "y");
+        const Tensor ref_dx = poisoned(shape, t), got_dx = poisoned(shape, t);
+        cpu::softmax_backward(cpu_stream(), kernel_tensor(ref_y), kernel_tensor(dy),
+                              kernel_tensor(ref_dx), log);
+        emu::softmax_backward(s.get(), kernel_tensor(ref_y), kernel_tensor(dy),
+                              kernel_tensor(got_dx), log);
+        expect_close(got_dx, ref_dx, tolerance(t), "dx");
+      }
+    }
+  }
+}
+
+// --- cross-entropy ------------------------------------------------------------------------
+struct CrossEntropyOut {
+  Tensor lse, row_loss, loss, count, grad;
+  KernelError error;
+};
+
+CrossEntropyOut cross_entropy_on(bool emulated, const Tensor& logits, const Tensor& targets,
+                                 int64_t ignore, const Tensor& grad_loss) {
+  const int64_t rows = logits.shape()[0];
+  const DType loss_dtype = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  CrossEntropyOut o{poisoned({rows}, DType::f64),
+                    poisoned({rows}, DType::f64),
+                    poisoned({}, loss_dtype),
+                    poisoned({}, DType::i64),
+                    poisoned(logits.shape(), logits.dtype()),
+                    KernelError{}};
+  EmulatedStream s;
+  const kernels::Stream stream = emulated ? s.get() : cpu_stream();
+  auto* forward = emulated ? &emu::cross_entropy_forward : &cpu::cross_entropy_forward;
+  auto* backward = emulated ? &emu::cross_entropy_backward : &cpu::cross_entropy_backward;
+  const int32_t site = 42;
+  forward(stream, kernel_tensor(logits), kernel_tensor(targets), ignore, site, kernel_tensor(o.lse),
+          kernel_tensor(o.row_loss), kernel_tensor(o.loss), kernel_tensor(o.count));
+  backward(stream, kernel_tensor(logits), kernel_tensor(targets), ignore, kernel_tensor(o.lse),
+           kernel_tensor(grad_loss), kernel_tensor(o.count), kernel_tensor(o.grad));
+  if (emulated)
+    o.error = s.record;
+  else
+    cpu::take_error(stream, &o.error);
+  return o;
+}
+
+void expect_cross_entropy_matches(int64_t rows, int64_t cols, DType t, DType it) {
+  const int64_t ignore = -100;
+  SCOPED_TRACE(name_of(t, {rows, cols}) + " targets " + dtype_name(it));
+  const Tensor logits = random({rows, cols}, 31, t, 3.0);
+  std::vector<int64_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 7 == 3 ? ignore : (r * 37) % cols;
+  const Tensor tt = Tensor::from_vector(targets, {rows}).to(it);
+  const Tensor grad_loss = Tensor::full({}, 0.75, t == DType::f64 ? DType::f64 : DType::f32);
+  const CrossEntropyOut ref = cross_entropy_on(false, logits, tt, ignore, grad_loss);
+  const CrossEntropyOut got = cross_entropy_on(true, logits, tt, ignore, grad_loss);
+  const double tol = tolerance(t == DType::bf16 ? DType::f32 : t);  // lse, losses: f64 outputs
+  expect_close(got.lse, ref.lse, tol, "lse");
+  expect_close(got.row_loss, ref.row_loss, tol, "row_loss");
+  expect_close(got.loss, ref.loss, tol, "loss");
+  expect_equal(got.count, ref.count, "count");
+  expect_close(got.grad, ref.grad, tolerance(t), "grad");
+  EXPECT_EQ(got.error.raised, 0);
+}
+
+TEST(CrossEntropyEmulated, ForwardAndBackwardMatchTheCpu) {
+  for (DType t : kFloats) expect_cross_entropy_matches(70, 300, t, DType::i64);
+  expect_cross_entropy_matches(70, 300, DType::f32, DType::i32);
+  // More rows than the finishing block's 1024 threads.
+  expect_cross_entropy_matches(1100, 40, DType::f32, DType::i64);
+}
+
+// A target out of range: the row counts for nothing, its gradient is zero,
+// and the first bad row is reported (position and id) at the op's site.
+TEST(CrossEntropyEmulated, BadTargetsAreReportedLikeTheCpu) {
+  const int64_t rows = 70, cols = 20;
+  const Tensor logits = random({rows, cols}, 32, DType::f32);
+  std::vector<int64_t> targets(static_cast<size_t>(rows), 3);
+  targets[50] = cols;  // the first bad one
+  targets[60] = -5;
+  targets[10] = -1;  // ignored
+  const Tensor tt = Tensor::from_vector(targets, {rows});
+  const Tensor grad_loss = Tensor::full({}, 1.0);
+  const CrossEntropyOut ref = cross_entropy_on(false, logits, tt, -1, grad_loss);
+  const CrossEntropyOut got = cross_entropy_on(true, logits, tt, -1, grad_loss);
+  expect_equal(got.count, ref.count, "count");
+  expect_close(got.loss, ref.loss, 1e-5, "loss");
+  expect_close(got.grad, ref.grad, 1e-5, "grad");
+  ASSERT_EQ(ref.error.raised, 1);
+  EXPECT_EQ(got.error.raised, 1);
+  EXPECT_EQ(got.error.site, ref.error.site);
+  EXPECT_EQ(got.error.position, ref.error.position);
+  EXPECT_EQ(got.error.value, ref.error.value);
+}
+
+}  // namespace
+}  // namespace roformer
