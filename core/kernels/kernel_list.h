@@ -151,8 +151,8 @@ struct AttentionParams {
                              KT key_mask, KT out, KT lse, KT keep_bits, KT grad_out,            \
                              KT grad_q, KT grad_k, KT grad_v))                          \
   /* --- variable-length attention over a token stream (core/cpu/attention_varlen.cpp) ------ */\
-  /* q [T, H, D], k [T, H, D], v [T, H, Dv] (unit last stride); segments [N, 4] i64, host */    \
-  /* memory: (first token, length, row, position of the first token in its row); a token */     \
+  /* q [T, H, D], k [T, H, D], v [T, H, Dv] (unit last stride); segments [N, 4] i64 in q's */ \
+  /* device memory: (first token, length, row, position of the first token in its row); a token */     \
   /* attends only to its own segment's tokens; dropout: sequence first_sequence + row, query */  \
   /* position = row position. out [T, H, Dv] and lse [T, H] of tokens in no segment are not */  \
   /* written; keep_bits [T, H, ceil(longest segment / 32)] i32 when dropout_p > 0. */           \
