@@ -69,7 +69,7 @@ RF_HOST_DEVICE inline uint32_t philox_word(uint64_t seed, uint64_t word) {
   const PhiloxCounter bits =
       philox4x32(PhiloxCounter{{uint32_t(block), uint32_t(block >> 32), 0u, 0u}},
                  PhiloxKey{{uint32_t(seed), uint32_t(seed >> 32)}});
-  return bits[int(word % 4)];
+  return bits.word(uint32_t(word % 4));
 }
 
 // A stream of random numbers for one (seed, subsequence) (host only): the key is the seed,

@@ -97,14 +97,15 @@ void random_fill(Stream, KT out_kt, uint64_t seed, uint64_t offset, bool normal)
       });
       return;
     }
-    // Two words per number (Box-Muller); offset is a multiple of 4, so both
-    // words of a number sit in one block.
+    // Two words per number (Box-Muller), words `word` and `word + 1` of the
+    // stream (the second in the next block when the first ends one).
     parallel_rows(n, 64, [&](int64_t i) {
       const uint64_t word = offset + 2 * uint64_t(i);
       const uint64_t block = word / 4;
       const auto bits = philox4x32({uint32_t(block), uint32_t(block >> 32), 0, 0}, key);
-      const double u1 = open_uniform_from_bits(bits[word % 4]);
-      const double u2 = open_uniform_from_bits(bits[word % 4 + 1]);
+      const double u1 = open_uniform_from_bits(bits[int(word % 4)]);
+      const double u2 = open_uniform_from_bits(word % 4 < 3 ? bits[int(word % 4 + 1)]
+                                                            : philox_word(seed, word + 1));
       p[i] = convert<T>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
     });
   });

@@ -15,6 +15,7 @@
 #include "core/kernels/coalesce_dims.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
+#include "core/philox.h"
 #include "tests/test_support.h"
 
 namespace roformer {
@@ -254,6 +255,22 @@ TEST(CoalesceDims, EveryElementKeepsItsOffsetsAndContiguousCallsAreFlat) {
   int64_t ones[kMaxDims] = {1, 1};
   int64_t ones_strides[1][kMaxDims] = {{5, 7}};
   EXPECT_EQ(coalesce_dims(2, ones, ones_strides, 1), 0);
+}
+
+TEST(RandomFill, ANormalFillAtAnyWordOffsetDrawsWordsWordAndWordPlusOne) {
+  constexpr uint64_t kSeed = 99;
+  for (uint64_t offset : {0, 1, 2, 3, 6, 7}) {
+    const Tensor t = Tensor::empty({5}, DType::f64);
+    launch::random_fill(Device::cpu(), t, kSeed, offset, /*normal=*/true);
+    const std::vector<double> got = t.to_vector<double>();
+    for (uint64_t i = 0; i < got.size(); ++i) {
+      const uint64_t word = offset + 2 * i;
+      const double u1 = open_uniform_from_bits(philox_word(kSeed, word));
+      const double u2 = open_uniform_from_bits(philox_word(kSeed, word + 1));
+      EXPECT_EQ(got[i], std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2))
+          << "offset " << offset << ", element " << i;
+    }
+  }
 }
 
 }  // namespace
