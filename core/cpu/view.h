@@ -64,7 +64,10 @@ class View {
   int64_t dim() const { return int64_t(shape_.size()); }
   int64_t numel() const { return shape_numel(shape_); }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
+  // As Tensor::is_contiguous: a tensor with no element is contiguous.
   bool is_contiguous() const {
+    for (int64_t size : shape_)
+      if (size == 0) return true;
     int64_t expected = 1;
     for (size_t d = shape_.size(); d-- > 0;) {
       if (shape_[d] != 1 && strides_[d] != expected) return false;

@@ -34,7 +34,10 @@ struct KernelTensor {
   }
   ROFORMER_HOST_DEVICE int64_t size(int32_t d) const { return sizes[d < 0 ? d + ndim : d]; }
   ROFORMER_HOST_DEVICE int64_t stride(int32_t d) const { return strides[d < 0 ? d + ndim : d]; }
+  // As Tensor::is_contiguous: a tensor with no element is contiguous.
   ROFORMER_HOST_DEVICE bool is_contiguous() const {
+    for (int32_t d = 0; d < ndim; ++d)
+      if (sizes[d] == 0) return true;
     int64_t expected = 1;
     for (int32_t d = ndim - 1; d >= 0; --d) {
       if (sizes[d] != 1 && strides[d] != expected) return false;

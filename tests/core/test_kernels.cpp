@@ -273,5 +273,13 @@ TEST(RandomFill, ANormalFillAtAnyWordOffsetDrawsWordsWordAndWordPlusOne) {
   }
 }
 
+TEST(KernelTensor, ATensorWithNoElementIsContiguousAsTheTensorSaysAndRandomFillsIt) {
+  const Tensor t = Tensor::empty({2, 3, 0, 4});
+  ASSERT_TRUE(t.is_contiguous());
+  EXPECT_TRUE(kernels::kernel_tensor(t).is_contiguous());
+  Generator gen{5, 0};
+  EXPECT_EQ(Tensor::randn({2, 3, 0, 4}, gen).numel(), 0);
+}
+
 }  // namespace
 }  // namespace roformer
