@@ -247,4 +247,20 @@ inline size_t nbytes_of(const KernelTensor& t) {
 void report_first_bad(const Stream& stream, int32_t site, const unsigned long long* first,
                       const KernelTensor& ids);
 
+// The record report_first_bad writes (one thread; also the SIMT emulator's
+// stand-in for it): the first bad position and its id, unless the record
+// already holds a report.
+__device__ __forceinline__ void record_first_bad(KernelError* record, int32_t site,
+                                                 const unsigned long long* first,
+                                                 const KernelTensor& ids) {
+  const unsigned long long position = *first;
+  if (position == ~0ull || record->raised) return;
+  const int64_t off = offset_of(ids, int64_t(position));
+  record->raised = 1;
+  record->site = site;
+  record->position = int64_t(position);
+  record->value = ids.dtype == DType::i32 ? int64_t(ids.as<const int32_t>()[off])
+                                          : ids.as<const int64_t>()[off];
+}
+
 }  // namespace roformer::kernels::cuda

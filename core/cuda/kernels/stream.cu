@@ -28,14 +28,7 @@ KernelError* error_record(int device) {
 
 __global__ void write_first_bad(KernelError* record, int32_t site, const unsigned long long* first,
                                 KernelTensor ids) {
-  const unsigned long long position = *first;
-  if (position == ~0ull || record->raised) return;
-  const int64_t off = offset_of(ids, int64_t(position));
-  record->raised = 1;
-  record->site = site;
-  record->position = int64_t(position);
-  record->value = ids.dtype == DType::i32 ? int64_t(ids.as<const int32_t>()[off])
-                                          : ids.as<const int64_t>()[off];
+  record_first_bad(record, site, first, ids);
 }
 
 }  // namespace
