@@ -8,8 +8,6 @@
 // there would be more.
 #pragma once
 
-#include <algorithm>
-
 #include "core/cuda/kernels/common.cuh"
 
 namespace roformer::kernels::cuda {
@@ -17,7 +15,6 @@ namespace roformer::kernels::cuda {
 namespace column_sums_detail {
 
 constexpr int64_t kRowChunk = 64;
-constexpr int64_t kMaxChunks = 65535;
 
 template <class A, class T>
 __global__ void partials(const T* x, A* partial, int64_t rows, int64_t cols, int64_t chunk_rows) {
@@ -46,7 +43,7 @@ template <class A, class T>
 void column_sums(const Stream& stream, const T* x, T* out, int64_t rows, int64_t cols) {
   namespace d = column_sums_detail;
   if (cols == 0) return;
-  const int64_t chunk_rows = std::max(d::kRowChunk, (rows + d::kMaxChunks - 1) / d::kMaxChunks);
+  const int64_t chunk_rows = grid_y_chunk(rows, d::kRowChunk);
   const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 0;
   if (chunks == 0) {
     RF_CUDA_CHECK(cudaMemsetAsync(out, 0, size_t(cols) * sizeof(T), native(stream)));  // 0 bits: 0

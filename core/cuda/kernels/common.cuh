@@ -111,6 +111,14 @@ __device__ __forceinline__ int64_t offset_of(const KernelTensor& t, int64_t i) {
 
 // --- launches ------------------------------------------------------------------------
 constexpr int kThreads = 256;
+constexpr int64_t kMaxGridY = 65535;  // gridDim.y's (and z's) limit
+
+// Rows per chunk when `rows` are cut into chunks of at least `at_least` rows,
+// one per gridDim.y index: more rows per chunk past kMaxGridY chunks.
+inline int64_t grid_y_chunk(int64_t rows, int64_t at_least) {
+  const int64_t needed = (rows + kMaxGridY - 1) / kMaxGridY;
+  return needed > at_least ? needed : at_least;
+}
 
 inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t blocks = (n + threads - 1) / threads;

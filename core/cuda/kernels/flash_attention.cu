@@ -766,7 +766,7 @@ Grid grid_of(const AttentionParams& params, const KernelTensor& q, const KernelT
 }
 
 dim3 launch_grid(const Grid& g, int64_t heads) {
-  RF_CHECK(g.sequences * g.tiles < (int64_t(1) << 31) && heads <= 65535,
+  RF_CHECK(g.sequences * g.tiles < (int64_t(1) << 31) && heads <= kMaxGridY,
            "flash attention: grid too large");
   return dim3(unsigned(g.sequences * g.tiles), unsigned(heads));
 }

@@ -6,7 +6,6 @@
 // fixed chunks: one pass sums, per (chunk, column), the run of the id the
 // chunk starts with; then one thread per (segment, column) adds its rows in
 // its first chunk and those chunk sums for the chunks it goes on into.
-#include <algorithm>
 #if !defined(ROFORMER_SIMT_EMULATION)  // tests/simt/kernel_emulation.h: a host sort in its place
 #include <cub/device/device_radix_sort.cuh>
 #endif
@@ -57,7 +56,6 @@ __global__ void make_keys(const I* ids, int64_t count, int64_t rows, int64_t* ke
 // Rows of sorted pairs per chunk, at least: about the square root of a
 // batch's tokens, so neither pass is long for one thread.
 constexpr int64_t kSegmentChunk = 256;
-constexpr int64_t kMaxChunks = 65535;  // gridDim.y's limit
 
 // first_run[chunk][c]: the sum of column c over the chunk's leading run of
 // one id, in position order.
@@ -163,7 +161,7 @@ void scatter_add_rows(Stream stream, const KernelTensor& grad_out, const KernelT
   RF_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.as<void>(), temp_bytes, keys, sorted_keys,
                                                 positions, sorted_positions, count, 0, end_bit,
                                                 native(stream)));
-  const int64_t chunk = std::max(kSegmentChunk, (count + kMaxChunks - 1) / kMaxChunks);
+  const int64_t chunk = grid_y_chunk(count, kSegmentChunk);
   const int64_t chunks = (count + chunk - 1) / chunk;
   on_floating_dtype(grad_table.dtype, "scatter_add_rows", [&](auto tag) {
     using T = decltype(tag);

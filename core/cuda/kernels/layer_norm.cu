@@ -4,8 +4,6 @@
 // (fixed row chunks, then the chunks in order): deterministic, no atomics.
 // The chunks are gridDim.y (at most 65535): chunks grow past kRowChunk rows
 // when there are more than 65535 of them.
-#include <algorithm>
-
 #include "core/cuda/kernels/common.cuh"
 
 namespace roformer::kernels::cuda {
@@ -13,8 +11,7 @@ namespace roformer::kernels::cuda {
 namespace {
 
 constexpr int kRowThreads = 256;
-constexpr int64_t kRowChunk = 64;      // rows per partial column sum (at least)
-constexpr int64_t kMaxChunks = 65535;  // gridDim.y's limit
+constexpr int64_t kRowChunk = 64;  // rows per partial column sum (at least)
 
 template <class T>
 __global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean,
@@ -149,7 +146,7 @@ void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTenso
                 dy.as<const T>(), dx.as<T>(), cols, A(eps));
     if (!dweight.defined() && !dbias.defined()) return;
     if (cols == 0) return;
-    const int64_t chunk_rows = std::max(kRowChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+    const int64_t chunk_rows = grid_y_chunk(rows, kRowChunk);
     const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
     Scratch partial(stream, size_t(2 * chunks * cols) * sizeof(A));
     if (rows > 0) {
