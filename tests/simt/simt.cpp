@@ -4,6 +4,8 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <algorithm>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -94,8 +96,16 @@ struct Warp {
   uint32_t out[kWarp][4] = {};
 };
 
+// A cp.async copy on its way: 16 bytes for a shared address.
+struct PendingCopy {
+  uint32_t address;
+  unsigned char bytes[16];
+};
+
 struct Fiber {
   ucontext_t context;
+  std::vector<PendingCopy> open_group;             // since the last commit
+  std::deque<std::vector<PendingCopy>> committed;  // oldest first
   ThreadState state;
   bool done = false;
   const uint64_t* wait_generation = nullptr;  // runnable once *wait_generation != wait_value
@@ -188,7 +198,13 @@ void fiber_main() {
   } catch (...) {
     if (!b.error) b.error = std::current_exception();
   }
-  b.fibers[size_t(b.running)].done = true;
+  Fiber& self = b.fibers[size_t(b.running)];
+  size_t pending = self.open_group.size();
+  for (const auto& group : self.committed) pending += group.size();
+  if (pending > 0 && b.fault.empty())
+    b.fault = "simt: thread " + std::to_string(self.state.linear) + " exited with " +
+              std::to_string(pending) + " cp.async copies no wait_group covered";
+  self.done = true;
   switch_away(true);
 }
 
@@ -219,16 +235,23 @@ float bf16_bits_to_float(uint32_t bits16) {
   return f;
 }
 
-// One 16-byte row of an 8x8 b16 matrix at a lane's shared address.
-const unsigned char* matrix_row(const Block& b, uint32_t address) {
-  RF_CHECK(address % 16 == 0, "simt: ldmatrix row address ", address, " is not 16-byte aligned");
-  RF_CHECK(size_t(address) + 16 <= window_size(), "simt: ldmatrix row address ", address,
+// The 16 aligned shared bytes at `address`, inside what the launch gave
+// (`what`: the instruction, for the error).
+unsigned char* shared_16(const Block& b, uint32_t address, const char* what) {
+  RF_CHECK(address % 16 == 0, "simt: ", what, " shared address ", address,
+           " is not 16-byte aligned");
+  RF_CHECK(size_t(address) + 16 <= window_size(), "simt: ", what, " shared address ", address,
            " outside shared memory");
   const size_t dyn = size_t(g_dynamic - window_begin());
   if (address >= dyn && address < dyn + kMaxDynamicShared)
-    RF_CHECK(address + 16 <= dyn + b.dynamic_bytes, "simt: ldmatrix reads dynamic shared byte ",
+    RF_CHECK(address + 16 <= dyn + b.dynamic_bytes, "simt: ", what, " reaches dynamic shared byte ",
              address + 16 - dyn, " of ", b.dynamic_bytes, " launched");
   return window_begin() + address;
+}
+
+// One 16-byte row of an 8x8 b16 matrix at a lane's shared address.
+const unsigned char* matrix_row(const Block& b, uint32_t address) {
+  return shared_16(b, address, "ldmatrix row");
 }
 
 uint32_t b16_at(const unsigned char* row, int i) {
@@ -417,6 +440,35 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans) {
   collective(trans ? Op::ldmatrix_trans : Op::ldmatrix, &address, 1, r, 4);
 }
 
+void cp_async_16(uint32_t address, const void* source, const unsigned char (&bytes)[16]) {
+  RF_CHECK(g_block != nullptr, "simt: cp.async outside an emulated launch");
+  RF_CHECK(reinterpret_cast<uintptr_t>(source) % 16 == 0, "simt: cp.async source ", source,
+           " is not 16-byte aligned");
+  Block& b = *g_block;
+  shared_16(b, address, "cp.async destination");
+  PendingCopy copy{address, {}};
+  std::memcpy(copy.bytes, bytes, 16);
+  b.fibers[size_t(b.running)].open_group.push_back(copy);
+}
+
+void cp_async_commit() {
+  RF_CHECK(g_block != nullptr, "simt: cp.async.commit_group outside an emulated launch");
+  Fiber& f = g_block->fibers[size_t(g_block->running)];
+  f.committed.push_back(std::move(f.open_group));
+  f.open_group.clear();
+}
+
+void cp_async_wait(int n) {
+  RF_CHECK(g_block != nullptr, "simt: cp.async.wait_group outside an emulated launch");
+  Block& b = *g_block;
+  Fiber& f = b.fibers[size_t(b.running)];
+  while (f.committed.size() > size_t(std::max(n, 0))) {
+    for (const PendingCopy& c : f.committed.front())
+      std::memcpy(shared_16(b, c.address, "cp.async destination"), c.bytes, 16);
+    f.committed.pop_front();
+  }
+}
+
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                        const float (&c)[4]) {
   uint32_t in[10];
@@ -469,6 +521,8 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
           Fiber& f = b.fibers[i];
           f.done = false;
           f.wait_generation = nullptr;
+          f.open_group.clear();
+          f.committed.clear();
           f.state.linear = int(i);
           f.state.thread_idx = uint3{unsigned(i % block.x), unsigned(i / block.x % block.y),
                                      unsigned(i / (size_t(block.x) * block.y))};

@@ -17,6 +17,8 @@
 //   lanes, then each lane takes its result; threads that never arrive (a lane
 //   skipping a collective, a thread missing a barrier) are reported as a
 //   deadlock, and lanes meeting at different collectives as divergence;
+// - cp.async (16-byte copies from global to shared memory, commit and wait
+//   groups): a copy lands at the wait that covers it, not before;
 // - ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 and
 //   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, written from the PTX
 //   ISA's fragment layouts (not from any kernel's comments); the product is
@@ -105,6 +107,19 @@ uint32_t ballot(unsigned mask, bool predicate);
 
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 r, [address].
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
+
+// cp.async.cg.shared.global [address], [source], 16: the 16 bytes are read
+// now (by the caller, so AddressSanitizer checks the source in the kernel's
+// translation unit; it must be 16-byte aligned) but land in shared memory only when a
+// cp.async.wait_group lets them, so a read before the wait sees the poison.
+void cp_async_16(uint32_t address, const void* source, const unsigned char (&bytes)[16]);
+// cp.async.commit_group: the thread's copies since the last commit become a
+// group.
+void cp_async_commit();
+// cp.async.wait_group n: every committed group of the thread but the n
+// newest has landed. A thread that exits with copies that never landed is a
+// fault (a load nobody waits for).
+void cp_async_wait(int n);
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 d, a, b, c.
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
@@ -214,6 +229,11 @@ inline float __fdiv_rn(float a, float b) {
 }
 inline float __fsqrt_rn(float a) {
   return std::sqrt(a);
+}
+inline void simt_cp_async_16(uint32_t address, const void* source) {
+  unsigned char bytes[16];
+  std::memcpy(bytes, source, 16);
+  ::roformer::simt::cp_async_16(address, source, bytes);
 }
 inline size_t __cvta_generic_to_shared(const void* p) {
   return ::roformer::simt::shared_address(p);

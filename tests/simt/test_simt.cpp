@@ -235,6 +235,52 @@ TEST(Simt, SharedMemoryIsPoisonedAndLimited) {
   EXPECT_THROW(launch(dynamic_kernel, dim3(1), dim3(64), 64 * 1024, out.data()), Error);
 }
 
+// Each thread copies 16 bytes (4 floats) of `in` to shared memory by
+// cp.async in two groups, reads its chunk before and after the waits, and
+// writes what it saw.
+__global__ void cp_async_kernel(const float* in, float* before, float* after_first,
+                                float* after_all, int groups_waited_last) {
+  __shared__ __align__(16) float s[2][32 * 4];
+  const int tid = threadIdx.x;
+  simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[0][4 * tid])), in + 4 * tid);
+  simt::cp_async_commit();
+  simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[1][4 * tid])), in + 128 + 4 * tid);
+  simt::cp_async_commit();
+  before[tid] = s[0][4 * tid];
+  simt::cp_async_wait(1);  // the first group has landed, the second may not have
+  after_first[2 * tid] = s[0][4 * tid + 1];
+  after_first[2 * tid + 1] = s[1][4 * tid + 1];
+  simt::cp_async_wait(groups_waited_last);
+  after_all[tid] = s[1][4 * tid + 3];
+}
+
+TEST(Simt, CpAsyncCopiesLandAtTheWaitThatCoversThem) {
+  std::vector<float> in(256);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i);
+  std::vector<float> before(32), after_first(64), after_all(32);
+  launch(cp_async_kernel, dim3(1), dim3(32), 0, in.data(), before.data(), after_first.data(),
+         after_all.data(), 0);
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_TRUE(std::isnan(before[size_t(t)])) << "no copy lands before its wait";
+    EXPECT_EQ(after_first[size_t(2 * t)], float(4 * t + 1));
+    EXPECT_TRUE(std::isnan(after_first[size_t(2 * t + 1)])) << "the newest group is pending";
+    EXPECT_EQ(after_all[size_t(t)], float(128 + 4 * t + 3));
+  }
+  // A thread that exits with a copy no wait covered is reported.
+  try {
+    launch(cp_async_kernel, dim3(1), dim3(32), 0, in.data(), before.data(), after_first.data(),
+           after_all.data(), 1);
+    ADD_FAILURE() << "copies never waited for must be reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cp.async"), std::string::npos) << e.what();
+  }
+  // Destinations are 16-byte aligned shared memory.
+  EXPECT_THROW(launch(cp_async_kernel, dim3(1), dim3(32), 0, in.data() + 1, before.data(),
+                      after_first.data(), after_all.data(), 0),
+               Error)
+      << "an unaligned source";
+}
+
 __global__ void skipping_kernel(float* out) {
   float x = 1.0f;
   if (threadIdx.x != 3) x = __shfl_xor_sync(0xffffffffu, x, 1);
