@@ -1,10 +1,12 @@
 // attention_bench: our attention kernels and cuDNN's at head dim 64 in bf16 on the GPU,
 // forward and backward TFLOP/s for S = 512, 1536, 4096, 16384 (B x S = 32768
-// tokens, 12 heads, no mask, no dropout), five ways:
+// tokens, 12 heads, no mask, no dropout), seven ways:
 //   ours-plain      attention_forward / attention_backward (no RoPE): the
 //                   kernel to set beside torch's SDPA, which has no RoPE
 //   ours-fused      rope_attention_forward / _backward: Q and K rotated while
 //                   their tiles load, gradients rotated back in the epilogue
+//   ours-*-r32      the same with the forward's 32 rows per warp (4 warps a
+//                   block) in place of 16 (8 warps): flash_attention.h
 //   ours-separate   the rope kernel writes rotated copies of q and k, then
 //                   attention; backward: attention, then dq and dk rotated back
 //   cudnn-plain     cuDNN's fused attention (core/cuda/cudnn_sdpa.cpp), no RoPE
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "core/cuda/backend.h"
+#include "core/cuda/kernels/flash_attention.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/ops/rope_table.h"
@@ -85,23 +88,28 @@ void bench(int64_t S, Device device) {
   const Tensor dv = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
   const Tensor none;
 
-  // Plain attention.
-  const double plain_fwd = time_ms(
-      device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
-  const double plain_bwd = time_ms(device, [&] {
-    launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk, dv);
-  });
-  print("ours-plain", S, B, plain_fwd, plain_bwd);
-
-  // RoPE inside.
-  const double fused_fwd = time_ms(device, [&] {
-    launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
-  });
-  const double fused_bwd = time_ms(device, [&] {
-    launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
-                                    grad_out, dq, dk, dv);
-  });
-  print("ours-fused", S, B, fused_fwd, fused_bwd);
+  // Plain attention, and RoPE inside, under both forward tilings (the
+  // backward is the same kernel for both).
+  for (const int rows : {16, 32}) {
+    kernels::cuda::set_flash_forward_rows_per_warp(rows);
+    const std::string suffix = rows == 16 ? "" : "-r32";
+    const double plain_fwd = time_ms(
+        device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
+    const double plain_bwd = time_ms(device, [&] {
+      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
+                                 dv);
+    });
+    print(("ours-plain" + suffix).c_str(), S, B, plain_fwd, plain_bwd);
+    const double fused_fwd = time_ms(device, [&] {
+      launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
+    });
+    const double fused_bwd = time_ms(device, [&] {
+      launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
+                                      grad_out, dq, dk, dv);
+    });
+    print(("ours-fused" + suffix).c_str(), S, B, fused_fwd, fused_bwd);
+  }
+  kernels::cuda::set_flash_forward_rows_per_warp(16);
 
   // RoPE as separate kernels with rotated copies (what the model did before),
   // the attention by `p`'s engine.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -220,6 +221,38 @@ inline void expect_match(const Case& c, const Problem& p, const Result& gpu, con
     EXPECT_GT(compared, 0);
   }
 }
+
+// Two runs of the kernels under the forward's two tilings compute every row
+// the same way: out, lse and the keep bits must be the same bits (compared
+// as bit patterns, so elements no segment covers, still NaN, compare too).
+inline void expect_same_forward(const Result& a, const Result& b) {
+  auto bits_of = [](const Tensor& t) {
+    const std::vector<float> v = t.to(Device::cpu()).to_vector<float>();
+    std::vector<uint32_t> w(v.size());
+    std::memcpy(w.data(), v.data(), v.size() * sizeof(float));
+    return w;
+  };
+  EXPECT_EQ(bits_of(a.out), bits_of(b.out)) << "the tilings' outputs differ";
+  EXPECT_EQ(bits_of(a.lse), bits_of(b.lse)) << "the tilings' lse differ";
+  if (a.bits.defined()) {  // with dropout
+    EXPECT_EQ(a.bits.to(Device::cpu()).to_vector<int32_t>(),
+              b.bits.to(Device::cpu()).to_vector<int32_t>());
+  }
+}
+
+// The forward's rows per warp (a process-wide setting, read by Get and set
+// by Set) for one scope.
+template <int (*Get)(), void (*Set)(int)>
+class ScopedRowsPerWarp {
+ public:
+  explicit ScopedRowsPerWarp(int rows) : saved_(Get()) { Set(rows); }
+  ~ScopedRowsPerWarp() { Set(saved_); }
+  ScopedRowsPerWarp(const ScopedRowsPerWarp&) = delete;
+  ScopedRowsPerWarp& operator=(const ScopedRowsPerWarp&) = delete;
+
+ private:
+  int saved_;
+};
 
 inline std::vector<Case> cases() {
   std::vector<Case> out;

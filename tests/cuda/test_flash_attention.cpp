@@ -8,6 +8,7 @@
 // start as NaN (keep bits as all ones) so an unwritten element shows.
 #include <gtest/gtest.h>
 
+#include "core/cuda/kernels/flash_attention.h"
 #include "tests/cuda/flash_attention_cases.h"
 #include "tests/cuda/gpu_test.h"
 #include "tests/test_support.h"
@@ -22,11 +23,24 @@ using testing::kGpu;
 
 class FlashAttention : public ::testing::TestWithParam<Case> {};
 
+using RowsPerWarp = ScopedRowsPerWarp<&kernels::cuda::flash_forward_rows_per_warp,
+                                      &kernels::cuda::set_flash_forward_rows_per_warp>;
+
+// Both forward tilings against the CPU, and against each other.
 TEST_P(FlashAttention, MatchesTheCpuForwardAndBackward) {
   RF_REQUIRE_GPU();
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  expect_match(c, p, run(c, p, kGpu, DType::bf16), run(c, p, Device::cpu(), DType::f32));
+  const Result ref = run(c, p, Device::cpu(), DType::f32);
+  Result by_tiling[2];
+  for (int i = 0; i < 2; ++i) {
+    const int rows = 16 << i;
+    SCOPED_TRACE(std::to_string(rows) + " rows per warp");
+    const RowsPerWarp tiling(rows);
+    by_tiling[i] = run(c, p, kGpu, DType::bf16);
+    expect_match(c, p, by_tiling[i], ref);
+  }
+  expect_same_forward(by_tiling[0], by_tiling[1]);
 }
 
 // The comparison itself, without a GPU: the CPU's f64 kernels against its f32

@@ -9,4 +9,6 @@
 #define flash_forward simt_flash_forward
 #define flash_backward simt_flash_backward
 #define flash_supported simt_flash_supported
+#define flash_forward_rows_per_warp simt_flash_forward_rows_per_warp
+#define set_flash_forward_rows_per_warp set_simt_flash_forward_rows_per_warp
 #include "core/cuda/kernels/flash_attention.h"

@@ -49,10 +49,29 @@ Result run_emulated(const Case& c, const Problem& p) {
 
 class FlashAttentionEmulated : public ::testing::TestWithParam<Case> {};
 
+using RowsPerWarp = ScopedRowsPerWarp<&kernels::cuda::simt_flash_forward_rows_per_warp,
+                                      &kernels::cuda::set_simt_flash_forward_rows_per_warp>;
+
+// Both forward tilings against the CPU, and against each other.
 TEST_P(FlashAttentionEmulated, MatchesTheCpuForwardAndBackward) {
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  expect_match(c, p, run_emulated(c, p), run(c, p, Device::cpu(), DType::f32));
+  const Result ref = run(c, p, Device::cpu(), DType::f32);
+  Result by_tiling[2];
+  for (int i = 0; i < 2; ++i) {
+    const int rows = 16 << i;
+    SCOPED_TRACE(std::to_string(rows) + " rows per warp");
+    const RowsPerWarp tiling(rows);
+    by_tiling[i] = run_emulated(c, p);
+    expect_match(c, p, by_tiling[i], ref);
+  }
+  expect_same_forward(by_tiling[0], by_tiling[1]);
+}
+
+TEST(FlashAttentionEmulatedEdges, TheTilingIsSixteenOrThirtyTwoRows) {
+  EXPECT_EQ(kernels::cuda::simt_flash_forward_rows_per_warp(), 16);
+  EXPECT_THROW(kernels::cuda::set_simt_flash_forward_rows_per_warp(8), Error);
+  EXPECT_EQ(kernels::cuda::simt_flash_forward_rows_per_warp(), 16);
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in

@@ -18,6 +18,7 @@
 // Fragment layouts are those of the PTX ISA for mma.m16n8k16 (.bf16): lane =
 // 4 g + t holds rows g and g + 8, columns 2t and 2t + 1 of each 8-wide tile.
 #include <algorithm>
+#include <atomic>
 
 #include "core/cuda/kernels/attention_common.cuh"
 #include "core/cuda/kernels/flash_attention.h"
@@ -166,6 +167,34 @@ __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], const bf16_t* s, 
 #endif
 }
 
+// Asynchronous 16-byte copies from global to shared memory (sm_80+): no
+// registers hold the data on its way, and a thread's copies become visible
+// to itself at the wait_group that covers them (to others after a barrier).
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(shared));
+#if defined(ROFORMER_SIMT_EMULATION)
+  simt_cp_async_16(addr, global);
+#else
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(global) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(ROFORMER_SIMT_EMULATION)
+  ::roformer::simt::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most kPending of the thread's newest groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(ROFORMER_SIMT_EMULATION)
+  ::roformer::simt::cp_async_wait(kPending);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
 // The A fragment for keys (or queries) [16 kk, 16 kk + 16) of a 16 x 64
 // accumulator c[8][4]: the accumulator layout of two 8-wide tiles is the A
 // layout of one 16-wide step.
@@ -176,41 +205,85 @@ __device__ __forceinline__ void accumulator_as_a(uint32_t (&a)[4], const float (
   a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-// acc[16 x 64] += A (16 x 64, from the accumulator c) times the shared tile s
-// [64][kLd] read as B[k][n] = s[k][n].
-__device__ __forceinline__ void mma_accumulator_tile(float (&acc)[8][4], const float (&c)[8][4],
-                                                     const bf16_t* s, int lane) {
+// acc[m][16 x 64] += A (16 x 64, from the accumulator c[m]) times the shared
+// tile s [64][kLd] read as B[k][n] = s[k][n], for kM row tiles: each B
+// fragment read from shared memory serves all kM tiles.
+template <int kM>
+__device__ __forceinline__ void mma_accumulator_tile(float (&acc)[kM][8][4],
+                                                     const float (&c)[kM][8][4], const bf16_t* s,
+                                                     int lane) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    uint32_t a[4];
-    accumulator_as_a(a, c, kk);
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) accumulator_as_a(a[m], c[m], kk);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
       load_b_trans(b, s, kk * 16, np * 16, lane);
-      mma(acc[2 * np], a, b[0], b[1]);
-      mma(acc[2 * np + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma(acc[m][2 * np], a[m], b[0], b[1]);
+        mma(acc[m][2 * np + 1], a[m], b[2], b[3]);
+      }
     }
   }
 }
 
-// c[16 x 64] = A (16 x 64 fragments a[4]) times B[k][n] = s[n][k] for the
-// 64 rows n of the shared tile s.
-__device__ __forceinline__ void mma_rows(float (&c)[8][4], const uint32_t (&a)[4][4],
+// c[m][16 x 64] = A (16 x 64 fragments a[m][4]) times B[k][n] = s[n][k] for
+// the 64 rows n of the shared tile s, for kM row tiles sharing each B
+// fragment.
+template <int kM>
+__device__ __forceinline__ void mma_rows(float (&c)[kM][8][4], const uint32_t (&a)[kM][4][4],
                                          const bf16_t* s, int lane) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int m = 0; m < kM; ++m)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) c[nt][e] = 0.0f;
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[m][nt][e] = 0.0f;
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
       load_b_pair(b, s, np * 16, ks * 16, lane);
-      mma(c[2 * np], a[ks], b[0], b[1]);
-      mma(c[2 * np + 1], a[ks], b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma(c[m][2 * np], a[m][ks], b[0], b[1]);
+        mma(c[m][2 * np + 1], a[m][ks], b[2], b[3]);
+      }
     }
+}
+
+// mma_rows with the A fragments read from the shared tile sa (rows a_row0 +
+// 16 m...) as they are needed rather than held in registers: for kM = 2,
+// where holding them would spill.
+template <int kM>
+__device__ __forceinline__ void mma_rows_shared_a(float (&c)[kM][8][4], const bf16_t* sa,
+                                                  int a_row0, const bf16_t* s, int lane) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[m][nt][e] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m) load_a(a[m], sa, a_row0 + 16 * m, ks * 16, lane);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t b[4];
+      load_b_pair(b, s, np * 16, ks * 16, lane);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma(c[m][2 * np], a[m], b[0], b[1]);
+        mma(c[m][2 * np + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -277,18 +350,20 @@ __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashA
 // to the tile, rotated by the RoPE table when `rotate`. Each thread moves
 // dims [8c, 8c + 8) and [8c + 32, 8c + 40) of a row: every RoPE pair of either
 // layout lies within what one thread holds. Rows past `limit` are zeros.
-template <int kRows>
+template <int kRows, int kThreads = kThreadsPerBlock>
 struct TileRegs {
-  static constexpr int kItems = kRows * 4 / kThreadsPerBlock;
+  static constexpr int kThreadCount = kThreads;
+  static constexpr int kItems = kRows * 4 / kThreads;
+  static_assert(kItems * kThreads == kRows * 4, "a tile's row chunks split evenly over the block");
   uint4 lo[kItems], hi[kItems];
 };
 
-template <int kRows>
-__device__ __forceinline__ void fetch_tile(TileRegs<kRows>& regs, const Operand& o, const Block& r,
-                                           int64_t r0, int64_t limit) {
+template <class Regs>
+__device__ __forceinline__ void fetch_tile(Regs& regs, const Operand& o, const Block& r, int64_t r0,
+                                           int64_t limit) {
 #pragma unroll
-  for (int n = 0; n < TileRegs<kRows>::kItems; ++n) {
-    const int item = threadIdx.x + n * kThreadsPerBlock;
+  for (int n = 0; n < Regs::kItems; ++n) {
+    const int item = threadIdx.x + n * Regs::kThreadCount;
     const int row = item >> 2, c = item & 3;
     const int64_t i = r0 + row;
     regs.lo[n] = regs.hi[n] = make_uint4(0, 0, 0, 0);
@@ -300,13 +375,12 @@ __device__ __forceinline__ void fetch_tile(TileRegs<kRows>& regs, const Operand&
   }
 }
 
-template <int kRows>
-__device__ __forceinline__ void store_tile(bf16_t* s, TileRegs<kRows>& regs, const Block& r,
-                                           int64_t r0, int64_t limit, const FlashArgs& a,
-                                           bool rotate) {
+template <class Regs>
+__device__ __forceinline__ void store_tile(bf16_t* s, Regs& regs, const Block& r, int64_t r0,
+                                           int64_t limit, const FlashArgs& a, bool rotate) {
 #pragma unroll
-  for (int n = 0; n < TileRegs<kRows>::kItems; ++n) {
-    const int item = threadIdx.x + n * kThreadsPerBlock;
+  for (int n = 0; n < Regs::kItems; ++n) {
+    const int item = threadIdx.x + n * Regs::kThreadCount;
     const int row = item >> 2, c = item & 3;
     const int64_t i = r0 + row;
     if (rotate && i < limit) rotate_chunks(regs.lo[n], regs.hi[n], a, r.first + i, c);
@@ -315,12 +389,55 @@ __device__ __forceinline__ void store_tile(bf16_t* s, TileRegs<kRows>& regs, con
   }
 }
 
-template <int kRows>
+template <int kRows, int kThreads = kThreadsPerBlock>
 __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Block& r, int64_t r0,
                                           int64_t limit, const FlashArgs& a, bool rotate) {
-  TileRegs<kRows> regs;
+  TileRegs<kRows, kThreads> regs;
   fetch_tile(regs, o, r, r0, limit);
   store_tile(s, regs, r, r0, limit, a, rotate);
+}
+
+// Rows [r0, r0 + kRows) of a bf16 operand copied to a shared tile by
+// cp.async, split over kThreads threads as TileRegs splits them (the chunks
+// rotate_own_chunks rotates); rows past `limit` are zeros, stored at once.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void copy_tile_async(bf16_t* s, const Operand& o, const Block& r,
+                                                int64_t r0, int64_t limit) {
+#pragma unroll
+  for (int n = 0; n < kRows * 4 / kThreads; ++n) {
+    const int item = threadIdx.x + n * kThreads;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    bf16_t* d = s + row * kLd + 8 * c;
+    if (i < limit) {
+      const bf16_t* p = row_of<const bf16_t>(o, r, i);
+      cp_async_16(d, p + 8 * c);
+      cp_async_16(d + 32, p + 8 * c + 32);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(d + 32) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Rotates by the RoPE table the chunks of a shared tile that this thread
+// copied with copy_tile_async, once its wait has covered them.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const Block& r, int64_t r0,
+                                                  int64_t limit, const FlashArgs& a) {
+#pragma unroll
+  for (int n = 0; n < kRows * 4 / kThreads; ++n) {
+    const int item = threadIdx.x + n * kThreads;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    if (i >= limit) continue;
+    uint4* lo = reinterpret_cast<uint4*>(s + row * kLd + 8 * c);
+    uint4* hi = reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32);
+    uint4 x = *lo, y = *hi;
+    rotate_chunks(x, y, a, r.first + i, c);
+    *lo = x;
+    *hi = y;
+  }
 }
 
 // Writes a 16 x 64 accumulator's rows (row0 + g, row0 + g + 8) to a gradient
@@ -380,30 +497,55 @@ __device__ __forceinline__ float key_bias(const FlashArgs& a, const Block& r, in
 
 // --- forward --------------------------------------------------------------------------
 
+// The keep bits of a warp's 16 x 64 tile (keys j0...): bit hf * 16 + 2 nt + e
+// is row g + 8 hf, key j0 + 8 nt + 2 t + e. A Philox block holds the draws
+// of four keys, two of lane t's and two of lane t ^ 1's, so each lane of the
+// pair draws the blocks of half the 8-key tiles and passes its partner's bits
+// by one shuffle. One block is drawn at a time: its ten rounds need few
+// registers, and the eight warps of a block hide their latency.
+__device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r, int64_t row0,
+                                              int64_t j0, int g, int t) {
+  const int half = t >> 1, parity = t & 1;
+  uint32_t mine = 0u, theirs = 0u;
+#pragma unroll 1
+  for (int q = 0; q < 8; ++q) {
+    const int hf = q >> 2, nt = 2 * (q & 3) + parity;
+    const uint32_t position = r.drop_position + uint32_t(row0 + g + 8 * hf);
+    const int64_t jb = j0 + nt * 8 + 4 * half;  // the block's first key: a multiple of 4
+    const PhiloxCounter w = philox4x32(
+        dropout_block(uint32_t(jb / 4), position, r.drop_sequence, a.drop.site, uint32_t(r.h)),
+        a.drop.key);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const bool keep = jb + u < r.Lk && (w.word(uint32_t(u)) >> 8) >= a.drop.threshold;
+      // Key jb + u is column 4 half + u of tile nt: lane 2 half + (u >> 1) holds it.
+      const uint32_t bit = uint32_t(keep) << (hf * 16 + 2 * nt + (u & 1));
+      if ((u >> 1) == parity)
+        mine |= bit;
+      else
+        theirs |= bit;
+    }
+  }
+  return mine | __shfl_xor_sync(0xffffffffu, theirs, 1);
+}
+
 // Dropout on a warp's 16 x 64 probabilities p (keys j0...): multiplies kept
 // ones by 1 / (1 - p) and zeroes the others, and writes the tile's two keep
 // words of each row (rows < Lq, words inside the row's ceil(Lk / 32)).
 __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& a, const Block& r,
                                              int64_t row0, int64_t j0, int g, int t) {
+  const uint32_t keep = keep_mask(a, r, row0, j0, g, t);
   uint32_t words[2][2] = {{0u, 0u}, {0u, 0u}};
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int64_t i = row0 + g + 8 * hf;
-    const uint32_t position = r.drop_position + uint32_t(i);
+  for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int64_t j = j0 + nt * 8 + 2 * t;  // even: j and j + 1 share a Philox block
-      const PhiloxCounter w = philox4x32(
-          dropout_block(uint32_t(j / 4), position, r.drop_sequence, a.drop.site, uint32_t(r.h)),
-          a.drop.key);
+    for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool keep = j + e < r.Lk && (w.word(uint32_t(j + e) % 4) >> 8) >= a.drop.threshold;
-        p[nt][2 * hf + e] = keep ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
-        words[hf][nt >> 2] |= uint32_t(keep) << ((nt & 3) * 8 + 2 * t + e);
+        const uint32_t bit = (keep >> (hf * 16 + 2 * nt + e)) & 1u;
+        p[nt][2 * hf + e] = bit ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
+        words[hf][nt >> 2] |= bit << ((nt & 3) * 8 + 2 * t + e);
       }
-    }
-  }
   const int64_t row_words = (r.Lk + 31) / 32;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
@@ -416,81 +558,128 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& 
     }
 }
 
-__global__ void __launch_bounds__(kThreadsPerBlock)
+// One key tile of the online softmax for a warp's 16 query rows: s holds
+// the tile's raw scores Q K^T (keys j0...), becomes the probabilities
+// exp2(scaled score + bias - running max); the running max m, the sum l and
+// the output rows o are rescaled to the new max.
+__device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)[8][4],
+                                                    float (&m)[2], float (&l)[2], const float* bias,
+                                                    float scale_log2, int t) {
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float x = s[nt][e] * scale_log2 + bias[nt * 8 + 2 * t + (e & 1)];
+      s[nt][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  float corr[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    mx[hf] = quad_max(mx[hf]);
+    corr[hf] = mx[hf] == -INFINITY ? 1.0f : exp2f(m[hf] - mx[hf]);
+    m[hf] = mx[hf];
+    l[hf] *= corr[hf];
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int hf = e >> 1;
+      const float p = m[hf] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[hf]);
+      s[nt][e] = p;
+      l[hf] += p;  // the softmax sums every probability; dropout acts after
+      o[nt][e] *= corr[hf];
+    }
+}
+
+// The forward for 128 query rows: kM 16-row tiles per warp, 8 / kM warps.
+// kM = 2 reads each K and V fragment from shared memory once for two row
+// tiles (half the shared-memory traffic per product) at the cost of more
+// registers per thread (flash_forward_rows_per_warp chooses). K and V tiles
+// come by cp.async into two buffers: the next tile's copies are in flight
+// while the current one is multiplied, and no register holds them.
+template <int kM, bool kDropout>
+__global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
     flash_forward_kernel(FlashArgs a, int64_t tiles) {
-  __shared__ __align__(16) bf16_t sQ[kRowsPerBlock * kLd];
-  __shared__ __align__(16) bf16_t sK[kInnerTile * kLd];
-  __shared__ __align__(16) bf16_t sV[kInnerTile * kLd];
-  __shared__ float sBias[kInnerTile];
+  constexpr int kThreads = kThreadsPerBlock / kM;
+  RF_DYNAMIC_SHARED(smem);
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* sK = sQ + kRowsPerBlock * kLd;  // two tiles of kInnerTile rows
+  bf16_t* sV = sK + 2 * kInnerTile * kLd;
+  float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;  // the whole block: a shorter segment
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
+  copy_tile_async<kInnerTile, kThreads>(sK, a.k, r, 0, r.Lk);
+  copy_tile_async<kInnerTile, kThreads>(sV, a.v, r, 0, r.Lk);
+  cp_async_commit();
+  load_tile<kRowsPerBlock, kThreads>(sQ, a.q, r, i0, r.Lq, a, rope);
   __syncthreads();
-  uint32_t qa[4][4];
+  // One row tile: its Q fragments stay in registers. Two: read from sQ
+  // each key tile, as registers are short.
+  uint32_t qa[1][4][4];
+  if constexpr (kM == 1) {
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) load_a(qa[ks], sQ, warp * 16, ks * 16, lane);
-  const int64_t row0 = i0 + warp * 16;
-  float o[8][4] = {};
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  TileRegs<kInnerTile> next_k, next_v;
-  fetch_tile(next_k, a.k, r, 0, r.Lk);
-  fetch_tile(next_v, a.v, r, 0, r.Lk);
-  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile) {
-    __syncthreads();  // the previous tile's readers are done
-    store_tile(sK, next_k, r, j0, r.Lk, a, rope);
-    store_tile(sV, next_v, r, j0, r.Lk, a, false);
-    if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
-    __syncthreads();
-    if (j0 + kInnerTile < r.Lk) {  // the next tile's loads overlap this tile's products
-      fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
-      fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
-    }
-    float s[8][4];
-    mma_rows(s, qa, sK, lane);
-    float mx[2] = {m[0], m[1]};
+    for (int ks = 0; ks < 4; ++ks) load_a(qa[0][ks], sQ, warp * 16, ks * 16, lane);
+  }
+  const int64_t row0 = i0 + warp * kM * 16;  // tile mt: rows row0 + 16 mt...
+  float o[kM][8][4] = {};
+  float m[kM][2], l[kM][2];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = s[nt][e] * a.scale_log2 + sBias[nt * 8 + 2 * t + (e & 1)];
-        s[nt][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-    float corr[2];
+  for (int mt = 0; mt < kM; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      mx[hf] = quad_max(mx[hf]);
-      corr[hf] = mx[hf] == -INFINITY ? 1.0f : exp2f(m[hf] - mx[hf]);
-      m[hf] = mx[hf];
-      l[hf] *= corr[hf];
+      m[mt][hf] = -INFINITY;
+      l[mt][hf] = 0.0f;
     }
+  int buffer = 0;
+  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
+    bf16_t* k_tile = sK + buffer * kInnerTile * kLd;
+    bf16_t* v_tile = sV + buffer * kInnerTile * kLd;
+    if (j0 + kInnerTile < r.Lk) {  // the next tile, into the other buffer
+      copy_tile_async<kInnerTile, kThreads>(sK + (buffer ^ 1) * kInnerTile * kLd, a.k, r,
+                                            j0 + kInnerTile, r.Lk);
+      copy_tile_async<kInnerTile, kThreads>(sV + (buffer ^ 1) * kInnerTile * kLd, a.v, r,
+                                            j0 + kInnerTile, r.Lk);
+    }
+    cp_async_commit();   // (an empty group on the last tile)
+    cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
+    if (rope) rotate_own_chunks<kInnerTile, kThreads>(k_tile, r, j0, r.Lk, a);
+    if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+    __syncthreads();  // every thread's copies and rotations are visible
+    float s[kM][8][4];
+    if constexpr (kM == 1)
+      mma_rows(s, qa, k_tile, lane);
+    else
+      mma_rows_shared_a(s, sQ, warp * kM * 16, k_tile, lane);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1;
-        const float p = m[hf] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[hf]);
-        s[nt][e] = p;
-        l[hf] += p;  // the softmax sums every probability; dropout acts after
-        o[nt][e] *= corr[hf];
-      }
-    if (a.drop.on) dropout_tile(s, a, r, row0, j0, g, t);
-    mma_accumulator_tile(o, s, sV, lane);
+    for (int mt = 0; mt < kM; ++mt) {
+      online_softmax_tile(s[mt], o[mt], m[mt], l[mt], sBias, a.scale_log2, t);
+      if constexpr (kDropout) dropout_tile(s[mt], a, r, row0 + 16 * mt, j0, g, t);
+    }
+    mma_accumulator_tile(o, s, v_tile, lane);
+    __syncthreads();  // this buffer's readers are done before it is refilled
   }
-  float inv[2];
+  cp_async_wait<0>();  // no key tile (Lk = 0): the first copies, never used
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    l[hf] = quad_sum(l[hf]);
-    const bool empty = m[hf] == -INFINITY;  // no key to attend to: zeros
-    inv[hf] = empty ? 0.0f : 1.0f / l[hf];
-    const int64_t i = row0 + g + 8 * hf;
-    if (t == 0 && i < r.Lq)
-      *row_of<float>(a.lse, r, i) = empty ? -INFINITY : (m[hf] + log2f(l[hf])) * kLn2;
+  for (int mt = 0; mt < kM; ++mt) {
+    const int64_t tile_row0 = row0 + 16 * mt;
+    float inv[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      l[mt][hf] = quad_sum(l[mt][hf]);
+      const bool empty = m[mt][hf] == -INFINITY;  // no key to attend to: zeros
+      inv[hf] = empty ? 0.0f : 1.0f / l[mt][hf];
+      const int64_t i = tile_row0 + g + 8 * hf;
+      if (t == 0 && i < r.Lq)
+        *row_of<float>(a.lse, r, i) = empty ? -INFINITY : (m[mt][hf] + log2f(l[mt][hf])) * kLn2;
+    }
+    store_rows(o[mt], a.out, a.out_dtype, r, tile_row0, r.Lq, inv, a, false, g, t);
   }
-  store_rows(o, a.out, a.out_dtype, r, row0, r.Lq, inv, a, false, g, t);
 }
 
 // --- backward -------------------------------------------------------------------------
@@ -517,11 +706,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
   __syncthreads();
-  uint32_t qa[4][4], da[4][4];
+  uint32_t qa[1][4][4], da[1][4][4];  // one 16-row tile per warp
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    load_a(qa[ks], sQ, warp * 16, ks * 16, lane);
-    load_a(da[ks], sO, warp * 16, ks * 16, lane);
+    load_a(qa[0][ks], sQ, warp * 16, ks * 16, lane);
+    load_a(da[0][ks], sO, warp * 16, ks * 16, lane);
   }
   const int64_t row0 = i0 + warp * 16;
   float Di[2], lse2[2];
@@ -535,7 +724,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = ks * 16 + 8 * e + 2 * t;  // registers hf + 2 e hold these
-          const __nv_bfloat162 d2 = *reinterpret_cast<const __nv_bfloat162*>(&da[ks][hf + 2 * e]);
+          const __nv_bfloat162 d2 =
+              *reinterpret_cast<const __nv_bfloat162*>(&da[0][ks][hf + 2 * e]);
           partial += __bfloat162float(d2.x) * out_at(a, r, i, col) +
                      __bfloat162float(d2.y) * out_at(a, r, i, col + 1);
         }
@@ -545,7 +735,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
     lse2[hf] = row_lse * kLog2e;
     if (t == 0 && i < r.Lq) *row_of<float>(a.delta, r, i) = Di[hf];
   }
-  float dq[8][4] = {};
+  float dq[1][8][4] = {};
   TileRegs<kInnerTile> next_k, next_v;
   fetch_tile(next_k, a.k, r, 0, r.Lk);
   fetch_tile(next_v, a.v, r, 0, r.Lk);
@@ -559,7 +749,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
       fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
       fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
     }
-    float s[8][4], dp[8][4];
+    float s[1][8][4], dp[1][8][4];
     mma_rows(s, qa, sK, lane);
     mma_rows(dp, da, sV, lane);
     uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
@@ -581,17 +771,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
         const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
         float ds = 0.0f;
         if (lse2[hf] != -INFINITY) {
-          const float p = exp2f(s[nt][e] * a.scale_log2 + sBias[col] - lse2[hf]);
+          const float p = exp2f(s[0][nt][e] * a.scale_log2 + sBias[col] - lse2[hf]);
           const float z =
               a.drop.on ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
-          ds = p * (dp[nt][e] * z - Di[hf]) * a.scale;
+          ds = p * (dp[0][nt][e] * z - Di[hf]) * a.scale;
         }
-        s[nt][e] = ds;
+        s[0][nt][e] = ds;
       }
     mma_accumulator_tile(dq, s, sK, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows(dq, a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
+  store_rows(dq[0], a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
 }
 
 // dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64.
@@ -616,7 +806,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
   const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
-  float dk[8][4] = {}, dv[8][4] = {};
+  float dk[1][8][4] = {}, dv[1][8][4] = {};
   TileRegs<kInnerTile> next_q, next_o;
   fetch_tile(next_q, a.q, r, 0, r.Lq);
   fetch_tile(next_o, a.grad_out, r, 0, r.Lq);
@@ -641,17 +831,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
       fetch_tile(next_q, a.q, r, i0 + kInnerTile, r.Lq);
       fetch_tile(next_o, a.grad_out, r, i0 + kInnerTile, r.Lq);
     }
-    float st[8][4], dpt[8][4];  // S^T and dP^T: rows keys, columns queries
+    float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
     {
-      uint32_t ka[4][4];  // read from the shared tile each step: registers are short here
+      uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) load_a(ka[ks], sK, warp * 16, ks * 16, lane);
+      for (int ks = 0; ks < 4; ++ks) load_a(ka[0][ks], sK, warp * 16, ks * 16, lane);
       mma_rows(st, ka, sQ, lane);
     }
     {
-      uint32_t va[4][4];
+      uint32_t va[1][4][4];
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) load_a(va[ks], sV, warp * 16, ks * 16, lane);
+      for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], sV, warp * 16, ks * 16, lane);
       mma_rows(dpt, va, sO, lane);
     }
 #pragma unroll
@@ -662,22 +852,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
         const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
         float pz = 0.0f, ds = 0.0f;
         if (kept[hf] && sLse[col] != -INFINITY) {
-          const float p = exp2f(st[nt][e] * a.scale_log2 - sLse[col]);
+          const float p = exp2f(st[0][nt][e] * a.scale_log2 - sLse[col]);
           const float z =
               a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
                         : 1.0f;
           pz = p * z;
-          ds = p * (dpt[nt][e] * z - sDelta[col]) * a.scale;
+          ds = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
         }
-        st[nt][e] = pz;
-        dpt[nt][e] = ds;
+        st[0][nt][e] = pz;
+        dpt[0][nt][e] = ds;
       }
     mma_accumulator_tile(dv, st, sO, lane);
     mma_accumulator_tile(dk, dpt, sQ, lane);
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
-  store_rows(dv, a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
+  store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
+  store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
 }
 
 // --- host side ------------------------------------------------------------------------
@@ -771,7 +961,20 @@ dim3 launch_grid(const Grid& g, int64_t heads) {
   return dim3(unsigned(g.sequences * g.tiles), unsigned(heads));
 }
 
+// The forward's tiling, process-wide (flash_forward_rows_per_warp).
+std::atomic<int> forward_rows_per_warp{16};
+
 }  // namespace
+
+int flash_forward_rows_per_warp() {
+  return forward_rows_per_warp.load();
+}
+
+void set_flash_forward_rows_per_warp(int rows) {
+  RF_CHECK(rows == 16 || rows == 32,
+           "flash attention: forward rows per warp must be 16 or 32, got ", rows);
+  forward_rows_per_warp.store(rows);
+}
 
 bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v) {
   return (q.ndim == 4 || q.ndim == 3) && q.size(-1) == kD && k.size(-1) == kD && v.size(-1) == kD &&
@@ -795,8 +998,17 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
   const Grid g = grid_of(params, q, k, segments, false);
   if (g.sequences * g.tiles == 0 || heads == 0) return;
-  RF_LAUNCH(flash_forward_kernel, launch_grid(g, heads), kThreadsPerBlock, 0, native(stream), a,
-            g.tiles);
+  // One kernel per (tiling, dropout): a kernel without dropout carries none
+  // of the Philox code's registers.
+  const bool wide = forward_rows_per_warp.load(std::memory_order_relaxed) == 32;
+  const unsigned threads = wide ? kThreadsPerBlock / 2 : kThreadsPerBlock;
+  const auto kernel =
+      wide ? (a.drop.on ? flash_forward_kernel<2, true> : flash_forward_kernel<2, false>)
+           : (a.drop.on ? flash_forward_kernel<1, true> : flash_forward_kernel<1, false>);
+  const size_t shared =
+      size_t(kRowsPerBlock + 4 * kInnerTile) * kLd * sizeof(bf16_t) + kInnerTile * sizeof(float);
+  allow_shared(kernel, shared);
+  RF_LAUNCH(kernel, launch_grid(g, heads), threads, shared, native(stream), a, g.tiles);
 }
 
 void flash_backward(Stream stream, const AttentionParams& params, const FlashRope& rope,

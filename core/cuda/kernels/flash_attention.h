@@ -22,6 +22,14 @@ bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelT
 bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
                      const KernelTensor& grad_out);
 
+// Query rows each warp of the forward kernel owns: 16 (8 warps a block) or
+// 32 (4 warps; each K and V fragment read from shared memory serves two
+// 16-row tiles, for more registers a thread). Every row is computed the same
+// way in both, so the results are the same bits; attention_bench measures
+// both. Process-wide, 16 until set; other values throw.
+int flash_forward_rows_per_warp();
+void set_flash_forward_rows_per_warp(int rows);
+
 // q, k, v [B, H, S, D] with key_mask [B, Sk] (or undefined), or a token
 // stream [T, H, D] with segments [N, 4] i64 on the device (then
 // params.longest_segment is the longest length). Layouts as the list's
