@@ -35,14 +35,22 @@ __device__ __forceinline__ A dot_shared(const A* x, const T* y, int64_t n) {
   return acc;
 }
 
-// The row a block owns: blockIdx.x is the row (query or key) index, blockIdx.y
-// the (batch, head) pair.
+// The row a block owns: blockIdx.x counts (batch, head) pairs, each with
+// `rows` rows (query or key), in one dimension, as gridDim.y's 65535 would
+// not hold B x H of a large batch.
 struct BlockRow {
   int64_t index, bh, b, h;
 };
-__device__ __forceinline__ BlockRow block_row(int64_t H) {
-  const int64_t bh = blockIdx.y;
-  return {int64_t(blockIdx.x), bh, bh / H, bh % H};
+__device__ __forceinline__ BlockRow block_row(int64_t rows, int64_t H) {
+  const int64_t bh = int64_t(blockIdx.x) / rows;
+  return {int64_t(blockIdx.x) % rows, bh, bh / H, bh % H};
+}
+
+// One block per row of every (batch, head) pair.
+dim3 row_grid(int64_t rows, int64_t pairs) {
+  RF_CHECK(rows * pairs < (int64_t(1) << 31), "attention kernel: ", rows, " rows x ", pairs,
+           " (batch, head) pairs is too large a grid");
+  return dim3(unsigned(rows * pairs));
 }
 
 // The dropout factor of key j in a query row's keep bits (null: no dropout).
@@ -74,7 +82,7 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
   RF_DYNAMIC_SHARED(smem_raw);
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const BlockRow r = block_row(H);
+  const BlockRow r = block_row(Sq, H);
   const int64_t i = r.index, bh = r.bh, b = r.b, h = r.h;
   const int64_t row = bh * Sq + i, W = (Sk + 31) / 32;
   A* q_sh = smem;         // D
@@ -136,7 +144,7 @@ __global__ void attention_dq_kernel(KernelTensor q, KernelTensor k, KernelTensor
   RF_DYNAMIC_SHARED(smem_raw);
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const BlockRow r = block_row(H);
+  const BlockRow r = block_row(Sq, H);
   const int64_t i = r.index, bh = r.bh, b = r.b, h = r.h;
   const int64_t row = bh * Sq + i, W = (Sk + 31) / 32;
   A* q_sh = smem;       // D
@@ -195,7 +203,7 @@ __global__ void attention_dkv_kernel(KernelTensor q, KernelTensor k, KernelTenso
   RF_DYNAMIC_SHARED(smem_raw);
   A* smem = reinterpret_cast<A*>(smem_raw);
   const int64_t Sq = q.sizes[2], Sk = k.sizes[2], D = q.sizes[3], Dv = v.sizes[3];
-  const BlockRow r = block_row(H);
+  const BlockRow r = block_row(Sk, H);
   const int64_t j = r.index, bh = r.bh, b = r.b, h = r.h;
   const int64_t W = (Sk + 31) / 32;
   A* k_sh = smem;            // D
@@ -281,9 +289,8 @@ void simple_attention_forward(Stream stream, double scale, const DropoutRule& dr
     using A = acc_t<T>;
     const size_t shared = size_t(D + Dv + kTile + 32) * sizeof(A);
     allow_shared(attention_forward_kernel<T>, shared);
-    const dim3 grid(unsigned(Sq), unsigned(B * H));
-    RF_LAUNCH((attention_forward_kernel<T>), grid, kTile, shared, native(stream), q, k, v, key_mask,
-              out, lse, keep_bits, A(scale), drop, H);
+    RF_LAUNCH((attention_forward_kernel<T>), row_grid(Sq, B * H), kTile, shared, native(stream), q,
+              k, v, key_mask, out, lse, keep_bits, A(scale), drop, H);
   });
 }
 
@@ -304,16 +311,16 @@ void simple_attention_backward(Stream stream, double scale, const DropoutRule& d
     if (Sq > 0) {
       const size_t shared = size_t(2 * D + Dv + kTile + 32) * sizeof(A);
       allow_shared(attention_dq_kernel<T>, shared);
-      RF_LAUNCH((attention_dq_kernel<T>), dim3(unsigned(Sq), unsigned(B * H)), kTile, shared,
-                native(stream), q, k, v, key_mask, out, lse, keep_bits, grad_out, grad_q,
-                delta.as<A>(), A(scale), drop, H);
+      RF_LAUNCH((attention_dq_kernel<T>), row_grid(Sq, B * H), kTile, shared, native(stream), q, k,
+                v, key_mask, out, lse, keep_bits, grad_out, grad_q, delta.as<A>(), A(scale), drop,
+                H);
     }
     if (Sk > 0) {
       const size_t shared = size_t(2 * D + 2 * Dv + 2 * kTile) * sizeof(A);
       allow_shared(attention_dkv_kernel<T>, shared);
-      RF_LAUNCH((attention_dkv_kernel<T>), dim3(unsigned(Sk), unsigned(B * H)), kTile, shared,
-                native(stream), q, k, v, key_mask, lse, keep_bits, grad_out, grad_k, grad_v,
-                delta.as<const A>(), A(scale), drop, H);
+      RF_LAUNCH((attention_dkv_kernel<T>), row_grid(Sk, B * H), kTile, shared, native(stream), q, k,
+                v, key_mask, lse, keep_bits, grad_out, grad_k, grad_v, delta.as<const A>(),
+                A(scale), drop, H);
     }
   });
 }
