@@ -254,6 +254,21 @@ class ScopedRowsPerWarp {
   int saved_;
 };
 
+// Runs `run` under both forward tilings (a Scoped sets one for its scope),
+// and checks each result against the CPU's and the two against each other.
+template <class Scoped, class Run>
+void expect_both_tilings_match(const Case& c, const Problem& p, const Result& cpu, Run run) {
+  Result by_tiling[2];
+  for (int i = 0; i < 2; ++i) {
+    const int rows = 16 << i;
+    SCOPED_TRACE(std::to_string(rows) + " rows per warp");
+    const Scoped tiling(rows);
+    by_tiling[i] = run();
+    expect_match(c, p, by_tiling[i], cpu);
+  }
+  expect_same_forward(by_tiling[0], by_tiling[1]);
+}
+
 inline std::vector<Case> cases() {
   std::vector<Case> out;
   const std::vector<std::vector<int64_t>> packed{{70, 1}, {130}, {45, 19, 64}};

@@ -31,16 +31,8 @@ TEST_P(FlashAttention, MatchesTheCpuForwardAndBackward) {
   RF_REQUIRE_GPU();
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  const Result ref = run(c, p, Device::cpu(), DType::f32);
-  Result by_tiling[2];
-  for (int i = 0; i < 2; ++i) {
-    const int rows = 16 << i;
-    SCOPED_TRACE(std::to_string(rows) + " rows per warp");
-    const RowsPerWarp tiling(rows);
-    by_tiling[i] = run(c, p, kGpu, DType::bf16);
-    expect_match(c, p, by_tiling[i], ref);
-  }
-  expect_same_forward(by_tiling[0], by_tiling[1]);
+  expect_both_tilings_match<RowsPerWarp>(c, p, run(c, p, Device::cpu(), DType::f32),
+                                         [&] { return run(c, p, kGpu, DType::bf16); });
 }
 
 // The comparison itself, without a GPU: the CPU's f64 kernels against its f32

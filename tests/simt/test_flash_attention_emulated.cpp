@@ -56,16 +56,8 @@ using RowsPerWarp = ScopedRowsPerWarp<&kernels::cuda::simt_flash_forward_rows_pe
 TEST_P(FlashAttentionEmulated, MatchesTheCpuForwardAndBackward) {
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  const Result ref = run(c, p, Device::cpu(), DType::f32);
-  Result by_tiling[2];
-  for (int i = 0; i < 2; ++i) {
-    const int rows = 16 << i;
-    SCOPED_TRACE(std::to_string(rows) + " rows per warp");
-    const RowsPerWarp tiling(rows);
-    by_tiling[i] = run_emulated(c, p);
-    expect_match(c, p, by_tiling[i], ref);
-  }
-  expect_same_forward(by_tiling[0], by_tiling[1]);
+  expect_both_tilings_match<RowsPerWarp>(c, p, run(c, p, Device::cpu(), DType::f32),
+                                         [&] { return run_emulated(c, p); });
 }
 
 TEST(FlashAttentionEmulatedEdges, TheTilingIsSixteenOrThirtyTwoRows) {

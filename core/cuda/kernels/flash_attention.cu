@@ -230,38 +230,12 @@ __device__ __forceinline__ void mma_accumulator_tile(float (&acc)[kM][8][4],
   }
 }
 
-// c[m][16 x 64] = A (16 x 64 fragments a[m][4]) times B[k][n] = s[n][k] for
-// the 64 rows n of the shared tile s, for kM row tiles sharing each B
-// fragment.
-template <int kM>
-__device__ __forceinline__ void mma_rows(float (&c)[kM][8][4], const uint32_t (&a)[kM][4][4],
-                                         const bf16_t* s, int lane) {
-#pragma unroll
-  for (int m = 0; m < kM; ++m)
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) c[m][nt][e] = 0.0f;
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t b[4];
-      load_b_pair(b, s, np * 16, ks * 16, lane);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma(c[m][2 * np], a[m][ks], b[0], b[1]);
-        mma(c[m][2 * np + 1], a[m][ks], b[2], b[3]);
-      }
-    }
-}
-
-// mma_rows with the A fragments read from the shared tile sa (rows a_row0 +
-// 16 m...) as they are needed rather than held in registers: for kM = 2,
-// where holding them would spill.
-template <int kM>
-__device__ __forceinline__ void mma_rows_shared_a(float (&c)[kM][8][4], const bf16_t* sa,
-                                                  int a_row0, const bf16_t* s, int lane) {
+// c[m][16 x 64] = A_m (16 x 64) times B[k][n] = s[n][k] for the 64 rows n of
+// the shared tile s, for kM row tiles sharing each B fragment read from
+// shared memory; a_of(a, ks) gives the tiles' A fragments of k step ks.
+template <int kM, class AFragments>
+__device__ __forceinline__ void mma_rows_of(float (&c)[kM][8][4], AFragments a_of, const bf16_t* s,
+                                            int lane) {
 #pragma unroll
   for (int m = 0; m < kM; ++m)
 #pragma unroll
@@ -271,8 +245,7 @@ __device__ __forceinline__ void mma_rows_shared_a(float (&c)[kM][8][4], const bf
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     uint32_t a[kM][4];
-#pragma unroll
-    for (int m = 0; m < kM; ++m) load_a(a[m], sa, a_row0 + 16 * m, ks * 16, lane);
+    a_of(a, ks);
 #pragma unroll
     for (int np = 0; np < 4; ++np) {
       uint32_t b[4];
@@ -284,6 +257,36 @@ __device__ __forceinline__ void mma_rows_shared_a(float (&c)[kM][8][4], const bf
       }
     }
   }
+}
+
+// mma_rows_of with the A fragments held in registers (a[m][ks]).
+template <int kM>
+__device__ __forceinline__ void mma_rows(float (&c)[kM][8][4], const uint32_t (&a)[kM][4][4],
+                                         const bf16_t* s, int lane) {
+  mma_rows_of(
+      c,
+      [&](uint32_t(&frag)[kM][4], int ks) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) frag[m][e] = a[m][ks][e];
+      },
+      s, lane);
+}
+
+// mma_rows_of with the A fragments read from the shared tile sa (rows
+// a_row0 + 16 m...) as they are needed rather than held in registers: for
+// kM = 2, where holding them would spill.
+template <int kM>
+__device__ __forceinline__ void mma_rows_shared_a(float (&c)[kM][8][4], const bf16_t* sa,
+                                                  int a_row0, const bf16_t* s, int lane) {
+  mma_rows_of(
+      c,
+      [&](uint32_t(&frag)[kM][4], int ks) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) load_a(frag[m], sa, a_row0 + 16 * m, ks * 16, lane);
+      },
+      s, lane);
 }
 
 __device__ __forceinline__ float quad_max(float x) {
