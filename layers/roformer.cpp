@@ -1,5 +1,7 @@
 #include "layers/roformer.h"
 
+#include <cmath>
+
 #include "core/profile.h"
 
 namespace roformer {
@@ -308,6 +310,7 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labe
   out.num_masked = int64_t(rows.size());
   if (rows.empty()) {
     out.loss = mul(sum(hidden), 0.0);
+    out.correct = Tensor::zeros({}, DType::f32, hidden.device());
     return out;
   }
   // The labels may come from the host (the trainer keeps them there); the
@@ -325,9 +328,25 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labe
     out.loss = cross_entropy(logits, target);
   }
   RF_PROFILE("argmax");
-  const std::vector<int64_t> best = argmax(logits.detach(), 1).to_vector<int64_t>();
-  for (size_t i = 0; i < best.size(); ++i) out.num_correct += best[i] == targets[i];
+  {
+    // Counted where the logits are: a wrong row's argmax differs from its
+    // target (indices below 2^24 are exact in f32).
+    NoGradGuard no_grad;
+    const Tensor miss = sub(cast(argmax(logits.detach(), 1), DType::f32), cast(target, DType::f32));
+    const Tensor one = Tensor::ones({}, DType::f32, hidden.device());
+    const Tensor zero = Tensor::zeros({}, DType::f32, hidden.device());
+    out.correct = sum(where(miss, zero, one));
+  }
   return out;
+}
+
+std::pair<double, int64_t> MlmOutput::read() const {
+  if (!loss.defined()) return {0.0, 0};
+  NoGradGuard no_grad;
+  const Tensor c = correct.defined() ? correct : Tensor::zeros({}, DType::f32, loss.device());
+  const std::vector<double> both =
+      stack({cast(loss.detach(), DType::f32), c}, 0).to_vector<double>();
+  return {both[0], int64_t(std::llround(both[1]))};
 }
 
 Tensor RoFormerForMaskedLM::mlm_logits(const Tensor& input_ids, const Tensor& token_type_ids,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "layers/attention.h"
@@ -165,9 +166,14 @@ class RoFormerLMHead : public Module {
 };
 
 struct MlmOutput {
-  Tensor loss;              // scalar mean cross-entropy over masked rows (with history)
-  int64_t num_masked = 0;   // rows whose label != -100
-  int64_t num_correct = 0;  // of those, rows whose argmax logit is the label
+  Tensor loss;             // scalar mean cross-entropy over masked rows (with history)
+  int64_t num_masked = 0;  // rows whose label != -100
+  // Of those, the rows whose argmax logit is the label: a scalar f32 on the
+  // model's device, so computing it waits for nothing.
+  Tensor correct;
+  // The loss and the correct rows, read back together: one wait for the
+  // device (after the backward is queued, so it does not stall it).
+  std::pair<double, int64_t> read() const;
 };
 
 // roformer.* + cls.predictions.*

@@ -307,16 +307,21 @@ TEST(RoFormerMlm, HeadOnMaskedRowsEqualsFullLogits) {
   const RoFormerForMaskedLM model(small_config(), 3);
   const int64_t B = 2, S = 10, V = 97;
   const Tensor ids = random_ids(B, S, V, 8);
+  const auto logits = model.mlm_logits(ids, Tensor(), Tensor()).to_vector<double>();
+  auto best = [&](int64_t row) {
+    const double* l = logits.data() + row * V;
+    return int32_t(std::max_element(l, l + V) - l);
+  };
+  // Two rows labelled with their argmax (counted correct), two with another token.
   std::vector<int32_t> labels(size_t(B * S), -100);
-  labels[1] = 5;
-  labels[7] = 60;
-  labels[13] = 96;
-  labels[19] = 0;
+  labels[1] = best(1);
+  labels[7] = (best(7) + 1) % int32_t(V);
+  labels[13] = best(13);
+  labels[19] = (best(19) + 5) % int32_t(V);
   DropoutContext gen{1, 0};
   const MlmOutput out =
       model.forward_mlm(ids, Tensor(), Tensor(), Tensor::from_vector(labels, {B, S}), false, gen);
   EXPECT_EQ(out.num_masked, 4);
-  const auto logits = model.mlm_logits(ids, Tensor(), Tensor()).to_vector<double>();
   double loss = 0;
   int64_t correct = 0;
   for (int64_t row : {1, 7, 13, 19}) {
@@ -328,7 +333,9 @@ TEST(RoFormerMlm, HeadOnMaskedRowsEqualsFullLogits) {
     correct += std::max_element(l, l + V) - l == labels[size_t(row)];
   }
   EXPECT_NEAR(out.loss.item(), loss / 4, 1e-5);
-  EXPECT_EQ(out.num_correct, correct);
+  EXPECT_EQ(correct, 2);
+  EXPECT_EQ(out.read().second, correct);
+  EXPECT_NEAR(out.read().first, loss / 4, 1e-5);
   // Requested rows only: the same numbers.
   const Tensor some = model.mlm_logits(ids, Tensor(), Tensor(), Tensor::arange(7, 9));
   EXPECT_EQ(some.shape(), (Shape{2, V}));
