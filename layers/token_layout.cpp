@@ -37,9 +37,13 @@ TokenLayout TokenLayout::of_rows(const std::vector<std::vector<int64_t>>& rows,
 }
 
 TokenLayout TokenLayout::to(Device device) const {
+  return with_tensors([device](const Tensor& t) { return t.to(device); });
+}
+
+TokenLayout TokenLayout::with_tensors(const std::function<Tensor(const Tensor&)>& move) const {
   TokenLayout l = *this;
   for (Tensor* t : {&l.segments, &l.positions, &l.tokens, &l.document_firsts})
-    if (t->defined()) *t = t->to(device);
+    if (t->defined()) *t = move(*t);
   return l;
 }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -40,6 +41,9 @@ struct TokenLayout {
 
   // The same layout with its tensors on `device` (the host vectors stay).
   TokenLayout to(Device device) const;
+  // The same layout with each tensor replaced by move(tensor): how a trainer
+  // sends it through its pinned-memory uploader.
+  TokenLayout with_tensors(const std::function<Tensor(const Tensor&)>& move) const;
 };
 
 }  // namespace roformer

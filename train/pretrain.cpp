@@ -35,6 +35,13 @@ struct BatchTensors {
   Tensor ids, types, mask, labels;
 };
 
+// A micro-batch cut into a token stream, its inputs on the model's device.
+struct StreamTensors {
+  data::TokenBatch batch;
+  TokenLayout layout;
+  Tensor ids, types, labels;  // labels on the host
+};
+
 // The model's inputs on its device (through `uploader`: pinned memory and a
 // side stream on a GPU); the labels stay on the host, where forward_mlm picks
 // the masked rows.
@@ -225,6 +232,22 @@ class PretrainTask final : public TrainingTask {
     }
   }
 
+  // A padded micro-batch cut into its token stream, the ids, types and
+  // layout sent through the uploader (pinned memory, side stream on a GPU);
+  // the labels stay on the host, where forward_mlm picks the masked rows.
+  StreamTensors to_stream(const data::Batch& b) {
+    StreamTensors t;
+    t.batch = unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
+    const data::TokenBatch& tb = t.batch;
+    const Shape shape{tb.num_tokens};
+    t.layout = TokenLayout::of_rows(tb.rows, config_.data.packing_restart_positions)
+                   .with_tensors([this](const Tensor& x) { return uploader_.upload(x); });
+    t.ids = uploader_.upload(Tensor::from_vector(tb.input_ids, shape));
+    t.types = uploader_.upload(Tensor::from_vector(tb.token_type_ids, shape));
+    t.labels = Tensor::from_vector(tb.labels, shape);
+    return t;
+  }
+
   std::vector<int64_t> fetch() override {
     const ResolvedStage& stage = stages_[size_t(current_stage_)];
     // The batch-size warm-up draws fewer micro-batches of the same shape: no
@@ -234,13 +257,16 @@ class PretrainTask final : public TrainingTask {
     ++step_in_stage_;
     batches_.clear();
     inputs_.clear();
+    streams_.clear();
     std::vector<int64_t> units;
     for (int64_t i = 0; i < micro_batches; ++i) {
       batches_.push_back(loader_->next());
       units.push_back(batches_.back().num_masked);
       // Queued on the side stream: the copies overlap the previous step's tail.
-      // (Token streams are built from batches_ in forward_backward.)
-      if (!token_stream_) inputs_.push_back(to_tensors(batches_.back(), uploader_));
+      if (token_stream_)
+        streams_.push_back(to_stream(batches_.back()));
+      else
+        inputs_.push_back(to_tensors(batches_.back(), uploader_));
     }
     uploader_.publish();
     return units;
@@ -248,11 +274,9 @@ class PretrainTask final : public TrainingTask {
 
   StepStats forward_backward(size_t i, double inv_global_units, DropoutContext dropout) override {
     const data::Batch& b = batches_[i];
-    // A token stream is cut before the statistics: its slots and attention
-    // FLOPs are those of its rows, not of the padded batch.
-    std::optional<data::TokenBatch> stream;
-    if (token_stream_)
-      stream = unpad(b, config_.data.packing, config_.stages[size_t(current_stage_)].max_seq_len);
+    // A token stream's slots and attention FLOPs are those of its rows, not
+    // of the padded batch.
+    const data::TokenBatch* stream = token_stream_ ? &streams_[i].batch : nullptr;
     StepStats s;
     s.tokens = b.num_tokens;
     s.slots = stream ? stream->padded_slots : b.batch_size * b.seq_len;
@@ -262,24 +286,17 @@ class PretrainTask final : public TrainingTask {
     if (b.num_masked == 0) return s;
     MlmOutput out;
     if (stream) {
-      const data::TokenBatch& tb = *stream;
-      // On the model's device (the labels stay on the host: forward_mlm reads
-      // them there to pick the masked rows).
-      const Device device = uploader_.device();
-      const TokenLayout layout =
-          TokenLayout::of_rows(tb.rows, config_.data.packing_restart_positions).to(device);
-      const Shape shape{tb.num_tokens};
-      out = model_->forward_mlm(Tensor::from_vector(tb.input_ids, shape, device),
-                                Tensor::from_vector(tb.token_type_ids, shape, device), layout,
-                                Tensor::from_vector(tb.labels, shape), true, dropout);
+      const StreamTensors& t = streams_[i];
+      out = model_->forward_mlm(t.ids, t.types, t.layout, t.labels, true, dropout);
     } else {
       const BatchTensors& t = inputs_[i];
       out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, true, dropout);
     }
     mul(out.loss, double(out.num_masked) * inv_global_units).backward();
     s.units = out.num_masked;
-    s.loss_sum = out.loss.item() * double(out.num_masked);
-    s.correct = out.num_correct;
+    const auto [loss, correct] = out.read();
+    s.loss_sum = loss * double(out.num_masked);
+    s.correct = correct;
     return s;
   }
 
@@ -403,8 +420,9 @@ class PretrainTask final : public TrainingTask {
       uploader_.publish();
       DropoutContext unused;
       const MlmOutput out = model_->forward_mlm(t.ids, t.types, t.mask, t.labels, false, unused);
-      loss_sum += out.loss.item() * double(out.num_masked);
-      correct += out.num_correct;
+      const auto [loss, right] = out.read();
+      loss_sum += loss * double(out.num_masked);
+      correct += right;
       r.masked += out.num_masked;
     }
     if (world_size_ > 1) {
@@ -477,7 +495,8 @@ class PretrainTask final : public TrainingTask {
   int64_t current_stage_ = 0;
   int64_t step_in_stage_ = 0;  // of the next fetch()
   std::vector<data::Batch> batches_;
-  std::vector<BatchTensors> inputs_;  // batches_ on the model's device
+  std::vector<BatchTensors> inputs_;    // batches_ on the model's device (padded)
+  std::vector<StreamTensors> streams_;  // or cut into token streams
   // Mutable: evaluate() is const but uploads its batches too.
   mutable BatchUploader uploader_;
   std::vector<StageSummary> summaries_;
