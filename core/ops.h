@@ -128,7 +128,9 @@ Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // tokens in no segment get zeros. Dropout draws follow the padded op's rule
 // with sequence ctx.first_sequence + row and the row position as the query
 // position, so an unpadded sequence draws the masks its padded row would.
-// Returns [T, H, Dv] contiguous. f32 and f64 (loops).
+// The table is checked on the host: keep it there (it is copied to q's
+// device), as TokenLayout does; one on q's device is read back, a wait for
+// the device. Returns [T, H, Dv] contiguous. f32 and f64 (loops).
 Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
                         double dropout_p, bool training, DropoutContext& ctx, double scale);
 

@@ -42,7 +42,7 @@ TokenLayout TokenLayout::to(Device device) const {
 
 TokenLayout TokenLayout::with_tensors(const std::function<Tensor(const Tensor&)>& move) const {
   TokenLayout l = *this;
-  for (Tensor* t : {&l.segments, &l.positions, &l.tokens, &l.document_firsts})
+  for (Tensor* t : {&l.positions, &l.tokens, &l.document_firsts})
     if (t->defined()) *t = move(*t);
   return l;
 }

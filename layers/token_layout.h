@@ -23,7 +23,10 @@ struct TokenLayout {
   int64_t num_tokens = 0;
   std::vector<int64_t> row_starts;       // first token of each row, then num_tokens
   std::vector<int64_t> document_starts;  // first token of each document, then num_tokens
-  Tensor segments;         // [documents, 4] i64: (first token, length, row, row position)
+  // [documents, 4] i64: (first token, length, row, row position). Always on
+  // the host: the attention ops check it there (and take its longest
+  // length) without waiting for the device, and copy it over themselves.
+  Tensor segments;
   Tensor positions;        // [T] i64: each token's RoPE (and absolute-embedding) position
   Tensor tokens;           // [T, 2] i64: (row, row position), the dropout key
   Tensor document_firsts;  // [documents] i64: each document's first token ([CLS])
@@ -39,10 +42,11 @@ struct TokenLayout {
   // One document per row.
   static TokenLayout of_lengths(const std::vector<int64_t>& lengths);
 
-  // The same layout with its tensors on `device` (the host vectors stay).
+  // The same layout with its tensors on `device` (the host vectors and the
+  // segment table stay).
   TokenLayout to(Device device) const;
-  // The same layout with each tensor replaced by move(tensor): how a trainer
-  // sends it through its pinned-memory uploader.
+  // The same layout with each tensor but the segment table replaced by
+  // move(tensor): how a trainer sends it through its pinned-memory uploader.
   TokenLayout with_tensors(const std::function<Tensor(const Tensor&)>& move) const;
 };
 

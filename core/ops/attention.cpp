@@ -188,7 +188,8 @@ Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 namespace {
 
 // Host copy of the segment table, checked: in order, inside [0, T), not
-// overlapping. Returns the longest length.
+// overlapping. Returns the longest length. (A table on a device is read
+// back: a wait for it. Token layouts keep theirs on the host for this.)
 int64_t checked_segments(const Tensor& segments, int64_t T) {
   if (segments.dim() != 2 || segments.size(1) != 4 || segments.dtype() != DType::i64)
     throw Error(detail::concat("varlen_attention: expected segments [N, 4] i64 (first token, ",
@@ -211,7 +212,12 @@ int64_t checked_segments(const Tensor& segments, int64_t T) {
 Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& segments, const RotaryEmbedding* rotary,
                               double dropout_p, bool training, DropoutContext& ctx, double scale) {
-  const Device device = kernel_device(op, {&q, &k, &v, &segments});
+  // The segment table may be on the host (read there, copied to q's device
+  // below) or on q's device.
+  const Device device = kernel_device(op, {&q, &k, &v});
+  if (segments.defined() && !segments.device().is_cpu() && segments.device() != device)
+    throw Error(detail::concat(op, ": segments ", segments.desc(), " are on neither the host nor ",
+                               device.str()));
   if (q.dim() != 3 || k.shape() != q.shape() || v.dim() != 3 || v.size(0) != q.size(0) ||
       v.size(1) != q.size(1))
     throw Error(detail::concat(op, ": expected q, k [T, H, D] and v [T, H, Dv], got ", q.desc(),
@@ -232,7 +238,7 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const bool low = autocast_bf16(device, q.dtype());
   auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
   const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
-  const Tensor seg = segments.detach();
+  const Tensor seg = segments.detach().to(device);
   // Rows of tokens in no segment are left to the zero fill.
   Tensor out = Tensor::zeros({T, H, Dv}, q.dtype(), device);
   const Tensor lse = Tensor::empty({T, H}, q.dtype(), device);
