@@ -86,7 +86,7 @@ void AdamW::step(double lr, double grad_scale) {
 
   // The parameters that have a gradient, as runs of one decay setting. A run
   // may cross the zero padding between slices: zeros stay zero there.
-  std::vector<Span> spans;
+  std::vector<device_passes::Run> spans;
   for (size_t i = 0; i < flat.size(); ++i) {
     if (!flat.has_grad(i)) continue;
     const int64_t begin = flat.offset(i), end = begin + flat.numel(i);
@@ -103,15 +103,13 @@ void AdamW::step(double lr, double grad_scale) {
 
   if (!flat.device().is_cpu()) {
     // The same pass as one fused kernel on the device (optim/device_passes.h).
-    std::vector<device_passes::Run> runs;
-    for (const Span& sp : spans) runs.push_back({sp.begin, sp.end, sp.decay});
     // Under bf16 products the same pass writes the bf16 weights the next
     // forward reads (core/precision.h): no separate cast per weight.
     if (matmul_dtype() != DType::bf16)
       working_bf16_ = Tensor();
     else if (!working_bf16_.defined())
       working_bf16_ = Tensor::empty({flat.padded_numel()}, DType::bf16, flat.device());
-    device_passes::adamw(flat.data(), flat.grad(), m_, v_, runs,
+    device_passes::adamw(flat.data(), flat.grad(), m_, v_, spans,
                          {b1, b2, eps, step_size, bc2_sqrt, scale, decay_factor}, working_bf16_);
     if (working_bf16_.defined()) set_bf16_working_copy(flat.data(), working_bf16_);
     return;
@@ -130,7 +128,7 @@ void AdamW::step(double lr, double grad_scale) {
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = begin_ + c * kChunk, hi = std::min(end_, lo + kChunk);
     auto it = std::partition_point(spans.begin(), spans.end(),
-                                   [lo](const Span& s) { return s.end <= lo; });
+                                   [lo](const device_passes::Run& s) { return s.end <= lo; });
     for (; it != spans.end() && it->begin < hi; ++it) {
       const int64_t begin = std::max(lo, it->begin), end = std::min(hi, it->end);
       const float decay = it->decay ? decay_factor : 1.0f;

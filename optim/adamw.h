@@ -90,13 +90,6 @@ class AdamW {
   int64_t num_elements() const { return flat_->num_elements(); }
 
  private:
-  // A run of parameters updated with one decay setting: [begin, end) of the
-  // flat buffers.
-  struct Span {
-    int64_t begin, end;
-    bool decay;
-  };
-
   const Tensor& whole(const Tensor& moment) const;
 
   std::vector<NamedParameter> params_;
