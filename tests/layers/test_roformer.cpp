@@ -374,6 +374,7 @@ TEST(RoFormerMlm, NoLabelledRowGivesZeroLossThatBackpropagates) {
       model.forward_mlm(ids, Tensor(), Tensor(), Tensor::full({1, 6}, -100, DType::i32), true, gen);
   EXPECT_EQ(out.num_masked, 0);
   EXPECT_EQ(out.loss.item(), 0.0);
+  EXPECT_EQ(out.read(), (std::pair<double, int64_t>{0.0, 0}));  // no row counted correct
   out.loss.backward();
   EXPECT_THROW(
       model.forward_mlm(ids, Tensor(), Tensor(), Tensor::full({1, 6}, 97, DType::i32), true, gen),

@@ -96,10 +96,12 @@ struct Warp {
   uint32_t out[kWarp][4] = {};
 };
 
-// A cp.async copy on its way: 16 bytes for a shared address.
+// A cp.async copy on its way: 16 bytes for a shared address (`landed`: it
+// was written when issued, and a wait only retires it).
 struct PendingCopy {
   uint32_t address;
   unsigned char bytes[16];
+  bool landed = false;
 };
 
 struct Fiber {
@@ -120,6 +122,14 @@ struct Block {
   Barrier barrier;
   int running = 0;
   bool reverse = false;
+  // The schedule of this block (run_grid cycles through four): lockstep
+  // switches warps at every collective; warp-serial runs a warp until all its
+  // threads wait at a barrier (or exit) before another runs. cp.async copies
+  // land at the wait that covers them (late) or when issued (early): a GPU
+  // may land one anywhere between, so a read before the wait meets stale
+  // bytes in one and a write racing the copy meets new bytes in the other.
+  bool warp_serial = false;
+  bool early_copies = false;
   size_t dynamic_bytes = 0;
   ucontext_t main;
   const std::function<void()>* body = nullptr;
@@ -136,13 +146,16 @@ bool runnable(const Fiber& f) {
 }
 
 // The next runnable fiber after the running one in the block's order (the
-// running one itself last), or -1.
+// running one itself last), or -1; warp-serial blocks look in the running
+// fiber's warp first.
 int next_runnable(const Block& b) {
   const int n = int(b.fibers.size()), step = b.reverse ? n - 1 : 1;
-  for (int k = 1; k <= n; ++k) {
-    const int j = (b.running + k * step) % n;
-    if (runnable(b.fibers[size_t(j)])) return j;
-  }
+  const int warp = b.running / kWarp;
+  for (int pass = b.warp_serial ? 0 : 1; pass < 2; ++pass)
+    for (int k = 1; k <= n; ++k) {
+      const int j = (b.running + k * step) % n;
+      if ((pass == 1 || j / kWarp == warp) && runnable(b.fibers[size_t(j)])) return j;
+    }
   return -1;
 }
 
@@ -445,9 +458,10 @@ void cp_async_16(uint32_t address, const void* source, const unsigned char (&byt
   RF_CHECK(reinterpret_cast<uintptr_t>(source) % 16 == 0, "simt: cp.async source ", source,
            " is not 16-byte aligned");
   Block& b = *g_block;
-  shared_16(b, address, "cp.async destination");
-  PendingCopy copy{address, {}};
+  unsigned char* destination = shared_16(b, address, "cp.async destination");
+  PendingCopy copy{address, {}, b.early_copies};
   std::memcpy(copy.bytes, bytes, 16);
+  if (copy.landed) std::memcpy(destination, bytes, 16);
   b.fibers[size_t(b.running)].open_group.push_back(copy);
 }
 
@@ -464,7 +478,7 @@ void cp_async_wait(int n) {
   Fiber& f = b.fibers[size_t(b.running)];
   while (f.committed.size() > size_t(std::max(n, 0))) {
     for (const PendingCopy& c : f.committed.front())
-      std::memcpy(shared_16(b, c.address, "cp.async destination"), c.bytes, 16);
+      if (!c.landed) std::memcpy(shared_16(b, c.address, "cp.async destination"), c.bytes, 16);
     f.committed.pop_front();
   }
 }
@@ -531,7 +545,10 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
           f.state.grid_dim = grid;
           make_fiber(f, stacks.stack(i));
         }
+        // Blocks 0, 1, 2, 3, 4...: lockstep with late copies, forward and
+        // reversed; warp-serial with early copies, forward and reversed; ...
         b.reverse = index % 2 == 1;
+        b.warp_serial = b.early_copies = index % 4 >= 2;
         run_block(b);
         if (b.error) std::rethrow_exception(b.error);
         RF_CHECK(b.fault.empty(), b.fault);

@@ -6,7 +6,10 @@
 // - a launch runs the grid's blocks one after another; each thread of a block
 //   is a fiber (ucontext) on the calling OS thread, switched only at
 //   __syncthreads() and at warp collectives, in lane order (reversed on every
-//   other block, so a missing barrier meets both orders);
+//   other block, so a missing barrier meets both orders); blocks 0 and 1 of
+//   every four switch warps at each collective (lockstep), blocks 2 and 3 run
+//   a warp until it waits at a barrier (warp-serial), so a warp that a
+//   missing barrier lets run ahead meets the others' unfinished work;
 // - `__shared__` variables are function statics (blocks run one at a time, so
 //   the running block's threads share them) placed, with the dynamic shared
 //   memory, in one section, the shared window: __cvta_generic_to_shared gives
@@ -18,7 +21,10 @@
 //   skipping a collective, a thread missing a barrier) are reported as a
 //   deadlock, and lanes meeting at different collectives as divergence;
 // - cp.async (16-byte copies from global to shared memory, commit and wait
-//   groups): a copy lands at the wait that covers it, not before;
+//   groups): in lockstep blocks a copy lands at the wait that covers it, not
+//   before (a read before the wait sees stale bytes); in warp-serial blocks
+//   it lands when issued (a buffer refilled while others still read it
+//   shows); a GPU may land it anywhere between;
 // - ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 and
 //   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, written from the PTX
 //   ISA's fragment layouts (not from any kernel's comments); the product is
@@ -111,7 +117,8 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
 // cp.async.cg.shared.global [address], [source], 16: the 16 bytes are read
 // now (by the caller, so AddressSanitizer checks the source in the kernel's
 // translation unit; it must be 16-byte aligned) but land in shared memory only when a
-// cp.async.wait_group lets them, so a read before the wait sees the poison.
+// cp.async.wait_group lets them, so a read before the wait sees the poison
+// (in warp-serial blocks they land now: see the schedules above).
 void cp_async_16(uint32_t address, const void* source, const unsigned char (&bytes)[16]);
 // cp.async.commit_group: the thread's copies since the last commit become a
 // group.

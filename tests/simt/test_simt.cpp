@@ -281,6 +281,62 @@ TEST(Simt, CpAsyncCopiesLandAtTheWaitThatCoversThem) {
       << "an unaligned source";
 }
 
+// The flash forward's pipeline in small: tiles of 64 chunks of 4 floats come
+// by cp.async into two buffers (thread i copies chunk i), the next tile's
+// copies in flight while each thread sums chunk i ^ 32 of the current tile
+// (a chunk the other warp copied). `middle`: the barrier after the wait;
+// `trailing`: the one before a buffer is refilled.
+__global__ void pipeline_kernel(const float* in, int tiles, float* out, bool middle,
+                                bool trailing) {
+  __shared__ __align__(16) float s[2][64 * 4];
+  const int tid = threadIdx.x;
+  simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[0][4 * tid])), in + 4 * tid);
+  simt::cp_async_commit();
+  float sum = 0.0f;
+  for (int j = 0; j < tiles; ++j) {
+    if (j + 1 < tiles)
+      simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[(j + 1) % 2][4 * tid])),
+                       in + 256 * (j + 1) + 4 * tid);
+    simt::cp_async_commit();
+    simt::cp_async_wait(1);
+    if (middle) __syncthreads();
+    for (int e = 0; e < 4; ++e) sum += s[j % 2][4 * (tid ^ 32) + e];
+    if (trailing) __syncthreads();
+  }
+  simt::cp_async_wait(0);
+  out[64 * blockIdx.x + tid] = sum;
+}
+
+// A missing barrier in a double-buffered cp.async pipeline shows: without the
+// one after the wait, every block reads chunks not landed yet; without
+// the one before the refill, a warp-serial block's first warp runs ahead and
+// its early copies overwrite a tile the other warp has yet to read.
+TEST(Simt, CpAsyncPipelinesNeedBothBarriers) {
+  const int tiles = 3, blocks = 4;
+  std::vector<float> in(size_t(256 * tiles));
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 97);
+  std::vector<float> expected(64);
+  for (int tid = 0; tid < 64; ++tid)
+    for (int j = 0; j < tiles; ++j)
+      for (int e = 0; e < 4; ++e) expected[size_t(tid)] += in[size_t(256 * j + 4 * (tid ^ 32) + e)];
+  auto run = [&](bool middle, bool trailing) {
+    std::vector<float> out(size_t(64 * blocks));
+    launch(pipeline_kernel, dim3(blocks), dim3(64), 0, in.data(), tiles, out.data(), middle,
+           trailing);
+    std::vector<int> wrong_blocks;
+    for (int b = 0; b < blocks; ++b)
+      for (int tid = 0; tid < 64; ++tid)
+        if (!(out[size_t(64 * b + tid)] == expected[size_t(tid)])) {  // NaN counts as wrong
+          wrong_blocks.push_back(b);
+          break;
+        }
+    return wrong_blocks;
+  };
+  EXPECT_EQ(run(true, true), std::vector<int>{});
+  EXPECT_EQ(run(false, true), (std::vector<int>{0, 1, 2, 3})) << "chunks not copied yet";
+  EXPECT_EQ(run(true, false), (std::vector<int>{2, 3})) << "the warp-serial blocks see tile 2";
+}
+
 __global__ void skipping_kernel(float* out) {
   float x = 1.0f;
   if (threadIdx.x != 3) x = __shfl_xor_sync(0xffffffffu, x, 1);

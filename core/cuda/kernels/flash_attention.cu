@@ -667,7 +667,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
     mma_accumulator_tile(o, s, v_tile, lane);
     __syncthreads();  // this buffer's readers are done before it is refilled
   }
-  cp_async_wait<0>();  // no key tile (Lk = 0): the first copies, never used
+  // Nothing is in flight here (the last tile's wait left only its empty
+  // group; with Lk = 0 no copy was issued): a guard, so no path exits with
+  // copies no wait covers.
+  cp_async_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
     const int64_t tile_row0 = row0 + 16 * mt;
