@@ -128,11 +128,14 @@ Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // tokens in no segment get zeros. Dropout draws follow the padded op's rule
 // with sequence ctx.first_sequence + row and the row position as the query
 // position, so an unpadded sequence draws the masks its padded row would.
-// The table is checked on the host: keep it there (it is copied to q's
-// device), as TokenLayout does; one on q's device is read back, a wait for
-// the device. Returns [T, H, Dv] contiguous. f32 and f64 (loops).
+// The table is checked on the host: keep it there, as TokenLayout does (a
+// table on q's device is read back, a wait for the device). The kernels read
+// it on q's device: `segments_on_device`, the same table already there (as
+// TokenLayout uploads it once per micro-batch), or else a copy made here.
+// Returns [T, H, Dv] contiguous. f32 and f64 (loops).
 Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
-                        double dropout_p, bool training, DropoutContext& ctx, double scale);
+                        double dropout_p, bool training, DropoutContext& ctx, double scale,
+                        const Tensor& segments_on_device = Tensor());
 
 // Attention with RoPE inside (core/ops/attention.cpp): what attention() and
 // varlen_attention() give for rope(q) and rope(k) at `positions` -- padded
@@ -151,7 +154,8 @@ Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                       double dropout_p, bool training, DropoutContext& ctx, double scale);
 Tensor varlen_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& segments, const RotaryEmbedding& rotary,
-                             double dropout_p, bool training, DropoutContext& ctx, double scale);
+                             double dropout_p, bool training, DropoutContext& ctx, double scale,
+                             const Tensor& segments_on_device = Tensor());
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

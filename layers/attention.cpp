@@ -146,8 +146,9 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   const Tensor context =
       inside ? varlen_rope_attention(q, k, v, layout.segments,
                                      {layout.positions, config_.rope_base, config_.rope_layout},
-                                     dropout, training, ctx, scale)
-             : varlen_attention(q, k, v, layout.segments, dropout, training, ctx, scale);
+                                     dropout, training, ctx, scale, layout.device_segments)
+             : varlen_attention(q, k, v, layout.segments, dropout, training, ctx, scale,
+                                layout.device_segments);
   return context.view({T, H * Dh});
 }
 

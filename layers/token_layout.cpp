@@ -44,6 +44,7 @@ TokenLayout TokenLayout::with_tensors(const std::function<Tensor(const Tensor&)>
   TokenLayout l = *this;
   for (Tensor* t : {&l.positions, &l.tokens, &l.document_firsts})
     if (t->defined()) *t = move(*t);
+  if (l.segments.defined()) l.device_segments = move(l.segments);
   return l;
 }
 

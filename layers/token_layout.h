@@ -25,8 +25,11 @@ struct TokenLayout {
   std::vector<int64_t> document_starts;  // first token of each document, then num_tokens
   // [documents, 4] i64: (first token, length, row, row position). Always on
   // the host: the attention ops check it there (and take its longest
-  // length) without waiting for the device, and copy it over themselves.
+  // length) without waiting for the device.
   Tensor segments;
+  // The same table where the model runs (set by `to` and `with_tensors`),
+  // which the attention kernels read; undefined: each op copies it.
+  Tensor device_segments;
   Tensor positions;        // [T] i64: each token's RoPE (and absolute-embedding) position
   Tensor tokens;           // [T, 2] i64: (row, row position), the dropout key
   Tensor document_firsts;  // [documents] i64: each document's first token ([CLS])
@@ -43,10 +46,11 @@ struct TokenLayout {
   static TokenLayout of_lengths(const std::vector<int64_t>& lengths);
 
   // The same layout with its tensors on `device` (the host vectors and the
-  // segment table stay).
+  // host segment table stay; device_segments is its copy).
   TokenLayout to(Device device) const;
-  // The same layout with each tensor but the segment table replaced by
-  // move(tensor): how a trainer sends it through its pinned-memory uploader.
+  // The same layout with each tensor replaced by move(tensor), the segment
+  // table's into device_segments: how a trainer sends it through its
+  // pinned-memory uploader.
   TokenLayout with_tensors(const std::function<Tensor(const Tensor&)>& move) const;
 };
 

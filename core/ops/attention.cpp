@@ -210,8 +210,9 @@ int64_t checked_segments(const Tensor& segments, int64_t T) {
 
 // varlen_attention() and varlen_rope_attention(): one node, RoPE inside when `rotary`.
 Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& segments, const RotaryEmbedding* rotary,
-                              double dropout_p, bool training, DropoutContext& ctx, double scale) {
+                              const Tensor& segments, const Tensor& segments_on_device,
+                              const RotaryEmbedding* rotary, double dropout_p, bool training,
+                              DropoutContext& ctx, double scale) {
   // The segment table may be on the host (read there, copied to q's device
   // below) or on q's device.
   const Device device = kernel_device(op, {&q, &k, &v});
@@ -238,7 +239,14 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const bool low = autocast_bf16(device, q.dtype());
   auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
   const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
-  const Tensor seg = segments.detach().to(device);
+  if (segments_on_device.defined() &&
+      (segments_on_device.device() != device || segments_on_device.shape() != segments.shape() ||
+       segments_on_device.dtype() != DType::i64))
+    throw Error(detail::concat(op, ": segments_on_device ", segments_on_device.desc(), " on ",
+                               segments_on_device.device().str(), " is not the table ",
+                               segments.desc(), " on ", device.str()));
+  const Tensor seg =
+      segments_on_device.defined() ? segments_on_device.detach() : segments.detach().to(device);
   // Rows of tokens in no segment are left to the zero fill.
   Tensor out = Tensor::zeros({T, H, Dv}, q.dtype(), device);
   const Tensor lse = Tensor::empty({T, H}, q.dtype(), device);
@@ -275,16 +283,18 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
 }  // namespace
 
 Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
-                        double dropout_p, bool training, DropoutContext& ctx, double scale) {
-  return token_stream_attention("varlen_attention", q, k, v, segments, nullptr, dropout_p, training,
-                                ctx, scale);
+                        double dropout_p, bool training, DropoutContext& ctx, double scale,
+                        const Tensor& segments_on_device) {
+  return token_stream_attention("varlen_attention", q, k, v, segments, segments_on_device, nullptr,
+                                dropout_p, training, ctx, scale);
 }
 
 Tensor varlen_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& segments, const RotaryEmbedding& rotary,
-                             double dropout_p, bool training, DropoutContext& ctx, double scale) {
-  return token_stream_attention("varlen_rope_attention", q, k, v, segments, &rotary, dropout_p,
-                                training, ctx, scale);
+                             double dropout_p, bool training, DropoutContext& ctx, double scale,
+                             const Tensor& segments_on_device) {
+  return token_stream_attention("varlen_rope_attention", q, k, v, segments, segments_on_device,
+                                &rotary, dropout_p, training, ctx, scale);
 }
 
 }  // namespace roformer

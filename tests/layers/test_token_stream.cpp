@@ -170,5 +170,42 @@ TEST(TokenLayout, OffsetsPositionsAndKeys) {
             std::string::npos);
 }
 
+// with_tensors moves every tensor but keeps the host segment table, whose
+// moved copy becomes device_segments (what the attention kernels read).
+TEST(TokenLayout, WithTensorsKeepsTheHostSegmentTable) {
+  const TokenLayout l = TokenLayout::of_rows({{2, 3}, {1}}, false);
+  int moved = 0;
+  const TokenLayout m = l.with_tensors([&](const Tensor& t) {
+    ++moved;
+    return t.to(DType::f64);  // a visible stand-in for an upload
+  });
+  EXPECT_EQ(moved, 4);
+  EXPECT_EQ(m.segments.dtype(), DType::i64);
+  EXPECT_EQ(m.segments.to_vector<int64_t>(), l.segments.to_vector<int64_t>());
+  EXPECT_EQ(m.device_segments.dtype(), DType::f64);
+  for (const Tensor* t : {&m.positions, &m.tokens, &m.document_firsts})
+    EXPECT_EQ(t->dtype(), DType::f64);
+  EXPECT_FALSE(l.device_segments.defined());
+}
+
+// The op reads the table it is given where the model runs; one that is not
+// the host table's twin is refused by name.
+TEST(TokenLayout, AttentionChecksTheDeviceSegmentTable) {
+  const TokenLayout l = TokenLayout::of_rows({{2, 3}, {1}}, true).to(Device::cpu());
+  ASSERT_TRUE(l.device_segments.defined());
+  Generator gen{3, 0};
+  const Tensor q = Tensor::randn({6, 2, 4}, gen), k = Tensor::randn({6, 2, 4}, gen),
+               v = Tensor::randn({6, 2, 4}, gen);
+  DropoutContext ctx;
+  const Tensor with =
+      varlen_attention(q, k, v, l.segments, 0.0, false, ctx, 0.5, l.device_segments);
+  const Tensor without = varlen_attention(q, k, v, l.segments, 0.0, false, ctx, 0.5);
+  EXPECT_EQ(with.to_vector<double>(), without.to_vector<double>());
+  const std::string msg = testing::error_of([&] {
+    varlen_attention(q, k, v, l.segments, 0.0, false, ctx, 0.5, l.segments.narrow(0, 0, 2));
+  });
+  EXPECT_NE(msg.find("segments_on_device"), std::string::npos) << msg;
+}
+
 }  // namespace
 }  // namespace roformer
