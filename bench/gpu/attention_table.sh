@@ -68,6 +68,22 @@ table() {
         }
         printf "\n"
       }
+      # Issue 14: forward >= 300 and backward >= 200 TFLOP/s at S >= 1536
+      # (H100, bf16, head dim 64), our best implementation at each length.
+      for (j = 1; j <= m; ++j) {
+        if (lengths[j] + 0 < 1536) continue
+        bf = -1; bb = -1
+        for (i = 1; i <= n; ++i) {
+          if (order[i] !~ /^ours-/) continue
+          key = order[i] SUBSEP lengths[j]
+          if (!(key in fwd) || fwd[key] == "n/a") continue
+          if (fwd[key] + 0 > bf) { bf = fwd[key] + 0; fi_ = order[i] }
+          if (bwd[key] + 0 > bb) { bb = bwd[key] + 0; bi_ = order[i] }
+        }
+        if (bf < 0) continue
+        printf "target S=%s: forward %.1f (%s) >= 300 %s; backward %.1f (%s) >= 200 %s\n", \
+          lengths[j], bf, fi_, (bf >= 300 ? "met" : "not met"), bb, bi_, (bb >= 200 ? "met" : "not met")
+      }
     }'
 }
 

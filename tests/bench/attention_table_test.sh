@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# bench/gpu/attention_table.sh's table: benchmark lines in, one table and
+# issue 14's attention targets out (our best implementation at each S >=
+# 1536; peers' rows and shorter lengths not judged). No GPU needed.
+set -euo pipefail
+root=${1:?usage: attention_table_test.sh SOURCE_DIR}
+out=$(bash "$root/bench/gpu/attention_table.sh" table <<'LINES'
+attention impl=ours-plain S=512 B=64 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=250.1 bwd_tflops=150.2
+attention impl=ours-plain S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=280.0 bwd_tflops=210.0
+attention impl=ours-plain-r32 S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=310.5 bwd_tflops=189.0
+attention impl=torch-flash S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=400.0 bwd_tflops=300.0
+attention impl=ours-plain S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=290.0 bwd_tflops=199.9
+attention impl=cudnn-plain S=4096 unavailable: no engine for this shape
+LINES
+)
+echo "$out"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+grep -q '^ours-plain-r32 *|  *- *| *310.5 / 189.0' <<< "$out" || fail "the r32 row"
+grep -q 'n/a / n/a' <<< "$out" || fail "an unavailable row"
+grep -q '^target S=1536: forward 310.5 (ours-plain-r32) >= 300 met; backward 210.0 (ours-plain) >= 200 met$' <<< "$out" ||
+  fail "S=1536: the best of ours, met"
+grep -q '^target S=4096: forward 290.0 (ours-plain) >= 300 not met; backward 199.9 (ours-plain) >= 200 not met$' <<< "$out" ||
+  fail "S=4096: not met"
+! grep -q '^target S=512' <<< "$out" || fail "S=512 is below the targets' lengths"
+echo "attention_table_test: ok"
