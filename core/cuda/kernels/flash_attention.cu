@@ -347,61 +347,34 @@ __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashA
   }
 }
 
-// Rows [r0, r0 + kRows) of a bf16 operand on their way to a shared tile:
-// fetch_tile issues the global loads into registers (so the next tile's loads
-// are in flight while the current one is multiplied), store_tile writes them
-// to the tile, rotated by the RoPE table when `rotate`. Each thread moves
-// dims [8c, 8c + 8) and [8c + 32, 8c + 40) of a row: every RoPE pair of either
-// layout lies within what one thread holds. Rows past `limit` are zeros.
-template <int kRows, int kThreads = kThreadsPerBlock>
-struct TileRegs {
-  static constexpr int kThreadCount = kThreads;
-  static constexpr int kItems = kRows * 4 / kThreads;
-  static_assert(kItems * kThreads == kRows * 4, "a tile's row chunks split evenly over the block");
-  uint4 lo[kItems], hi[kItems];
-};
-
-template <class Regs>
-__device__ __forceinline__ void fetch_tile(Regs& regs, const Operand& o, const Block& r, int64_t r0,
-                                           int64_t limit) {
-#pragma unroll
-  for (int n = 0; n < Regs::kItems; ++n) {
-    const int item = threadIdx.x + n * Regs::kThreadCount;
-    const int row = item >> 2, c = item & 3;
-    const int64_t i = r0 + row;
-    regs.lo[n] = regs.hi[n] = make_uint4(0, 0, 0, 0);
-    if (i < limit) {
-      const bf16_t* p = row_of<const bf16_t>(o, r, i);
-      regs.lo[n] = *reinterpret_cast<const uint4*>(p + 8 * c);
-      regs.hi[n] = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
-    }
-  }
-}
-
-template <class Regs>
-__device__ __forceinline__ void store_tile(bf16_t* s, Regs& regs, const Block& r, int64_t r0,
-                                           int64_t limit, const FlashArgs& a, bool rotate) {
-#pragma unroll
-  for (int n = 0; n < Regs::kItems; ++n) {
-    const int item = threadIdx.x + n * Regs::kThreadCount;
-    const int row = item >> 2, c = item & 3;
-    const int64_t i = r0 + row;
-    if (rotate && i < limit) rotate_chunks(regs.lo[n], regs.hi[n], a, r.first + i, c);
-    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = regs.lo[n];
-    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = regs.hi[n];
-  }
-}
-
+// Rows [r0, r0 + kRows) of a bf16 operand copied to a shared tile (the
+// block's own rows, loaded once), rotated by the RoPE table when `rotate`.
+// Each thread moves dims [8c, 8c + 8) and [8c + 32, 8c + 40) of a row: every
+// RoPE pair of either layout lies within what one thread holds. Rows past
+// `limit` are zeros.
 template <int kRows, int kThreads = kThreadsPerBlock>
 __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Block& r, int64_t r0,
                                           int64_t limit, const FlashArgs& a, bool rotate) {
-  TileRegs<kRows, kThreads> regs;
-  fetch_tile(regs, o, r, r0, limit);
-  store_tile(s, regs, r, r0, limit, a, rotate);
+  static_assert(kRows * 4 % kThreads == 0, "a tile's row chunks split evenly over the block");
+#pragma unroll
+  for (int n = 0; n < kRows * 4 / kThreads; ++n) {
+    const int item = threadIdx.x + n * kThreads;
+    const int row = item >> 2, c = item & 3;
+    const int64_t i = r0 + row;
+    uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+    if (i < limit) {
+      const bf16_t* p = row_of<const bf16_t>(o, r, i);
+      lo = *reinterpret_cast<const uint4*>(p + 8 * c);
+      hi = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
+      if (rotate) rotate_chunks(lo, hi, a, r.first + i, c);
+    }
+    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = lo;
+    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = hi;
+  }
 }
 
 // Rows [r0, r0 + kRows) of a bf16 operand copied to a shared tile by
-// cp.async, split over kThreads threads as TileRegs splits them (the chunks
+// cp.async, split over kThreads threads as load_tile splits them (the chunks
 // rotate_own_chunks rotates); rows past `limit` are zeros, stored at once.
 template <int kRows, int kThreads>
 __device__ __forceinline__ void copy_tile_async(bf16_t* s, const Operand& o, const Block& r,
@@ -442,6 +415,39 @@ __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const Block& r, int
     *hi = y;
   }
 }
+
+// Two operands streamed tile by tile (K and V, or Q and dO), each through
+// two shared buffers of kInnerTile rows: tile n lives in buffer n % 2.
+template <int kThreads>
+struct StreamedPair {
+  bf16_t* shared0;
+  bf16_t* shared1;
+  const Operand& operand0;
+  const Operand& operand1;
+
+  __device__ bf16_t* first(int buffer) const { return shared0 + buffer * kInnerTile * kLd; }
+  __device__ bf16_t* second(int buffer) const { return shared1 + buffer * kInnerTile * kLd; }
+  // Queues the copies of the tile at rows r0 into `buffer` and commits them
+  // as one group (an empty one when r0 is past `limit`), so a wait for all
+  // but the newest group always covers the tile before.
+  __device__ void fetch(int buffer, const Block& r, int64_t r0, int64_t limit) const {
+    if (r0 < limit) {
+      copy_tile_async<kInnerTile, kThreads>(first(buffer), operand0, r, r0, limit);
+      copy_tile_async<kInnerTile, kThreads>(second(buffer), operand1, r, r0, limit);
+    }
+    cp_async_commit();
+  }
+  // The tile at rows r0 is in `buffer`: queues the next one into the other
+  // buffer, waits for this thread's copies of this one, and rotates its
+  // chunks of the first operand when `rotate`. A barrier must come before
+  // other threads read the tile.
+  __device__ void arrive(int buffer, const Block& r, int64_t r0, int64_t limit, const FlashArgs& a,
+                         bool rotate) const {
+    fetch(buffer ^ 1, r, r0 + kInnerTile, limit);
+    cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
+    if (rotate) rotate_own_chunks<kInnerTile, kThreads>(first(buffer), r, r0, limit, a);
+  }
+};
 
 // Writes a 16 x 64 accumulator's rows (row0 + g, row0 + g + 8) to a gradient
 // or output operand, scaled per row, rotated back by the RoPE table when
@@ -617,9 +623,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   if (i0 >= r.Lq) return;  // the whole block: a shorter segment
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  copy_tile_async<kInnerTile, kThreads>(sK, a.k, r, 0, r.Lk);
-  copy_tile_async<kInnerTile, kThreads>(sV, a.v, r, 0, r.Lk);
-  cp_async_commit();
+  const StreamedPair<kThreads> kv{sK, sV, a.k, a.v};
+  kv.fetch(0, r, 0, r.Lk);
   load_tile<kRowsPerBlock, kThreads>(sQ, a.q, r, i0, r.Lq, a, rope);
   __syncthreads();
   // One row tile: its Q fragments stay in registers. Two: read from sQ
@@ -641,17 +646,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
     }
   int buffer = 0;
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
-    bf16_t* k_tile = sK + buffer * kInnerTile * kLd;
-    bf16_t* v_tile = sV + buffer * kInnerTile * kLd;
-    if (j0 + kInnerTile < r.Lk) {  // the next tile, into the other buffer
-      copy_tile_async<kInnerTile, kThreads>(sK + (buffer ^ 1) * kInnerTile * kLd, a.k, r,
-                                            j0 + kInnerTile, r.Lk);
-      copy_tile_async<kInnerTile, kThreads>(sV + (buffer ^ 1) * kInnerTile * kLd, a.v, r,
-                                            j0 + kInnerTile, r.Lk);
-    }
-    cp_async_commit();   // (an empty group on the last tile)
-    cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
-    if (rope) rotate_own_chunks<kInnerTile, kThreads>(k_tile, r, j0, r.Lk, a);
+    bf16_t* k_tile = kv.first(buffer);
+    bf16_t* v_tile = kv.second(buffer);
+    kv.arrive(buffer, r, j0, r.Lk, a, rope);
     if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
     __syncthreads();  // every thread's copies and rotations are visible
     float s[kM][8][4];
@@ -701,14 +698,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   RF_DYNAMIC_SHARED(smem);
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);
   bf16_t* sO = sQ + kRowsPerBlock * kLd;  // dO
-  bf16_t* sK = sO + kRowsPerBlock * kLd;
-  bf16_t* sV = sK + kInnerTile * kLd;
-  float* sBias = reinterpret_cast<float*>(sV + kInnerTile * kLd);
+  bf16_t* sK = sO + kRowsPerBlock * kLd;  // two tiles of kInnerTile rows
+  bf16_t* sV = sK + 2 * kInnerTile * kLd;
+  float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  // K and V tiles by cp.async into two buffers, as in the forward.
+  const StreamedPair<kThreadsPerBlock> kv{sK, sV, a.k, a.v};
+  kv.fetch(0, r, 0, r.Lk);
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
   __syncthreads();
@@ -742,22 +742,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
     if (t == 0 && i < r.Lq) *row_of<float>(a.delta, r, i) = Di[hf];
   }
   float dq[1][8][4] = {};
-  TileRegs<kInnerTile> next_k, next_v;
-  fetch_tile(next_k, a.k, r, 0, r.Lk);
-  fetch_tile(next_v, a.v, r, 0, r.Lk);
-  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile) {
-    __syncthreads();
-    store_tile(sK, next_k, r, j0, r.Lk, a, rope);
-    store_tile(sV, next_v, r, j0, r.Lk, a, false);
+  int buffer = 0;
+  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
+    bf16_t* k_tile = kv.first(buffer);
+    bf16_t* v_tile = kv.second(buffer);
+    kv.arrive(buffer, r, j0, r.Lk, a, rope);
     if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
-    __syncthreads();
-    if (j0 + kInnerTile < r.Lk) {
-      fetch_tile(next_k, a.k, r, j0 + kInnerTile, r.Lk);
-      fetch_tile(next_v, a.v, r, j0 + kInnerTile, r.Lk);
-    }
+    __syncthreads();  // every thread's copies and rotations are visible
     float s[1][8][4], dp[1][8][4];
-    mma_rows(s, qa, sK, lane);
-    mma_rows(dp, da, sV, lane);
+    mma_rows(s, qa, k_tile, lane);
+    mma_rows(dp, da, v_tile, lane);
     uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
     if (a.drop.on) {
 #pragma unroll
@@ -784,8 +778,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
         }
         s[0][nt][e] = ds;
       }
-    mma_accumulator_tile(dq, s, sK, lane);
+    mma_accumulator_tile(dq, s, k_tile, lane);
+    __syncthreads();  // this buffer's readers are done before it is refilled
   }
+  cp_async_wait<0>();  // a guard, as in the forward: nothing is in flight here
   const float one[2] = {1.0f, 1.0f};
   store_rows(dq[0], a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
 }
@@ -795,9 +791,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   RF_DYNAMIC_SHARED(smem);
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem);
   bf16_t* sV = sK + kRowsPerBlock * kLd;
-  bf16_t* sQ = sV + kRowsPerBlock * kLd;
-  bf16_t* sO = sQ + kInnerTile * kLd;  // dO
-  float* sLse = reinterpret_cast<float*>(sO + kInnerTile * kLd);
+  bf16_t* sQ = sV + kRowsPerBlock * kLd;   // two tiles of kInnerTile rows
+  bf16_t* sO = sQ + 2 * kInnerTile * kLd;  // dO, two tiles
+  float* sLse = reinterpret_cast<float*>(sO + 2 * kInnerTile * kLd);
   float* sDelta = sLse + kInnerTile;
   uint32_t* sBits = reinterpret_cast<uint32_t*>(sDelta + kInnerTile);  // [64][4]
   const Block r = block_of(a, tiles);
@@ -805,6 +801,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   if (j0 >= r.Lk) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  // Q and dO tiles by cp.async into two buffers, as in the forward.
+  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out};
+  qo.fetch(0, r, 0, r.Lq);
   load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
   load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
   const int64_t key0 = j0 + warp * 16;
@@ -813,13 +812,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
   const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
   float dk[1][8][4] = {}, dv[1][8][4] = {};
-  TileRegs<kInnerTile> next_q, next_o;
-  fetch_tile(next_q, a.q, r, 0, r.Lq);
-  fetch_tile(next_o, a.grad_out, r, 0, r.Lq);
-  for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile) {
-    __syncthreads();  // also publishes sK and sV before the first step
-    store_tile(sQ, next_q, r, i0, r.Lq, a, rope);
-    store_tile(sO, next_o, r, i0, r.Lq, a, false);
+  int buffer = 0;
+  for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
+    bf16_t* q_tile = qo.first(buffer);
+    bf16_t* o_tile = qo.second(buffer);
+    qo.arrive(buffer, r, i0, r.Lq, a, rope);
     if (threadIdx.x < kInnerTile) {
       const int64_t i = i0 + threadIdx.x;
       sLse[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.lse, r, i) * kLog2e : -INFINITY;
@@ -832,23 +829,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
                                ? row_of<const uint32_t>(a.bits, r, i)[first_word + w]
                                : 0u;
     }
-    __syncthreads();
-    if (i0 + kInnerTile < r.Lq) {
-      fetch_tile(next_q, a.q, r, i0 + kInnerTile, r.Lq);
-      fetch_tile(next_o, a.grad_out, r, i0 + kInnerTile, r.Lq);
-    }
+    __syncthreads();  // copies, rotations and row data visible (and sK, sV the first time)
     float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
     {
       uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) load_a(ka[0][ks], sK, warp * 16, ks * 16, lane);
-      mma_rows(st, ka, sQ, lane);
+      mma_rows(st, ka, q_tile, lane);
     }
     {
       uint32_t va[1][4][4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], sV, warp * 16, ks * 16, lane);
-      mma_rows(dpt, va, sO, lane);
+      mma_rows(dpt, va, o_tile, lane);
     }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -868,9 +861,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
         st[0][nt][e] = pz;
         dpt[0][nt][e] = ds;
       }
-    mma_accumulator_tile(dv, st, sO, lane);
-    mma_accumulator_tile(dk, dpt, sQ, lane);
+    mma_accumulator_tile(dv, st, o_tile, lane);
+    mma_accumulator_tile(dk, dpt, q_tile, lane);
+    __syncthreads();  // this buffer's and the row data's readers are done
   }
+  cp_async_wait<0>();  // a guard, as in the forward: nothing is in flight here
   const float one[2] = {1.0f, 1.0f};
   store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
   store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
@@ -1043,7 +1038,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   a.delta = lse_operand(delta_t);
   const Grid gq = grid_of(params, q, k, segments, false);
   if (gq.sequences * gq.tiles > 0) {
-    const size_t shared = size_t(2 * (kRowsPerBlock + kInnerTile) * kLd) * sizeof(bf16_t) +
+    const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
                           kInnerTile * sizeof(float);
     allow_shared(flash_dq_kernel, shared);
     RF_LAUNCH(flash_dq_kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
@@ -1051,7 +1046,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   }
   const Grid gk = grid_of(params, q, k, segments, true);
   if (gk.sequences * gk.tiles > 0) {
-    const size_t shared = size_t(2 * (kRowsPerBlock + kInnerTile) * kLd) * sizeof(bf16_t) +
+    const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
                           2 * kInnerTile * sizeof(float) + 4 * kInnerTile * sizeof(uint32_t);
     allow_shared(flash_dkv_kernel, shared);
     RF_LAUNCH(flash_dkv_kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
