@@ -22,11 +22,13 @@ Tensor BatchUploader::upload(const Tensor& host) {
     out = Tensor::empty(source.shape(), source.dtype(), device_);
   }
   impl_->upload(out.data(), source.data(), source.nbytes());
+  unpublished_.push_back(out);
   return out;
 }
 
 void BatchUploader::publish() {
   if (impl_) impl_->publish(current_stream(device_));
+  unpublished_.clear();
 }
 
 }  // namespace roformer

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "core/device_backend.h"
 #include "core/tensor.h"
@@ -28,6 +29,10 @@ class BatchUploader {
  private:
   Device device_;
   std::unique_ptr<HostUploader> impl_;  // null on the CPU
+  // The uploads since the last publish, held so none is freed before
+  // publish() marks its memory as used by the current stream (a caller that
+  // drops them early, say after an error, leaves no dangling pointer).
+  std::vector<Tensor> unpublished_;
 };
 
 }  // namespace roformer
