@@ -343,9 +343,11 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labe
 std::pair<double, int64_t> MlmOutput::read() const {
   if (!loss.defined()) return {0.0, 0};
   NoGradGuard no_grad;
-  const Tensor c = correct.defined() ? correct : Tensor::zeros({}, DType::f32, loss.device());
-  const std::vector<double> both =
-      stack({cast(loss.detach(), DType::f32), c}, 0).to_vector<double>();
+  // In the loss's precision (f64 runs keep theirs; bf16 widens to f32).
+  const DType dtype = loss.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const Tensor c =
+      correct.defined() ? cast(correct, dtype) : Tensor::zeros({}, dtype, loss.device());
+  const std::vector<double> both = stack({cast(loss.detach(), dtype), c}, 0).to_vector<double>();
   return {both[0], int64_t(std::llround(both[1]))};
 }
 

@@ -366,6 +366,14 @@ TEST(RoFormerMlm, PlainSgdLearnsATinyBatch) {
   }
 }
 
+// read() keeps an f64 loss in f64 (an f32 round trip would lose 1e-12).
+TEST(RoFormerMlm, ReadKeepsTheLossPrecision) {
+  MlmOutput out;
+  out.loss = Tensor::full({}, 1.0 + 1e-12, DType::f64);
+  out.correct = Tensor::full({}, 3.0, DType::f32);
+  EXPECT_EQ(out.read(), (std::pair<double, int64_t>{1.0 + 1e-12, 3}));
+}
+
 TEST(RoFormerMlm, NoLabelledRowGivesZeroLossThatBackpropagates) {
   RoFormerForMaskedLM model(small_config(), 3);
   const Tensor ids = random_ids(1, 6, 97, 2);
