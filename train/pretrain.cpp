@@ -8,7 +8,6 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <sstream>
 
 #include "core/batch_upload.h"

@@ -86,4 +86,21 @@ inline void expect_equal(const Tensor& got, const Tensor& ref, const std::string
   }
 }
 
+// An attention kernel's outputs on one side, forward then backward.
+struct AttentionOutputs {
+  Tensor out, lse, bits, dq, dk, dv;
+};
+
+// out at `tol`, lse at `lse_tol`, the gradients at 2 tol, keep bits equal
+// (when the reference has any).
+inline void expect_attention_match(const AttentionOutputs& got, const AttentionOutputs& ref,
+                                   double tol, double lse_tol) {
+  expect_close(got.out, ref.out, tol, "out");
+  expect_close(got.lse, ref.lse, lse_tol, "lse");
+  if (ref.bits.defined()) expect_equal(got.bits, ref.bits, "keep bits");
+  expect_close(got.dq, ref.dq, 2 * tol, "dq");
+  expect_close(got.dk, ref.dk, 2 * tol, "dk");
+  expect_close(got.dv, ref.dv, 2 * tol, "dv");
+}
+
 }  // namespace roformer::testing::emulated

@@ -15,15 +15,11 @@ using namespace testing::emulated;
 namespace cpu = kernels::cpu;
 namespace emu = kernels::simt_cuda;
 
-struct Result {
-  Tensor out, lse, bits, dq, dk, dv;
-};
-
 // q, k, v [B, H, S, D] (padded, mask [B, S]) or [T, H, D] (stream,
 // segments); table [2, S or T, D/2] f32.
-Result run(bool emulated, bool interleaved, const Tensor& q, const Tensor& k, const Tensor& v,
-           const Tensor& extra, const Tensor& table, const Tensor& grad_out, DType out_dtype,
-           int64_t keep_words) {
+AttentionOutputs run(bool emulated, bool interleaved, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& extra, const Tensor& table,
+                     const Tensor& grad_out, DType out_dtype, int64_t keep_words) {
   kernels::AttentionParams params;
   params.scale = 0.25;
   params.dropout_p = 0.1;
@@ -32,9 +28,9 @@ Result run(bool emulated, bool interleaved, const Tensor& q, const Tensor& k, co
   Shape stat = q.shape(), bits = q.shape();
   stat.pop_back();
   bits.back() = keep_words;
-  Result r{poisoned(q.shape(), out_dtype), poisoned(stat, DType::f32),
-           poisoned(bits, DType::i32),     poisoned(q.shape(), out_dtype),
-           poisoned(k.shape(), out_dtype), poisoned(v.shape(), out_dtype)};
+  AttentionOutputs r{poisoned(q.shape(), out_dtype), poisoned(stat, DType::f32),
+                     poisoned(bits, DType::i32),     poisoned(q.shape(), out_dtype),
+                     poisoned(k.shape(), out_dtype), poisoned(v.shape(), out_dtype)};
   EmulatedStream s;
   const kernels::Stream stream = emulated ? s.get() : cpu_stream();
   auto* forward = emulated ? &emu::rope_attention_forward : &cpu::rope_attention_forward;
@@ -45,15 +41,6 @@ Result run(bool emulated, bool interleaved, const Tensor& q, const Tensor& k, co
   backward(stream, params, kt(table), interleaved, kt(q), kt(k), kt(v), kt(extra), kt(r.out),
            kt(r.lse), kt(r.bits), kt(grad_out), kt(r.dq), kt(r.dk), kt(r.dv));
   return r;
-}
-
-void expect_match(const Result& got, const Result& ref, double tol, double lse_tol) {
-  expect_close(got.out, ref.out, tol, "out");
-  expect_close(got.lse, ref.lse, lse_tol, "lse");
-  expect_equal(got.bits, ref.bits, "keep bits");
-  expect_close(got.dq, ref.dq, 2 * tol, "dq");
-  expect_close(got.dk, ref.dk, 2 * tol, "dk");
-  expect_close(got.dv, ref.dv, 2 * tol, "dv");
 }
 
 Tensor table_for(int64_t S, int64_t D) {
@@ -75,15 +62,16 @@ TEST(RopeAttentionEmulated, PaddedComposedAndFusedMatchTheCpu) {
       const Tensor v = random({B, H, S, D}, 3, DType::bf16).to(DType::f32);
       const Tensor g = random({B, H, S, D}, 4, DType::bf16).to(DType::f32);
       const Tensor table = table_for(S, D);
-      const Result ref = run(false, interleaved, q, k, v, mask, table, g, DType::f32, 2);
+      const AttentionOutputs ref = run(false, interleaved, q, k, v, mask, table, g, DType::f32, 2);
       if (D == 64) {  // bf16 operands: the tensor-core kernel rotates as it loads
         auto b = [](const Tensor& t) { return t.to(DType::bf16); };
         // It rounds the rotated q and k to bf16: lse within the flash test's bounds.
-        expect_match(run(true, interleaved, b(q), b(k), b(v), mask, table, b(g), DType::f32, 2),
-                     ref, 2e-2, 5e-3);
+        expect_attention_match(
+            run(true, interleaved, b(q), b(k), b(v), mask, table, b(g), DType::f32, 2), ref, 2e-2,
+            5e-3);
       } else {
-        expect_match(run(true, interleaved, q, k, v, mask, table, g, DType::f32, 2), ref, 1e-5,
-                     1e-5);
+        expect_attention_match(run(true, interleaved, q, k, v, mask, table, g, DType::f32, 2), ref,
+                               1e-5, 1e-5);
       }
     }
   }
@@ -98,8 +86,9 @@ TEST(RopeAttentionEmulated, TokenStreamComposedMatchesTheCpu) {
   const Tensor table = table_for(T, D);
   for (bool interleaved : {false, true}) {
     SCOPED_TRACE(interleaved ? "interleaved" : "halves");
-    expect_match(run(true, interleaved, q, k, v, segments, table, g, DType::f32, 2),
-                 run(false, interleaved, q, k, v, segments, table, g, DType::f32, 2), 1e-5, 1e-5);
+    expect_attention_match(run(true, interleaved, q, k, v, segments, table, g, DType::f32, 2),
+                           run(false, interleaved, q, k, v, segments, table, g, DType::f32, 2),
+                           1e-5, 1e-5);
   }
 }
 

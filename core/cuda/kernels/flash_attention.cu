@@ -504,6 +504,18 @@ __device__ __forceinline__ float key_bias(const FlashArgs& a, const Block& r, in
   return 0.0f;
 }
 
+// Key tile j0 (K and V in `buffer` of kv) made ready for the whole block:
+// this thread's copies landed and its K chunks rotated, the tile's key biases
+// in sBias, then a barrier. The forward and the dq pass open each key tile so.
+template <int kThreads>
+__device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads>& kv, int buffer,
+                                               const Block& r, int64_t j0, const FlashArgs& a,
+                                               bool rope, float* sBias) {
+  kv.arrive(buffer, r, j0, r.Lk, a, rope);
+  if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+  __syncthreads();  // every thread's copies, rotations and biases are visible
+}
+
 // --- forward --------------------------------------------------------------------------
 
 // The keep bits of a warp's 16 x 64 tile (keys j0...): bit hf * 16 + 2 nt + e
@@ -648,9 +660,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
-    kv.arrive(buffer, r, j0, r.Lk, a, rope);
-    if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
-    __syncthreads();  // every thread's copies and rotations are visible
+    key_tile_ready(kv, buffer, r, j0, a, rope, sBias);
     float s[kM][8][4];
     if constexpr (kM == 1)
       mma_rows(s, qa, k_tile, lane);
@@ -746,9 +756,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
-    kv.arrive(buffer, r, j0, r.Lk, a, rope);
-    if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
-    __syncthreads();  // every thread's copies and rotations are visible
+    key_tile_ready(kv, buffer, r, j0, a, rope, sBias);
     float s[1][8][4], dp[1][8][4];
     mma_rows(s, qa, k_tile, lane);
     mma_rows(dp, da, v_tile, lane);
