@@ -39,6 +39,15 @@ inline size_t allocation_bin(size_t nbytes, size_t granule, size_t small_limit) 
   return (nbytes + quarter - 1) / quarter * quarter;
 }
 
+// The largest cached block a request binned to `bin` may take: up to a
+// quarter more. Requests whose size follows the batch (the masked rows of the
+// MLM head, a token stream's length) land in a new bin whenever the count is
+// new; reusing a slightly larger block keeps reserved memory from growing
+// with every count seen.
+inline size_t largest_reusable_block(size_t bin) {
+  return bin + bin / 4;
+}
+
 class Allocator {
  public:
   virtual ~Allocator() = default;

@@ -1,10 +1,25 @@
 #include "core/cuda/caching_allocator.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <string>
 
 #include "core/error.h"
 
 namespace roformer::cuda {
+
+namespace {
+// ROFORMER_CUDA_ALLOC_LOG=1: every new block on stderr (why reserved memory grew).
+bool log_new_blocks() {
+  static const bool on = [] {
+    const char* env = std::getenv("ROFORMER_CUDA_ALLOC_LOG");
+    return env && *env && std::string(env) != "0";
+  }();
+  return on;
+}
+}  // namespace
 
 CachingAllocator::CachingAllocator(int device, std::function<cudaStream_t()> current_stream)
     : device_(device), current_stream_(std::move(current_stream)) {}
@@ -28,11 +43,19 @@ void CachingAllocator::collect_pending() {
   };
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (ready(*it)) {
-      free_[{it->block.stream, it->block.size}].push_back(it->ptr);
+      cache(it->ptr, it->block);
       it = pending_.erase(it);
     } else {
       ++it;
     }
+  }
+}
+
+void CachingAllocator::cache(void* ptr, const Block& block) {
+  if (block.small) {
+    small_.at(block.stream).give_back(reinterpret_cast<uintptr_t>(ptr), block.size);
+  } else {
+    free_[{block.stream, block.size}].push_back(ptr);
   }
 }
 
@@ -41,10 +64,45 @@ void CachingAllocator::free_cached() {
     for (CudaEvent& e : p.events) e.synchronize();
   collect_pending();
   DeviceGuard guard(device_);
-  for (auto& [key, blocks] : free_)
-    for (void* ptr : blocks) RF_CUDA_CHECK(cudaFree(ptr));
+  for (auto& [key, blocks] : free_) {
+    for (void* ptr : blocks) {
+      RF_CUDA_CHECK(cudaFree(ptr));
+      stats_.cached_bytes -= key.second;
+    }
+  }
   free_.clear();
-  stats_.cached_bytes = 0;
+  // Segments with a live piece stay (their free part stays cached).
+  for (auto it = small_.begin(); it != small_.end();) {
+    for (uintptr_t base : it->second.release_empty()) {
+      RF_CUDA_CHECK(cudaFree(reinterpret_cast<void*>(base)));
+      stats_.cached_bytes -= SegmentArena::kSegmentBytes;
+    }
+    it = it->second.segments() == 0 ? small_.erase(it) : std::next(it);
+  }
+}
+
+void* CachingAllocator::take_small(size_t size, cudaStream_t stream) {
+  SegmentArena& arena = small_[stream];
+  uintptr_t address = arena.take(size);
+  if (address != 0) {
+    ++stats_.num_cache_hits;
+  } else {
+    if (log_new_blocks())
+      std::fprintf(stderr,
+                   "cuda:%d allocator: new %zu-byte segment for %zu on stream %p (reserved %zu, "
+                   "allocated %zu, %zu segments with %zu bytes free)\n",
+                   device_, SegmentArena::kSegmentBytes, size, static_cast<void*>(stream),
+                   stats_.reserved_bytes(), stats_.allocated_bytes, arena.segments(),
+                   arena.free_bytes());
+    void* segment = malloc_or_throw(SegmentArena::kSegmentBytes);
+    // malloc_or_throw may have released every empty segment: look the arena up again.
+    SegmentArena& fresh = small_[stream];
+    fresh.add_segment(reinterpret_cast<uintptr_t>(segment));
+    stats_.cached_bytes += SegmentArena::kSegmentBytes;
+    address = fresh.take(size);
+  }
+  stats_.cached_bytes -= size;
+  return reinterpret_cast<void*>(address);
 }
 
 void* CachingAllocator::malloc_or_throw(size_t size) {
@@ -74,21 +132,45 @@ void* CachingAllocator::allocate(size_t nbytes) {
 }
 
 void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
-  const size_t size = bin_size(nbytes);
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.num_allocations;
   if (!pending_.empty()) collect_pending();
+  if (nbytes <= SegmentArena::kSmallLimit) {
+    const size_t size = SegmentArena::piece_size(nbytes);
+    return hand_out(take_small(size, stream), Block{size, stream, {}, true});
+  }
+  const size_t size = bin_size(nbytes);
   void* ptr = nullptr;
-  auto it = free_.find({stream, size});
-  if (it != free_.end() && !it->second.empty()) {
+  size_t block_size = size;
+  // The smallest cached block of this stream that fits (lists are erased
+  // when emptied, so the first key at or above the bin is the best fit).
+  auto it = free_.lower_bound({stream, size});
+  if (it != free_.end() && it->first.first == stream &&
+      it->first.second <= largest_reusable_block(size)) {
+    block_size = it->first.second;
     ptr = it->second.back();
     it->second.pop_back();
-    stats_.cached_bytes -= size;
+    if (it->second.empty()) free_.erase(it);
+    stats_.cached_bytes -= block_size;
     ++stats_.num_cache_hits;
   } else {
+    if (log_new_blocks()) {
+      const bool has_larger = it != free_.end() && it->first.first == stream;
+      std::fprintf(stderr,
+                   "cuda:%d allocator: new block of %zu bytes for %zu on stream %p (reserved "
+                   "%zu, allocated %zu, %zu pending; smallest larger cached block: %zu)\n",
+                   device_, size, nbytes, static_cast<void*>(stream), stats_.reserved_bytes(),
+                   stats_.allocated_bytes, pending_.size(), has_larger ? it->first.second : 0);
+    }
     ptr = malloc_or_throw(size);
   }
-  live_[ptr] = Block{size, stream, {}};
+  return hand_out(ptr, Block{block_size, stream, {}});
+}
+
+void* CachingAllocator::hand_out(void* ptr, Block block) {
+  const size_t size = block.size;
+  const cudaStream_t stream = block.stream;
+  live_[ptr] = std::move(block);
   stats_.allocated_bytes += size;
   note_peaks();
   if (poison()) {
@@ -108,7 +190,7 @@ void CachingAllocator::deallocate(void* ptr, size_t /*nbytes*/) {
   stats_.allocated_bytes -= block.size;
   stats_.cached_bytes += block.size;
   if (block.other_streams.empty()) {
-    free_[{block.stream, block.size}].push_back(ptr);
+    cache(ptr, block);
     return;
   }
   Pending pending{ptr, block, {}};

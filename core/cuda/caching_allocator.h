@@ -2,8 +2,11 @@
 // and cost tens of microseconds, and a training step frees and reallocates the
 // same sizes every step, so freed blocks are kept and reused.
 //
-// - Size-binned: requests round up to a bin (512-byte multiples up to 1 MiB,
-//   then quarter powers of two), and only a block of the same bin is reused.
+// - Two pools. Requests up to 1 MiB are pieces of 2 MiB segments, carved best
+//   fit and merged when freed (segment_arena.h): a size that changes every
+//   step (the masked rows of a batch) reuses the segments already held.
+//   Larger ones round up to a bin (quarter powers of two) and take a whole
+//   cached block of that bin or up to a quarter larger (largest_reusable_block).
 // - Stream-ordered: a block belongs to the stream that was current when it was
 //   allocated. Freed, it is reused at once by that stream (whose later work is
 //   ordered after the earlier use); a block also used on other streams
@@ -23,6 +26,7 @@
 
 #include "core/allocator.h"
 #include "core/cuda/raii.h"
+#include "core/cuda/segment_arena.h"
 
 namespace roformer::cuda {
 
@@ -54,6 +58,7 @@ class CachingAllocator final : public Allocator {
     size_t size = 0;
     cudaStream_t stream = nullptr;
     std::vector<cudaStream_t> other_streams;
+    bool small = false;  // a piece of a segment of small_[stream]
   };
   struct Pending {  // freed, waiting for work on other streams
     void* ptr;
@@ -61,15 +66,19 @@ class CachingAllocator final : public Allocator {
     std::vector<CudaEvent> events;
   };
   void* malloc_or_throw(size_t size);
-  void collect_pending();  // caller holds mutex_
-  void free_cached();      // caller holds mutex_
+  void* take_small(size_t size, cudaStream_t stream);  // caller holds mutex_
+  void cache(void* ptr, const Block& block);           // a freed block, reusable now
+  void* hand_out(void* ptr, Block block);              // records it live (and poisons it)
+  void collect_pending();                              // caller holds mutex_
+  void free_cached();                                  // caller holds mutex_
   void note_peaks();
 
   int device_;
   std::function<cudaStream_t()> current_stream_;
   mutable std::mutex mutex_;
   std::unordered_map<void*, Block> live_;
-  std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_;
+  std::map<std::pair<cudaStream_t, size_t>, std::vector<void*>> free_;  // large blocks
+  std::map<cudaStream_t, SegmentArena> small_;
   std::vector<Pending> pending_;
   AllocatorStats stats_;
 };

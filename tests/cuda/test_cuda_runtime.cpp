@@ -4,6 +4,7 @@
 
 #include "core/batch_upload.h"
 #include "core/cuda/check.h"
+#include "core/cuda/segment_arena.h"
 #include "core/ops.h"
 #include "tests/cuda/gpu_test.h"
 #include "tests/test_support.h"
@@ -97,18 +98,51 @@ TEST(CudaAllocator, CachesReusesPerStreamAndReleases) {
   cuda::CachingAllocator& alloc = cuda::caching_allocator(0);
   alloc.release_cached();
   alloc.reset_peak();
+  // Earlier tests may hold small pieces on the default stream (their segments
+  // stay): the small pool is checked on streams of its own, and every figure
+  // is a change from `start`.
   const AllocatorStats start = alloc.stats();
-  void* first = alloc.allocate(3000);
-  EXPECT_EQ(alloc.stats().allocated_bytes, start.allocated_bytes + 3072);
-  alloc.deallocate(first, 3000);
-  EXPECT_EQ(alloc.stats().cached_bytes, 3072u);
-  void* again = alloc.allocate(2900);  // same bin, same stream: the same block
-  EXPECT_EQ(again, first);
-  EXPECT_EQ(alloc.stats().num_cache_hits, start.num_cache_hits + 1);
-  alloc.deallocate(again, 2900);
-  // Another stream does not take a block whose last use it is not ordered after.
-  cudaStream_t side = nullptr;
+  constexpr size_t kSegment = cuda::SegmentArena::kSegmentBytes;
+  cudaStream_t own = nullptr, side = nullptr;
+  RF_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
   RF_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  void* first = nullptr;
+  {
+    StreamGuard guard(Stream{kGpu, own});
+    // Small requests are pieces of a segment: the first brings one in.
+    first = alloc.allocate(3000);
+    EXPECT_EQ(alloc.stats().allocated_bytes, start.allocated_bytes + 3072);
+    EXPECT_EQ(alloc.stats().reserved_bytes(), start.reserved_bytes() + kSegment);
+    void* second = alloc.allocate(100000);  // the same segment, right after
+    EXPECT_EQ(static_cast<char*>(second), static_cast<char*>(first) + 3072);
+    alloc.deallocate(second, 100000);
+    alloc.deallocate(first, 3000);
+    EXPECT_EQ(alloc.stats().cached_bytes, start.cached_bytes + kSegment);
+    void* again = alloc.allocate(2900);  // best fit on the same stream: the same place
+    EXPECT_EQ(again, first);
+    EXPECT_EQ(alloc.stats().num_cache_hits, start.num_cache_hits + 2);
+    alloc.deallocate(again, 2900);
+  }
+  // Large blocks: a request up to a quarter smaller than a cached block takes
+  // it (a size that varies per step must not add a block for every new
+  // value); a smaller one gets a block of its own.
+  void* large = alloc.allocate(size_t(5) << 20);
+  alloc.deallocate(large, size_t(5) << 20);
+  void* near = alloc.allocate(size_t(4) << 20);  // the 4 MiB bin, a quarter below 5
+  EXPECT_EQ(near, large);
+  EXPECT_EQ(alloc.stats().allocated_bytes, start.allocated_bytes + (size_t(5) << 20));
+  void* small = alloc.allocate(size_t(3) << 20);
+  EXPECT_NE(small, large);
+  alloc.deallocate(small, size_t(3) << 20);
+  alloc.deallocate(near, 0);
+  alloc.release_cached();
+  EXPECT_EQ(alloc.stats().cached_bytes, start.cached_bytes);
+  {
+    StreamGuard guard(Stream{kGpu, own});
+    first = alloc.allocate(3000);
+    alloc.deallocate(first, 3000);
+  }
+  // Another stream does not take a block whose last use it is not ordered after.
   {
     StreamGuard guard(Stream{kGpu, side});
     void* other = alloc.allocate(3000);
@@ -123,10 +157,11 @@ TEST(CudaAllocator, CachesReusesPerStreamAndReleases) {
   }
   const AllocatorStats mid = alloc.stats();
   EXPECT_EQ(mid.allocated_bytes, start.allocated_bytes);
-  EXPECT_EQ(mid.reserved_bytes(), start.allocated_bytes + 2 * 3072);
+  EXPECT_EQ(mid.reserved_bytes(), start.reserved_bytes() + 2 * kSegment);  // one per stream
   EXPECT_GE(mid.peak_reserved_bytes, mid.reserved_bytes());
   alloc.release_cached();
-  EXPECT_EQ(alloc.stats().cached_bytes, 0u);
+  EXPECT_EQ(alloc.stats().cached_bytes, start.cached_bytes);
+  RF_CUDA_CHECK(cudaStreamDestroy(own));
   RF_CUDA_CHECK(cudaStreamDestroy(side));
   // Out of memory names the device and the size.
   const std::string oom = error_of([&] { alloc.allocate(size_t(1) << 50); });
