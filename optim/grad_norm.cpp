@@ -64,14 +64,18 @@ std::vector<double> chunk_sums_of_squares(const Tensor& x, int64_t begin, int64_
   return partials(x.data_as<float>(), begin, end);
 }
 
-double grad_norm(const FlatParameters& flat) {
-  if (!flat.device().is_cpu()) {
+double l2_norm(const Tensor& x) {
+  if (!x.device().is_cpu()) {
     // One pass and one 16-byte read back; a non-finite element makes the
     // norm NaN, as the CPU sum does.
-    const device_passes::GradSummary s = device_passes::grad_summary(flat.grad());
+    const device_passes::GradSummary s = device_passes::grad_summary(x);
     return s.non_finite ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(s.sum_squares);
   }
-  return std::sqrt(sum_of_squares(flat.grad()));
+  return std::sqrt(sum_of_squares(x));
+}
+
+double grad_norm(const FlatParameters& flat) {
+  return l2_norm(flat.grad());
 }
 
 double clip_scale(double norm, double max_norm) {

@@ -29,6 +29,10 @@ std::vector<double> chunk_sums_of_squares(const Tensor& x, int64_t begin, int64_
 // The partials added in order, as sum_of_squares adds them.
 double sum_in_order(std::span<const double> partials);
 
+// sqrt(sum of squares) of a contiguous f32 tensor on any device (the CPU's
+// chunked sum, or the device's one pass): the trainer's update/weight ratio.
+double l2_norm(const Tensor& x);
+
 // sqrt(sum of squares) over the flat gradient buffer (padding is zero).
 double grad_norm(const FlatParameters& flat);
 

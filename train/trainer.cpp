@@ -419,9 +419,10 @@ TrainerResult Trainer::run() {
       } else {
         state.nonfinite_in_a_row = 0;
         // The update/weight ratio is measured on the steps that are logged:
-        // a copy of the weights before the update, on the CPU only.
+        // a copy of the weights before the update (on their device; the
+        // caching allocator keeps its block for the next logged step).
         Tensor before;
-        if (log_step && adamw.flat().device().is_cpu()) before = adamw.flat().data().clone();
+        if (log_step) before = adamw.flat().data().clone();
         adamw.step(lr, clip);
         if (adamw.sharded()) {
           const auto gather_start = Clock::now();
@@ -429,8 +430,8 @@ TrainerResult Trainer::run() {
           param_gather_s += seconds_since(gather_start);
         }
         if (before.defined()) {
-          const double w = std::sqrt(optim::sum_of_squares(adamw.flat().data()));
-          const double u = std::sqrt(optim::sum_of_squares(sub(adamw.flat().data(), before)));
+          const double w = optim::l2_norm(adamw.flat().data());
+          const double u = optim::l2_norm(sub(adamw.flat().data(), before));
           update_ratio = w > 0 ? u / w : NAN;
         }
       }
