@@ -105,6 +105,15 @@ TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
   v[30 + 4] = NAN;
   v[30 + 20] = 5.0;
   expect_max_matches(Tensor::from_vector(v, {2, 30}), 1, "ties and NaN");
+  // The same over rows of 32 and more (one warp per row): ties across lanes,
+  // a NaN after a larger value, two NaNs, a row of equal values.
+  std::vector<double> w(4 * 97, 0.5);
+  w[3] = 4.0, w[35] = 4.0, w[68] = 4.0;                 // lanes 3 and 3 again, and 4
+  w[97 + 40] = 9.0, w[97 + 70] = NAN, w[97 + 6] = NAN;  // the first NaN (6)
+  w[2 * 97 + 96] = 3.0;                                 // the last element
+  expect_max_matches(Tensor::from_vector(w, {4, 97}), 1, "long rows: ties and NaN");
+  expect_max_matches(Tensor::from_vector(w, {97, 4}), 0, "long columns: ties and NaN");
+  for (DType t : kFloats) expect_max_matches(random({3, 1000, 2}, 10, t), 1, "long, strided");
 }
 
 // --- layer norm ---------------------------------------------------------------------------

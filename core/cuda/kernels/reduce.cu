@@ -59,6 +59,47 @@ __global__ void max_kernel(const T* x, T* values, int64_t* indices, SplitDims g,
   }
 }
 
+// Whether (value a, index ia) wins over (b, ib) as the serial scan above
+// decides: the first NaN, else the largest value at its first index.
+__device__ __forceinline__ bool max_wins(double a, int64_t ia, double b, int64_t ib) {
+  const bool a_nan = isnan(a), b_nan = isnan(b);
+  if (a_nan != b_nan) return a_nan;
+  if (!a_nan && a != b) return a > b;
+  return ia < ib;
+}
+
+// One warp per output for long reductions (the MLM head's vocabulary rows):
+// lanes scan every 32nd element, reading neighbours together, then combine
+// by max_wins; the same winner as max_kernel's one-thread scan.
+template <class T>
+__global__ void max_warp_kernel(const T* x, T* values, int64_t* indices, SplitDims g, int64_t n,
+                                int64_t stride) {
+  const int lane = int(threadIdx.x % 32);
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  for (int64_t o = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; o < g.n_kept;
+       o += warps) {
+    const T* p = x + walk(o, g.kept_ndim, g.kept_sizes, g.kept_strides);
+    int64_t best = lane;  // n >= 32: every lane has an element
+    double best_value = convert<double>(p[lane * stride]);
+    for (int64_t i = lane + 32; i < n; i += 32) {
+      const double v = convert<double>(p[i * stride]);
+      if (v > best_value || (isnan(v) && !isnan(best_value))) {
+        best_value = v;
+        best = i;
+      }
+    }
+    for (int w = 16; w > 0; w /= 2) {
+      const double other_value = __shfl_xor_sync(0xffffffffu, best_value, w);
+      const int64_t other = __shfl_xor_sync(0xffffffffu, best, w);
+      if (max_wins(other_value, other, best_value, best)) best_value = other_value, best = other;
+    }
+    if (lane == 0) {
+      values[o] = p[best * stride];
+      indices[o] = best;
+    }
+  }
+}
+
 template <class T>
 __global__ void scatter_along_kernel(const T* grad, const int64_t* indices, T* grad_x, SplitDims gx,
                                      SplitDims gg, int64_t stride) {
@@ -111,6 +152,12 @@ void max(Stream stream, const KernelTensor& x, int32_t dim, const KernelTensor& 
   RF_CHECK(x.sizes[dim] > 0, "max: empty dimension ", dim);
   on_any_dtype(x.dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (x.sizes[dim] >= 32) {
+      RF_LAUNCH((max_warp_kernel<T>), grid_for(g.n_kept * 32), kThreads, 0, native(stream),
+                x.as<const T>(), values.as<T>(), indices.as<int64_t>(), g, x.sizes[dim],
+                x.strides[dim]);
+      return;
+    }
     RF_LAUNCH((max_kernel<T>), grid_for(g.n_kept), kThreads, 0, native(stream), x.as<const T>(),
               values.as<T>(), indices.as<int64_t>(), g, x.sizes[dim], x.strides[dim]);
   });
