@@ -278,23 +278,27 @@ RoFormerForMaskedLM::RoFormerForMaskedLM(const ModelConfig& config, uint64_t see
   flatten_parameters();
 }
 
+// The masked rows go to the device before the encoder is queued: a pageable
+// host-to-device copy of more than a few KB waits for the work queued before
+// it on its stream, which after the encoder would be the whole forward.
 MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
                                            const Tensor& attention_mask, const Tensor& labels,
                                            bool training, DropoutContext& ctx) const {
+  const MaskedRows masked = masked_rows(labels, input_ids.shape(), input_ids.device());
   const Tensor hidden = roformer_.forward(input_ids, token_type_ids, attention_mask, training, ctx);
-  return mlm_loss(hidden.reshape({-1, hidden.size(-1)}), labels, input_ids.shape());
+  return mlm_loss(hidden.reshape({-1, hidden.size(-1)}), masked);
 }
 
 MlmOutput RoFormerForMaskedLM::forward_mlm(const Tensor& input_ids, const Tensor& token_type_ids,
                                            const TokenLayout& layout, const Tensor& labels,
                                            bool training, DropoutContext& ctx) const {
-  return mlm_loss(roformer_.forward(input_ids, token_type_ids, layout, training, ctx), labels,
-                  input_ids.shape());
+  const MaskedRows masked = masked_rows(labels, input_ids.shape(), input_ids.device());
+  return mlm_loss(roformer_.forward(input_ids, token_type_ids, layout, training, ctx), masked);
 }
 
-// Loss over the rows of hidden_rows [N, hidden] (flat token order) whose label != -100.
-MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labels,
-                                        const Shape& ids) const {
+RoFormerForMaskedLM::MaskedRows RoFormerForMaskedLM::masked_rows(const Tensor& labels,
+                                                                 const Shape& ids,
+                                                                 Device device) const {
   const std::vector<int64_t> label = host_ints(labels, ids, "labels");
   std::vector<int64_t> rows, targets;
   for (size_t i = 0; i < label.size(); ++i) {
@@ -306,23 +310,32 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const Tensor& labe
     rows.push_back(int64_t(i));
     targets.push_back(label[i]);
   }
+  MaskedRows out;
+  out.count = int64_t(rows.size());
+  if (out.count == 0) return out;
+  // The labels may come from the host (the trainer keeps them there); the
+  // rows and targets go where the model runs.
+  out.rows = Tensor::from_vector(rows, {out.count}, device);
+  out.targets = Tensor::from_vector(targets, {out.count}, device);
+  return out;
+}
+
+// Loss over the masked rows of hidden_rows [N, hidden] (flat token order).
+MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const MaskedRows& masked) const {
   MlmOutput out;
-  out.num_masked = int64_t(rows.size());
-  if (rows.empty()) {
+  out.num_masked = masked.count;
+  if (masked.count == 0) {
     out.loss = mul(sum(hidden), 0.0);
     out.correct = Tensor::zeros({}, DType::f32, hidden.device());
     return out;
   }
-  // The labels may come from the host (the trainer keeps them there); the
-  // rows and targets go where the model runs.
   Tensor selected;
   {
     RF_PROFILE("index_select");
-    selected =
-        index_select(hidden, Tensor::from_vector(rows, {int64_t(rows.size())}, hidden.device()));
+    selected = index_select(hidden, masked.rows);
   }
   const Tensor logits = head_.forward(selected);  // [M, V]
-  const Tensor target = Tensor::from_vector(targets, {int64_t(targets.size())}, hidden.device());
+  const Tensor& target = masked.targets;
   {
     RF_PROFILE("cross_entropy");
     out.loss = cross_entropy(logits, target);

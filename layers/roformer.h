@@ -203,7 +203,14 @@ class RoFormerForMaskedLM : public Module {
   void set_rope_base(double base) { roformer_.set_rope_base(base); }
 
  private:
-  MlmOutput mlm_loss(const Tensor& hidden_rows, const Tensor& labels, const Shape& ids) const;
+  // The rows of `labels` (flat token order) to predict and their targets,
+  // already on the model's device.
+  struct MaskedRows {
+    Tensor rows, targets;  // [M] i64
+    int64_t count = 0;
+  };
+  MaskedRows masked_rows(const Tensor& labels, const Shape& ids, Device device) const;
+  MlmOutput mlm_loss(const Tensor& hidden_rows, const MaskedRows& masked) const;
   class Cls : public Module {
    public:
     explicit Cls(RoFormerLMHead& head) { register_module("predictions", head); }
