@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include "layers/roformer.h"
@@ -23,18 +22,12 @@ using testing::kGpu;
 using testing::max_rel_error;
 
 std::string golden(const char* name) {
-  const char* dir = std::getenv("ROFORMER_GOLDEN_DIR");
-  return std::string(dir && *dir ? dir : ROFORMER_FIXTURES_DIR) + "/" + name;
+  return testing::golden_path(name);
 }
 
 void check_origin(const GoldenFile& f, const char* model) {
-  const std::string reference = f.attribute("reference");
-  std::printf("golden reference: %s\n", reference.c_str());
-  EXPECT_NE(reference.find(model), std::string::npos) << reference;
-  const char* require = std::getenv("ROFORMER_GOLDEN_REQUIRE_HF");
-  if (require && std::string(require) == "1") {
-    EXPECT_EQ(reference.rfind("transformers ", 0), 0u) << "not made by transformers: " << reference;
-  }
+  std::printf("golden reference: %s\n", f.attribute("reference").c_str());
+  testing::expect_golden_origin(f, model);
 }
 
 StateDict golden_weights(const GoldenFile& f) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,28 @@ inline ModelConfig golden_config() {
   c.type_vocab_size = 2;
   c.layer_norm_eps = 1e-12;
   return c;
+}
+
+// The golden file `name`: the committed fixture, or ROFORMER_GOLDEN_DIR's
+// freshly generated one (scripts/gpu_check.sh makes a set with transformers
+// on the GPU machine before it is committed).
+inline std::string golden_path(const std::string& name) {
+  const char* dir = std::getenv("ROFORMER_GOLDEN_DIR");
+  return std::string(dir && *dir ? dir : ROFORMER_FIXTURES_DIR) + "/" + name;
+}
+
+// The reference must be transformers itself (its "reference" attribute names
+// it and the class `model`): always for the committed fixtures, and for a
+// fresh set when ROFORMER_GOLDEN_REQUIRE_HF=1. A fresh set without it may come
+// from the in-repo re-implementation (machines without transformers).
+inline void expect_golden_origin(const GoldenFile& f, const std::string& model) {
+  const std::string reference = f.attribute("reference");
+  EXPECT_NE(reference.find(model), std::string::npos) << reference;
+  const char* dir = std::getenv("ROFORMER_GOLDEN_DIR");
+  const char* require = std::getenv("ROFORMER_GOLDEN_REQUIRE_HF");
+  if (!(dir && *dir) || (require && std::string(require) == "1")) {
+    EXPECT_EQ(reference.rfind("transformers ", 0), 0u) << "not made by transformers: " << reference;
+  }
 }
 
 // max |a - b| / max |b|: relative error at the scale of the reference.

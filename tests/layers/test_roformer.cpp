@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <complex>
-#include <cstdlib>
 #include <numeric>
 
 #include "core/profile.h"
@@ -28,17 +27,13 @@ StateDict golden_weights(const GoldenFile& f) {
   return state;
 }
 
-// ROFORMER_GOLDEN_DIR: a freshly generated set instead of the committed one
-// (scripts/gpu_check.sh checks goldens made by transformers before they are
-// committed).
 std::string fixture(const char* name) {
-  const char* dir = std::getenv("ROFORMER_GOLDEN_DIR");
-  return std::string(dir && *dir ? dir : ROFORMER_FIXTURES_DIR) + "/" + name;
+  return testing::golden_path(name);
 }
 
 TEST(RoFormerGolden, MaskedLMMatchesReference) {
   const GoldenFile f(fixture("golden_roformer_mlm.h5"));
-  EXPECT_NE(f.attribute("reference").find("RoFormerForMaskedLM"), std::string::npos);
+  testing::expect_golden_origin(f, "RoFormerForMaskedLM");
   RoFormerForMaskedLM model(golden_config(), 1);
   model.load_state_dict(golden_weights(f));  // strict: the names are Hugging Face's
   const Tensor ids = f.read("input_ids", DType::i32), types = f.read("token_type_ids", DType::i32);
@@ -77,7 +72,7 @@ TEST(RoFormerGolden, MaskedLMMatchesReference) {
 
 TEST(RoFormerGolden, SequenceClassificationMatchesReference) {
   const GoldenFile f(fixture("golden_roformer_cls.h5"));
-  EXPECT_NE(f.attribute("reference").find("RoFormerForSequenceClassification"), std::string::npos);
+  testing::expect_golden_origin(f, "RoFormerForSequenceClassification");
   RoFormerForSequenceClassification model(golden_config(), 3, 1);
   model.load_state_dict(golden_weights(f));
   const Tensor ids = f.read("input_ids", DType::i32), types = f.read("token_type_ids", DType::i32);
