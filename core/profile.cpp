@@ -20,6 +20,7 @@ std::atomic<bool>& enabled_flag() {
 }
 
 std::mutex g_mutex;
+std::function<void()> g_sync;  // set_profile_sync
 std::map<std::string, ProfileEntry>& table() {
   static std::map<std::string, ProfileEntry> entries;
   return entries;
@@ -40,12 +41,25 @@ void set_profiling(bool on) {
   enabled_flag().store(on);
 }
 
+void set_profile_sync(std::function<void()> sync) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_sync = std::move(sync);
+}
+
 ProfileScope::ProfileScope(const char* name, bool backward) : name_(name), backward_(backward) {
-  if (profiling_enabled()) start_ns_ = now_ns();
+  if (!profiling_enabled()) return;
+  if (g_sync) g_sync();
+  start_ns_ = now_ns();
 }
 
 ProfileScope::~ProfileScope() {
   if (start_ns_ < 0) return;
+  if (g_sync) {
+    try {
+      g_sync();
+    } catch (...) {  // a destructor: the error shows at the next host read
+    }
+  }
   const int64_t elapsed = now_ns() - start_ns_;
   std::lock_guard<std::mutex> lock(g_mutex);
   ProfileEntry& e = table()[name_];

@@ -10,6 +10,11 @@
 #   scripts/gpu_bench.sh dry       here, without a GPU: the same steps on the CPU
 #                                  with a tiny model and short sequences, from
 #                                  the build directory, to test this script
+#   scripts/gpu_bench.sh profile   on the GPU machine: one bf16 step of ours at
+#                                  PROFILE_SEQ (512) x PROFILE_BATCH (128) with
+#                                  every op synchronised (mlm_step_bench
+#                                  --profile): device ms per op, in
+#                                  $OUT/profile.txt
 #
 # The one device call (.gpu/ is ignored, so it must be carried):
 #
@@ -85,7 +90,7 @@ print(",".join(str(s) for s in seqs if s not in done))
 PY
   )
   [[ -n $todo ]] || { echo "f32 already measured at every length (bf16 was refused)"; exit 77; }
-  ours_step f32 "$todo" --budget-s 18
+  ours_step f32 "$todo" --budget-s 25
 }
 
 hf_step() {  # hf_step SEQ [ARGS]
@@ -162,7 +167,7 @@ run_bench() {
   ((n <= 2)) && step attention 150 attention_step
   seq=${BENCH_SEQS%% *}
   step "hf_full_$seq" 60 hf_step "$seq" --setups eager --head full
-  step ours_f32 60 ours_f32_step "${BENCH_SEQS// /,}"
+  step ours_f32 100 ours_f32_step "${BENCH_SEQS// /,}"
   # The table is written whatever the budget left: it only reads the results.
   BUDGET=$((BUDGET + 45)) step summary 30 summary_step
   [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt"
@@ -171,9 +176,18 @@ run_bench() {
   exit "$failed"
 }
 
+# Where a bf16 step's device time goes, op by op.
+run_profile() {
+  : "${OUT:?gpu_bench profile: \$OUT (the device tool output folder) is not set}"
+  gpu_unpack "$pack_dir"
+  mlm_step_bench --device cuda --size base --precision bf16 --seq "${PROFILE_SEQ:-512}" \
+    --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
+}
+
 case $mode in
   build) build ;;
   run) run_bench ;;
+  profile) run_profile ;;
   dry) run_bench dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)

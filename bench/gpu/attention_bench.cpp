@@ -1,12 +1,14 @@
 // attention_bench: our attention kernels and cuDNN's at head dim 64 in bf16 on the GPU,
 // forward and backward TFLOP/s for S = 512, 1536, 4096, 16384 (B x S = 32768
-// tokens, 12 heads, no mask, no dropout), seven ways:
+// tokens, 12 heads, no mask, no dropout but in one row), these ways:
 //   ours-plain      attention_forward / attention_backward (no RoPE): the
 //                   kernel to set beside torch's SDPA, which has no RoPE
 //   ours-fused      rope_attention_forward / _backward: Q and K rotated while
 //                   their tiles load, gradients rotated back in the epilogue
 //   ours-*-r32      the same with the forward's 32 rows per warp (4 warps a
 //                   block) in place of 16 (8 warps): flash_attention.h
+//   ours-fused-dropout  ours-fused with attention dropout 0.1 (the keep bits
+//                   written forward, read backward), as RoFormer-base trains
 //   ours-separate   the rope kernel writes rotated copies of q and k, then
 //                   attention; backward: attention, then dq and dk rotated back
 //   cudnn-plain     cuDNN's fused attention (core/cuda/cudnn_sdpa.cpp), no RoPE
@@ -110,6 +112,20 @@ void bench(int64_t S, Device device) {
     print(("ours-fused" + suffix).c_str(), S, B, fused_fwd, fused_bwd);
   }
   kernels::cuda::set_flash_forward_rows_per_warp(16);
+
+  // With attention dropout, as the model trains (p = 0.1).
+  kernels::AttentionParams dropped = params;
+  dropped.dropout_p = 0.1;
+  dropped.dropout = {7, 0, 0, 0};
+  const Tensor keep = Tensor::empty({B, kHeads, S, (S + 31) / 32}, DType::i32, device);
+  const double dropout_fwd = time_ms(device, [&] {
+    launch::rope_attention_forward(device, dropped, table, true, q, k, v, none, out, lse, keep);
+  });
+  const double dropout_bwd = time_ms(device, [&] {
+    launch::rope_attention_backward(device, dropped, table, true, q, k, v, none, out, lse, keep,
+                                    grad_out, dq, dk, dv);
+  });
+  print("ours-fused-dropout", S, B, dropout_fwd, dropout_bwd);
 
   // RoPE as separate kernels with rotated copies (what the model did before),
   // the attention by `p`'s engine.

@@ -9,7 +9,7 @@
 //                  [--precision bf16,f32] [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
-//                  [--json FILE] [--f32-if-refused] [--budget-s T]
+//                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
 //   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
 //                  [--precision P] [--peak-tflops T]
 //
@@ -25,6 +25,10 @@
 // to 2) when the search and the steps would pass T seconds per length. Each
 // result is one JSON object per line in --json (the fields
 // hf_roformer_bench.py writes too) and one line of the table.
+//
+// --profile: after the timed steps, one more step with every op's scope
+// synchronised (core/profile.h), printed as a table of device milliseconds
+// per op, forward and backward: where the step's time goes.
 //
 // --flops-for runs nothing: it prints, one JSON object per line, the model
 // FLOPs of one step of those shapes (train/telemetry's mlm_training_flops, the
@@ -46,6 +50,7 @@
 #include "bench/layers/synthetic_mlm_batch.h"
 #include "core/error.h"
 #include "core/ops/dispatch.h"
+#include "core/profile.h"
 #include "core/stream.h"
 #include "layers/roformer.h"
 #include "optim/adamw.h"
@@ -77,6 +82,7 @@ struct Options {
   std::string json;
   std::string flops_for;        // SEQ:BATCH:MASKED,...: print the FLOPs of these steps, run nothing
   bool f32_if_refused = false;  // bf16 refused on this device: measure f32 instead
+  bool profile = false;         // one more step, timed per op (synchronised)
 };
 
 // The model sizes: RoFormer-base as issue 14 sets it, and a tiny one for CPU dry runs.
@@ -148,9 +154,16 @@ class Bench {
     // to queue forward and backward. Near the step time, the step is bound by
     // launches (or by a hidden wait); well under it, the GPU never starves.
     last_enqueue_s_ = std::chrono::duration<double>(Clock::now() - start).count();
-    const double gnorm = optim::global_grad_norm(params_);
-    adamw_->step(1e-4, optim::clip_scale(gnorm, 1.0));
-    adamw_->zero_grad();
+    double gnorm = 0;
+    {
+      RF_PROFILE("grad_norm");
+      gnorm = optim::global_grad_norm(params_);
+    }
+    {
+      RF_PROFILE("adamw");
+      adamw_->step(1e-4, optim::clip_scale(gnorm, 1.0));
+      adamw_->zero_grad();
+    }
     const double loss = out.loss.item();
     if (!device_.is_cpu()) synchronize(current_stream(device_));
     last_calls_ = kernels::kernel_calls.load() - calls;
@@ -234,6 +247,31 @@ nlohmann::json row_head(const Config& run, int64_t S) {
           {"head", "masked rows"}};
 }
 
+// One step with every op's scope synchronised: device milliseconds per op.
+void profile_step(Bench& bench, Device device, int64_t S, int64_t B) {
+  const auto sync = [device] {
+    if (!device.is_cpu()) synchronize(current_stream(device));
+  };
+  sync();
+  profile_reset();
+  set_profile_sync(sync);
+  set_profiling(true);
+  const auto start = Clock::now();
+  try {
+    bench.step(1000);
+  } catch (...) {
+    set_profiling(false);
+    set_profile_sync({});
+    throw;
+  }
+  const double ms = 1e3 * std::chrono::duration<double>(Clock::now() - start).count();
+  set_profiling(false);
+  set_profile_sync({});
+  std::printf("profile seq %lld batch %lld: one step of %.1f ms with every op synchronised\n%s",
+              (long long)S, (long long)B, ms, profile_report().c_str());
+  std::fflush(stdout);
+}
+
 nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, int64_t S,
                        const Options& opt) {
   const Device device = run.run.device;
@@ -293,6 +331,7 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
             {"enqueue_ms", 1e3 * median(enqueue)},
             {"steps", steps}});
   if (!std::isfinite(loss)) r["message"] = "non-finite loss";
+  if (opt.profile) profile_step(bench, device, S, B);
   bench.clear_batch();
   release_device_cache(device);
   return r;
@@ -357,6 +396,8 @@ Options parse(int argc, char** argv) {
       opt.json = value();
     } else if (a == "--f32-if-refused") {
       opt.f32_if_refused = true;
+    } else if (a == "--profile") {
+      opt.profile = true;
     } else if (a == "--flops-for") {
       opt.flops_for = value();
     } else {
@@ -364,7 +405,7 @@ Options parse(int argc, char** argv) {
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
           "[--precision bf16,f32] [--batch N | --start-batch N] [--max-tokens N] [--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
-          "[--f32-if-refused] [--budget-s T] "
+          "[--f32-if-refused] [--budget-s T] [--profile] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));
