@@ -44,7 +44,7 @@
 #   e2e_f32       the tiny config (configs/tiny.yaml on the fixture corpus,
 #                 two stages of E2E_STEPS/2 steps) on CPU and on GPU, f32: every
 #                 logged loss within 1e-4 relative; GPU reserved memory flat
-#                 after each stage's first steps
+#                 after each stage's first 10 steps
 #   cross_device  the GPU run's stage-1 checkpoint resumed on the CPU and the
 #                 CPU's on the GPU: stage-2 losses as the uninterrupted runs';
 #                 predict --device cuda vs cpu on the GPU run's checkpoint
@@ -170,6 +170,10 @@ def losses(path):
     rows = [json.loads(l) for l in open(path) if l.strip()]
     return {r["global_step"]: float(r["last_step_loss"]) for r in rows if r.get("type") == "train" and r["global_step"] > first}
 a, b = losses(a_path), losses(b_path)
+def ratios(path):  # update/weight ratios of the logged steps (null: not measured)
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    return [r.get("update_ratio") for r in rows if r.get("type") == "train" and r["global_step"] > first]
+unmeasured = [p for p in (a_path, b_path) if any(r is None or r != r for r in ratios(p))]
 steps = sorted(set(a) & set(b))
 assert steps and len(steps) == len(a) == len(b), f"{what}: {len(a)} and {len(b)} steps logged, {len(steps)} shared"
 rel = [(abs(b[s] - a[s]) / abs(a[s]), s) for s in steps]
@@ -177,14 +181,16 @@ worst, at = max(rel)
 first_rel = rel[0][0]
 line = (f"{what}: {len(steps)} steps, first loss {a[steps[0]]:.6f} / {b[steps[0]]:.6f} (rel {first_rel:.1e}), "
         f"last {a[steps[-1]]:.6f} / {b[steps[-1]]:.6f}, max rel diff {worst:.2e} at step {at} (limit {limit:g})")
+if unmeasured:
+    line += f"; update/weight ratio missing in {', '.join(unmeasured)}"
 print(line)
 with open(sys.argv[1].rsplit("/", 2)[0] + "/notes.txt", "a") as f:
     f.write(line + "\n")
-sys.exit(0 if worst <= limit else 1)
+sys.exit(0 if worst <= limit and not unmeasured else 1)
 PY
 }
 
-# Reserved device memory must not grow after the first steps of each stage.
+# Reserved device memory must not grow after the first 10 steps of each stage.
 reserved_flat() {
   $PYTHON - "$WORK/$1/metrics.jsonl" "$((E2E_STEPS / 2))" <<'PY'
 import json, sys
@@ -197,9 +203,10 @@ bad = []
 for stage in range(2):
     lo, hi = stage * half, (stage + 1) * half
     seq = [r["reserved_mb"] for r in mem if lo < r["global_step"] <= hi]
-    warm = seq[min(5, len(seq) - 1):]
+    # The first steps fill the loader's prefetch queue (batches uploaded ahead).
+    warm = seq[min(10, len(seq) - 1):]
     grow = max(warm) - warm[0] if warm else 0
-    line = f"stage {stage + 1}: reserved {seq[0]:.1f} MB at its first step, {warm[0]:.1f} MB after 5, peak {max(seq):.1f} MB, growth after step 5: {grow:.1f} MB"
+    line = f"stage {stage + 1}: reserved {seq[0]:.1f} MB at its first step, {warm[0]:.1f} MB after 10, peak {max(seq):.1f} MB, growth after step 10: {grow:.1f} MB"
     print(line)
     open(sys.argv[1].rsplit("/", 2)[0] + "/notes.txt", "a").write(line + "\n")
     if grow > 0: bad.append(stage + 1)
@@ -365,21 +372,24 @@ memcheck_step() {
   # it), then the flash kernels, the other CUDA suites ("*Suite.*" takes in
   # the parameterised instances, Shapes/CudaGemm.*), and racecheck on the
   # flash kernels' shared memory over one token-stream case with dropout.
+  # The allocator's test asks for more memory than the card has, on purpose:
+  # that cudaMalloc error is the test's, so API errors are not reported there.
   local s=${MEMCHECK_SUITE_SECONDS:-90}
   for entry in \
     "memcheck op_table_tests *DevicesAgainstCpu* $((2 * s))" \
     "memcheck cuda_tests Cases/FlashAttention.*:FlashAttentionEdges.* $s" \
     "memcheck cuda_tests *CudaOps.*:*CudaGemm.*:*CudaOptimizer.* $s" \
-    "memcheck cuda_tests *CudaPhilox.*:*CudaUpload.*:*CudaAllocator.*:*CudaBf16.* $s" \
+    "memcheck cuda_tests *CudaPhilox.*:*CudaUpload.*:*CudaBf16.* $s" \
+    "memcheck cuda_tests *CudaAllocator.* $s --report-api-errors no" \
     "racecheck cuda_tests Cases/FlashAttention.MatchesTheCpuForwardAndBackward/packed_dropout_interleaved $s"; do
-    local tool binary filter limit
-    read -r tool binary filter limit <<< "$entry"
+    local tool binary filter limit extra
+    read -r tool binary filter limit extra <<< "$entry"
     local log="$WORK/$tool-$binary-${filter//[^A-Za-z0-9_]/_}.log" t0=$SECONDS rc=0
     local leaks=()
     # Leaks are not errors here: the caching allocator and cuBLASLt's
     # workspace are kept until the process exits, by design.
     [[ $tool == memcheck ]] && leaks=(--leak-check no)
-    timeout --kill-after=5 "$limit" compute-sanitizer --tool "$tool" "${leaks[@]}" \
+    timeout --kill-after=5 "$limit" compute-sanitizer --tool "$tool" "${leaks[@]}" $extra \
       --error-exitcode 1 "$binary" --gtest_filter="$filter" > "$log" 2>&1 || rc=$?
     local result=clean
     ((rc == 124 || rc == 137)) && result="stopped at the time limit"

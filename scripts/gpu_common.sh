@@ -120,9 +120,11 @@ pack_logs() { tar czf "$OUT/logs.tar.gz" -C "$WORK" --exclude='*.h5' --exclude='
 # Seconds left of the budget (a margin kept for packing the logs).
 budget_left() { echo $((BUDGET - (SECONDS - start_time) - 15)); }
 
+# GPU_STEPS="a b": run only the steps named (a second look at a few, in less device time).
 step() {  # step NAME SECONDS FUNCTION [ARGS]: runs under a time limit, logs, records the result
   local name=$1 limit=$2
   shift 2
+  [[ -n ${GPU_STEPS:-} && " $GPU_STEPS " != *" $name "* ]] && return
   local left
   left=$(budget_left)
   if ((left < 20)); then
