@@ -10,14 +10,17 @@
 #include "core/ops.h"
 #include "layers/roformer.h"
 #include "tests/layers/golden_h5.h"
+#include "tests/test_support.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
+#include "train/convert_check.h"
 #include "train/hf_convert.h"
 #include "train/safetensors.h"
 
 namespace roformer {
 namespace {
 
+using testing::error_of;
 using testing::golden_config;
 
 namespace fs = std::filesystem;
@@ -118,6 +121,53 @@ TEST(HfConvert, OursToHfToOursIsBitExact) {
     ASSERT_NE(it, back.parameters.end()) << p.name;
     EXPECT_TRUE(bit_equal(it->tensor, p.tensor)) << p.name;
   }
+}
+
+// `convert --device`'s check: the written model read back reproduces its
+// source; a changed tensor or a config written wrong is an error naming the
+// difference, and a fine-tuned export (no MLM head) is checked on the encoder.
+TEST(HfConvert, TheWrittenModelIsCheckedAgainstItsSource) {
+  TempDir tmp;
+  write_vocab(tmp.path / "vocab.txt", 50);
+  const RoFormerForMaskedLM model(small_config(), 7);
+  write_checkpoint(tmp.path / "a.h5", small_config(), tmp.path / "vocab.txt", model);
+  convert_to_hf(tmp.path / "a.h5", tmp.path / "hf");
+  const ConvertedModel source = model_of_checkpoint(tmp.path / "a.h5");
+  ConvertedModel written = model_of_hf_folder(tmp.path / "hf", true);
+  const ConversionCheck ok = check_conversion(source, written, Device::cpu());
+  EXPECT_EQ(ok.hidden_rel_diff, 0.0);  // bit-exact weights, same device
+  EXPECT_EQ(ok.logits_rel_diff, 0.0);
+
+  // One weight written wrong: the hidden states move.
+  ConvertedModel changed = written;
+  int found = 0;
+  for (NamedTensor& p : changed.parameters)
+    if (p.name == "roformer.encoder.layer.0.output.dense.weight")
+      p.tensor = mul(p.tensor, -1.0), ++found;  // a sign lost on the way
+  ASSERT_EQ(found, 1);
+  const std::string tensor_error =
+      error_of([&] { check_conversion(source, changed, Device::cpu()); });
+  EXPECT_NE(tensor_error.find("does not reproduce its source: hidden states differ by"),
+            std::string::npos)
+      << tensor_error;
+  // The config written wrong (RoPE base): the same weights give other outputs.
+  ConvertedModel rebased = written;
+  rebased.config.rope_base = 500.0;
+  EXPECT_NE(error_of([&] {
+              check_conversion(source, rebased, Device::cpu());
+            }).find("does not reproduce its source"),
+            std::string::npos);
+  // The MLM head alone changed: caught through the logits.
+  ConvertedModel head = written;
+  for (NamedTensor& p : head.parameters)
+    if (p.name == "cls.predictions.bias") p.tensor = add(p.tensor, 1.0);
+  EXPECT_NE(error_of([&] { check_conversion(source, head, Device::cpu()); }).find("MLM logits by"),
+            std::string::npos);
+  // Without the head on one side, only the encoder is compared.
+  const ConversionCheck encoder =
+      check_conversion(source, model_of_hf_folder(tmp.path / "hf", false), Device::cpu());
+  EXPECT_EQ(encoder.logits_rel_diff, -1.0);
+  EXPECT_EQ(encoder.hidden_rel_diff, 0.0);
 }
 
 // A Chinese (jieba) model names transformers' RoFormerTokenizer, and a folder
