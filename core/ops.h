@@ -66,6 +66,9 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
 Tensor softmax(const Tensor& x);      // over the last dim
 Tensor log_softmax(const Tensor& x);  // over the last dim
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// layer_norm(x + residual) (same shape and dtype), the add fused into the kernel.
+Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                      const Tensor& bias, double eps);
 
 // --- training-specific (core/ops/*.cpp) -----------------------------------------
 // Zeroes each element with probability p and scales the rest by 1/(1-p).

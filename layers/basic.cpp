@@ -67,6 +67,11 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   return layer_norm(x, weight_, bias_, eps_);
 }
 
+Tensor LayerNorm::forward(const Tensor& x, const Tensor& residual) const {
+  RF_PROFILE("add_layer_norm");
+  return add_layer_norm(x, residual, weight_, bias_, eps_);
+}
+
 void LayerNorm::init_own(Generator&) {
   weight_.fill_(1.0);
   bias_.zero_();

@@ -46,6 +46,8 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-12);
   Tensor forward(const Tensor& x) const;
+  // forward(x + residual), the add fused into the normalisation.
+  Tensor forward(const Tensor& x, const Tensor& residual) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

@@ -132,12 +132,7 @@ Tensor RoFormerResidualOutput::finish(const Tensor& dense_out, const Tensor& res
                                       bool training, DropoutContext& ctx,
                                       const Tensor& dropout_tokens) const {
   const Tensor y = dropout_.forward(dense_out, training, ctx, dropout_tokens);
-  Tensor sum_xy;
-  {
-    RF_PROFILE("add");
-    sum_xy = add(y, residual);
-  }
-  return layer_norm_.forward(sum_xy);
+  return layer_norm_.forward(y, residual);
 }
 
 RoFormerLayer::RoFormerLayer(const ModelConfig& config)

@@ -111,8 +111,10 @@ struct AttentionParams {
   /* --- softmax, layer norm, GELU (core/cpu/softmax.cpp, layer_norm.cpp, gelu.cpp) -------- */\
   X(softmax_forward, void(Stream, KT x, KT y, bool log))                                        \
   X(softmax_backward, void(Stream, KT y, KT dy, KT dx, bool log))                               \
-  X(layer_norm_forward,                                                                         \
-    void(Stream, KT x, KT weight, KT bias, double eps, KT y, KT mean, KT var))                  \
+  /* With `residual` (else undefined): normalises sum = x + residual (same shape), written  */  \
+  /* to `sum` for the backward; the residual add costs no pass of its own.                  */  \
+  X(layer_norm_forward, void(Stream, KT x, KT residual, KT weight, KT bias, double eps, KT y,   \
+                             KT sum, KT mean, KT var))                                          \
   X(layer_norm_backward, void(Stream, KT x, KT weight, KT mean, KT var, KT dy, double eps,      \
                               KT dx, KT dweight, KT dbias))                                     \
   X(gelu_forward, void(Stream, KT x, KT y))                                                     \

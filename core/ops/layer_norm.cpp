@@ -1,5 +1,8 @@
-// layer_norm over the last dim. Backward keeps the input, the weight and the
-// per-row mean and variance: no normalised copy of the activations.
+// layer_norm over the last dim, and add_layer_norm(x, residual) =
+// layer_norm(x + residual) with the add inside the kernel (a transformer's
+// residual connection: one pass fewer). Backward keeps the normalised input
+// (x, or the sum), the weight and the per-row mean and variance: no
+// normalised copy of the activations.
 #include <cmath>
 
 #include "core/ops.h"
@@ -17,30 +20,40 @@ void check_param(const Tensor& p, const char* name, const Tensor& x) {
 }
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  kernel_device("layer_norm", {&x, &weight, &bias});
+namespace {
+// layer_norm(x + residual) when `residual` is defined (the sum is made by the
+// kernel and kept for backward), else layer_norm(x).
+Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight,
+                 const Tensor& bias, double eps) {
+  kernel_device(op, {&x, &residual, &weight, &bias});
   if (!is_floating(x.dtype()))
-    throw Error(detail::concat("layer_norm: expected a floating input, got ", x.desc()));
+    throw Error(detail::concat(op, ": expected a floating input, got ", x.desc()));
   if (x.dim() < 1 || x.shape().back() == 0)
-    throw Error(detail::concat("layer_norm: expected a non-empty last dimension, got ", x.desc()));
+    throw Error(detail::concat(op, ": expected a non-empty last dimension, got ", x.desc()));
+  if (residual.defined() && (residual.shape() != x.shape() || residual.dtype() != x.dtype()))
+    throw Error(detail::concat(op, ": residual ", residual.desc(),
+                               " must have x's shape and dtype (", x.desc(), ")"));
   if (!(eps >= 0.0) || !std::isfinite(eps))
-    throw Error(detail::concat("layer_norm: eps must be finite and >= 0, got ", eps));
+    throw Error(detail::concat(op, ": eps must be finite and >= 0, got ", eps));
   check_param(weight, "weight", x);
   check_param(bias, "bias", x);
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
   const DType stat_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor xc = x.detach().contiguous();
+  const Tensor rc = residual.defined() ? residual.detach().contiguous() : Tensor();
   const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const Tensor sum = rc.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
   Tensor mean = Tensor::empty({rows}, stat_dtype, x.device());
   Tensor var = Tensor::empty({rows}, stat_dtype, x.device());
-  launch::layer_norm_forward(x.device(), xc, w, b, eps, y, mean, var);
-  if (!needs_grad({&x, &weight, &bias})) return y;
+  launch::layer_norm_forward(x.device(), xc, rc, w, b, eps, y, sum, mean, var);
+  if (!needs_grad({&x, &residual, &weight, &bias})) return y;
 
-  const SavedTensor saved_x(xc, "layer_norm"), saved_w(w, "layer_norm");
-  const bool has_bias = bias.defined();
-  return record("layer_norm", y, {&x, &weight, &bias}, [=](const Tensor& g) {
+  // Backward reads the rows that were normalised: the sum, or x.
+  const SavedTensor saved_x(rc.defined() ? sum : xc, op), saved_w(w, op);
+  const bool has_bias = bias.defined(), has_residual = rc.defined();
+  auto grads = [=](const Tensor& g) {
     const Tensor& xs = saved_x.get();
     const Tensor& ws = saved_w.get();
     const Tensor gc = g.to(xs.dtype()).contiguous();
@@ -48,8 +61,23 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     Tensor dw = ws.defined() ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     Tensor db = has_bias ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, dx, dw, db);
-    return std::vector<Tensor>{dx, dw, db};
-  });
+    // d(x + residual) reaches both inputs unchanged.
+    return has_residual ? std::vector<Tensor>{dx, dx, dw, db} : std::vector<Tensor>{dx, dw, db};
+  };
+  if (has_residual) return record(op, y, {&x, &residual, &weight, &bias}, grads);
+  return record(op, y, {&x, &weight, &bias}, grads);
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return normalise("layer_norm", x, Tensor(), weight, bias, eps);
+}
+
+Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                      const Tensor& bias, double eps) {
+  if (!residual.defined())
+    throw Error(detail::concat("add_layer_norm: residual is undefined (x ", x.desc(), ")"));
+  return normalise("add_layer_norm", x, residual, weight, bias, eps);
 }
 
 }  // namespace roformer

@@ -220,6 +220,17 @@ std::vector<OpCase> make_table() {
                .name = "layer_norm_no_affine",
                .inputs = {in({3, 8}, strided, -2.0, 2.0)},
                .build = [](const X& x) { return layer_norm(x[0], Tensor(), Tensor(), 1e-5); }});
+  t.push_back(
+      {.op = "add_layer_norm",
+       .name = "add_layer_norm",
+       .inputs = {in({2, 3, 8}, contiguous, -2.0, 2.0), in({2, 3, 8}, transposed, -1.0, 1.0),
+                  in({8}, contiguous, 0.5, 1.5), in({8})},
+       .build = [](const X& x) { return add_layer_norm(x[0], x[1], x[2], x[3], 1e-5); }});
+  t.push_back(
+      {.op = "add_layer_norm",
+       .name = "add_layer_norm_strided_no_affine",
+       .inputs = {in({4, 6}, strided, -2.0, 2.0), in({4, 6}, contiguous, -2.0, 2.0)},
+       .build = [](const X& x) { return add_layer_norm(x[0], x[1], Tensor(), Tensor(), 1e-5); }});
 
   // --- training-specific -------------------------------------------------------------------
   t.push_back({.op = "dropout",

@@ -263,6 +263,37 @@ TEST(LayerNorm, ErrorsNameOpShapesAndDtypes) {
   expect_error([&] { layer_norm(x, Tensor(), Tensor(), -1.0); }, {"layer_norm", "eps"});
 }
 
+// The fused residual gives the unfused pair's bits, forward and backward, and
+// names a residual that does not match.
+TEST(LayerNorm, AddLayerNormIsLayerNormOfTheSumBitForBit) {
+  for (DType t : {DType::f32, DType::f64}) {
+    const Tensor x = random({6, 40}, 61).to(t).set_requires_grad(true);
+    const Tensor r = random({6, 40}, 62).to(t).set_requires_grad(true);
+    const Tensor w = random({40}, 63).to(t).set_requires_grad(true);
+    const Tensor b = random({40}, 64).to(t).set_requires_grad(true);
+    const Tensor g = random({6, 40}, 65).to(t);
+    const Tensor fused = add_layer_norm(x, r, w, b, 1e-12);
+    sum(mul(fused, g)).backward();
+    const std::vector<double> fx = x.grad().to_vector<double>(), fr = r.grad().to_vector<double>(),
+                              fw = w.grad().to_vector<double>();
+    x.zero_grad(), r.zero_grad(), w.zero_grad(), b.zero_grad();
+    const Tensor plain = layer_norm(add(x, r), w, b, 1e-12);
+    sum(mul(plain, g)).backward();
+    EXPECT_EQ(fused.to_vector<double>(), plain.to_vector<double>());
+    EXPECT_EQ(fx, x.grad().to_vector<double>());
+    EXPECT_EQ(fr, r.grad().to_vector<double>());
+    EXPECT_EQ(fw, w.grad().to_vector<double>());
+  }
+  const Tensor x = Tensor::zeros({4, 8});
+  expect_error(
+      [&] {
+        add_layer_norm(x, Tensor::zeros({4, 7}), Tensor(), Tensor(), 1e-5);
+      },
+      {"add_layer_norm", "residual", "f32[4, 7]", "f32[4, 8]"});
+  expect_error([&] { add_layer_norm(x, Tensor(), Tensor(), Tensor(), 1e-5); },
+               {"add_layer_norm", "residual is undefined"});
+}
+
 TEST(LayerNorm, SavedInputModifiedInPlaceIsAnError) {
   Tensor x = random({2, 8}, 55).set_requires_grad(true);
   Tensor w = random({8}, 56).set_requires_grad(true);

@@ -118,11 +118,12 @@ TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
 
 // --- layer norm ---------------------------------------------------------------------------
 struct LayerNormOut {
-  Tensor y, mean, var, dx, dweight, dbias;
+  Tensor y, mean, var, dx, dweight, dbias, sum;
 };
 
 LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, const Tensor& b,
-                           const Tensor& dy, bool dweight, bool dbias) {
+                           const Tensor& dy, bool dweight, bool dbias,
+                           const Tensor& residual = Tensor()) {
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
   const DType stat = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   LayerNormOut o{poisoned(x.shape(), x.dtype()),
@@ -130,31 +131,37 @@ LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, cons
                  poisoned({rows}, stat),
                  poisoned(x.shape(), x.dtype()),
                  dweight ? poisoned({cols}, x.dtype()) : Tensor(),
-                 dbias ? poisoned({cols}, x.dtype()) : Tensor()};
+                 dbias ? poisoned({cols}, x.dtype()) : Tensor(),
+                 residual.defined() ? poisoned(x.shape(), x.dtype()) : Tensor()};
   EmulatedStream s;
   const kernels::Stream stream = emulated ? s.get() : cpu_stream();
   auto* forward = emulated ? &emu::layer_norm_forward : &cpu::layer_norm_forward;
   auto* backward = emulated ? &emu::layer_norm_backward : &cpu::layer_norm_backward;
   const double eps = 1e-5;
-  forward(stream, kernel_tensor(x), kernel_tensor(w), kernel_tensor(b), eps, kernel_tensor(o.y),
-          kernel_tensor(o.mean), kernel_tensor(o.var));
+  forward(stream, kernel_tensor(x), kernel_tensor(residual), kernel_tensor(w), kernel_tensor(b),
+          eps, kernel_tensor(o.y), kernel_tensor(o.sum), kernel_tensor(o.mean),
+          kernel_tensor(o.var));
   // Both backwards read the CPU's statistics, so they differ only by their own work.
-  backward(stream, kernel_tensor(x), kernel_tensor(w), kernel_tensor(o.mean), kernel_tensor(o.var),
-           kernel_tensor(dy), eps, kernel_tensor(o.dx), kernel_tensor(o.dweight),
-           kernel_tensor(o.dbias));
+  const Tensor& normalised = residual.defined() ? o.sum : x;
+  backward(stream, kernel_tensor(normalised), kernel_tensor(w), kernel_tensor(o.mean),
+           kernel_tensor(o.var), kernel_tensor(dy), eps, kernel_tensor(o.dx),
+           kernel_tensor(o.dweight), kernel_tensor(o.dbias));
   return o;
 }
 
-void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dweight, bool dbias) {
+void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dweight, bool dbias,
+                               bool residual = false) {
   SCOPED_TRACE(name_of(t, shape) + (affine ? " affine" : "") + (dweight ? " dweight" : "") +
-               (dbias ? " dbias" : ""));
+               (dbias ? " dbias" : "") + (residual ? " residual" : ""));
   const int64_t cols = shape.back();
   const Tensor x = random(shape, 11, t, 3.0, 1.0), dy = random(shape, 12, t);
   const Tensor w = affine ? random({cols}, 13, t) : Tensor();
   const Tensor b = affine ? random({cols}, 14, t) : Tensor();
-  const LayerNormOut ref = layer_norm_on(false, x, w, b, dy, dweight, dbias);
-  const LayerNormOut got = layer_norm_on(true, x, w, b, dy, dweight, dbias);
+  const Tensor r = residual ? random(shape, 15, t, 2.0) : Tensor();
+  const LayerNormOut ref = layer_norm_on(false, x, w, b, dy, dweight, dbias, r);
+  const LayerNormOut got = layer_norm_on(true, x, w, b, dy, dweight, dbias, r);
   const double tol = tolerance(t);
+  if (residual && x.numel() > 0) expect_equal(got.sum, ref.sum, "sum");  // one rounding each
   if (x.numel() > 0) {
     expect_close(got.y, ref.y, tol, "y");
     expect_close(got.mean, ref.mean, t == DType::f64 ? 1e-12 : 1e-5, "mean");
@@ -173,6 +180,9 @@ TEST(LayerNormEmulated, ForwardAndBackwardMatchTheCpu) {
     expect_layer_norm_matches({2, 33, 48}, t, true, true, false);
     expect_layer_norm_matches({64, 40}, t, false, false, true);
     expect_layer_norm_matches({5, 40}, t, true, false, false);
+    // The residual add fused in (the sum written for backward).
+    expect_layer_norm_matches({t == DType::f32 ? 130 : 70, 300}, t, true, true, true, true);
+    expect_layer_norm_matches({3, 48}, t, false, false, false, true);
   }
 }
 

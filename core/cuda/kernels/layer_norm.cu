@@ -13,16 +13,28 @@ namespace {
 constexpr int kRowThreads = 256;
 constexpr int64_t kRowChunk = 64;  // rows per partial column sum (at least)
 
+// With a residual, the first pass adds it and writes the sum, which the
+// later passes read back (each thread its own columns: no barrier needed).
 template <class T>
-__global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, T* y, acc_t<T>* mean,
-                                          acc_t<T>* var, int64_t cols, acc_t<T> eps) {
+__global__ void layer_norm_forward_kernel(const T* x, const T* residual, const T* w, const T* b,
+                                          T* y, T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t cols,
+                                          acc_t<T> eps) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
-  const T* xr = x + r * cols;
+  const T* xr = (residual ? sum : x) + r * cols;
   T* yr = y + r * cols;
   A s = 0;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += convert<A>(xr[c]);
+  if (residual) {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      // Rounded to T, as add() leaves it.
+      const T v = convert<T>(convert<A>(x[r * cols + c]) + convert<A>(residual[r * cols + c]));
+      sum[r * cols + c] = v;
+      s += convert<A>(v);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += convert<A>(xr[c]);
+  }
   const A m = block_sum(s, shared) / A(cols);
   A q = 0;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -113,19 +125,24 @@ const T* optional(const KernelTensor& t) {
 
 }  // namespace
 
-void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor& weight,
-                        const KernelTensor& bias, double eps, const KernelTensor& y,
-                        const KernelTensor& mean, const KernelTensor& var) {
+void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor& residual,
+                        const KernelTensor& weight, const KernelTensor& bias, double eps,
+                        const KernelTensor& y, const KernelTensor& sum, const KernelTensor& mean,
+                        const KernelTensor& var) {
   RF_CHECK(x.ndim >= 1 && x.is_contiguous() && y.is_contiguous(),
            "layer_norm_forward: expected contiguous x and y");
+  RF_CHECK(!residual.defined() || (residual.is_contiguous() && sum.defined() &&
+                                   sum.is_contiguous() && residual.numel() == x.numel()),
+           "layer_norm_forward: a residual needs contiguous residual and sum of x's size");
   if (x.numel() == 0) return;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     RF_LAUNCH((layer_norm_forward_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
-              x.as<const T>(), optional<T>(weight), optional<T>(bias), y.as<T>(), mean.as<A>(),
-              var.as<A>(), cols, A(eps));
+              x.as<const T>(), optional<T>(residual), optional<T>(weight), optional<T>(bias),
+              y.as<T>(), sum.defined() ? sum.as<T>() : nullptr, mean.as<A>(), var.as<A>(), cols,
+              A(eps));
   });
 }
 
