@@ -10,14 +10,10 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/hf_convert.h"
+#include "train/safetensors.h"
 
 namespace roformer {
 namespace {
-
-bool has_mlm_head(const StateDict& parameters) {
-  return std::any_of(parameters.begin(), parameters.end(),
-                     [](const NamedTensor& p) { return p.name.rfind("cls.predictions.", 0) == 0; });
-}
 
 // The encoder's tensors (and the head's when `head`): what the model loads.
 StateDict loadable(const StateDict& parameters, bool head) {
@@ -65,15 +61,28 @@ ProbeOutputs run_probe(const ConvertedModel& m, bool head, Device device) {
 
 }  // namespace
 
+bool has_mlm_head(const StateDict& parameters) {
+  return std::any_of(parameters.begin(), parameters.end(),
+                     [](const NamedTensor& p) { return p.name.rfind("cls.predictions.", 0) == 0; });
+}
+
 ConvertedModel model_of_checkpoint(const std::filesystem::path& checkpoint) {
   const std::filesystem::path path = resolve_checkpoint(checkpoint);
   CheckpointData data = load_checkpoint(path, false);
-  return {parse_config_string(data.config_yaml, path.string()).model, std::move(data.parameters)};
+  return {parse_config_string(data.config_yaml, path.string()).model, std::move(data.parameters),
+          path.string()};
 }
 
 ConvertedModel model_of_hf_folder(const std::filesystem::path& dir, bool mlm_head) {
   HfFolder folder = read_hf_folder(dir, mlm_head);
-  return {folder.config, std::move(folder.parameters)};
+  ConvertedModel m{folder.config, std::move(folder.parameters), dir.string()};
+  // read_hf_folder keeps the encoder (and the MLM head): a fine-tuned export's
+  // classifier comes from the file itself.
+  const SafetensorsFile file(dir / "model.safetensors");
+  for (const SafetensorsEntry& e : file.entries())
+    if (e.name.rfind("classifier.", 0) == 0)
+      m.parameters.push_back({e.name, file.read_f32(e.name)});
+  return m;
 }
 
 ConversionCheck check_conversion(const ConvertedModel& source, const ConvertedModel& written,
@@ -84,12 +93,27 @@ ConversionCheck check_conversion(const ConvertedModel& source, const ConvertedMo
   ConversionCheck check;
   check.hidden_rel_diff = rel_diff(got.hidden, want.hidden);
   if (head) check.logits_rel_diff = rel_diff(got.logits, want.logits);
+  const std::string sides =
+      detail::concat(" (", written.where, " written from ", source.where, ": do not use it)");
   if (!(check.hidden_rel_diff <= tolerance) || !(check.logits_rel_diff <= tolerance))
     throw Error(detail::concat(
         "convert: the written model on ", device.str(),
-        " does not reproduce its source: ", "hidden states differ by ", check.hidden_rel_diff,
+        " does not reproduce its source: hidden states differ by ", check.hidden_rel_diff,
         head ? detail::concat(", MLM logits by ", check.logits_rel_diff) : std::string(),
-        " (relative; limit ", tolerance, ")"));
+        " (relative; limit ", tolerance, ")", sides));
+  // A fine-tuned model's classifier: the same tensors, bit for bit.
+  for (const NamedTensor& p : source.parameters) {
+    if (p.name.rfind("classifier.", 0) != 0) continue;
+    const auto it = std::find_if(written.parameters.begin(), written.parameters.end(),
+                                 [&](const NamedTensor& w) { return w.name == p.name; });
+    if (it == written.parameters.end())
+      throw Error(detail::concat("convert: ", p.name, " is missing from the written model", sides));
+    if (it->tensor.shape() != p.tensor.shape() ||
+        it->tensor.to_vector<float>() != p.tensor.to_vector<float>())
+      throw Error(detail::concat("convert: ", p.name, " was written as ", it->tensor.desc(),
+                                 " and differs from its source ", p.tensor.desc(), sides));
+    ++check.classifier_tensors;
+  }
   return check;
 }
 

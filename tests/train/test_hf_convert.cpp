@@ -163,6 +163,24 @@ TEST(HfConvert, TheWrittenModelIsCheckedAgainstItsSource) {
     if (p.name == "cls.predictions.bias") p.tensor = add(p.tensor, 1.0);
   EXPECT_NE(error_of([&] { check_conversion(source, head, Device::cpu()); }).find("MLM logits by"),
             std::string::npos);
+  // A fine-tuned model's classifier is compared bit for bit, and every error
+  // names both sides.
+  ConvertedModel tuned = source, tuned_out = written;
+  Generator gen{71, 0};
+  const Tensor cls = Tensor::randn({3, 24}, gen);
+  tuned.parameters.push_back({"classifier.out_proj.weight", cls});
+  tuned_out.parameters.push_back({"classifier.out_proj.weight", cls.clone()});
+  EXPECT_EQ(check_conversion(tuned, tuned_out, Device::cpu()).classifier_tensors, 1);
+  tuned_out.parameters.back().tensor = mul(cls, -1.0);
+  const std::string cls_error =
+      error_of([&] { check_conversion(tuned, tuned_out, Device::cpu()); });
+  EXPECT_NE(cls_error.find("classifier.out_proj.weight was written as"), std::string::npos)
+      << cls_error;
+  EXPECT_NE(cls_error.find("written from " + source.where), std::string::npos) << cls_error;
+  EXPECT_NE(error_of([&] {
+              check_conversion(tuned, written, Device::cpu());
+            }).find("classifier.out_proj.weight is missing from the written model"),
+            std::string::npos);
   // Without the head on one side, only the encoder is compared.
   const ConversionCheck encoder =
       check_conversion(source, model_of_hf_folder(tmp.path / "hf", false), Device::cpu());

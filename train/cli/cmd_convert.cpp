@@ -5,7 +5,6 @@
 #include "core/error.h"
 #include "train/cli/command.h"
 #include "train/convert_check.h"
-#include "train/finetune.h"
 #include "train/hf_convert.h"
 #include "train/preflight.h"
 #include "train/run_device.h"
@@ -48,18 +47,22 @@ class ConvertCommand : public roformer::cli::Command {
       roformer::convert_to_hf(checkpoint_, to_hf_);
       spdlog::info("wrote {} (config.json, model.safetensors, vocab.txt) from {}", to_hf_,
                    checkpoint_);
-      const bool mlm_head = !roformer::is_finetuned_checkpoint(checkpoint_);
-      check = roformer::check_conversion(roformer::model_of_checkpoint(checkpoint_),
-                                         roformer::model_of_hf_folder(to_hf_, mlm_head), device);
+      const roformer::ConvertedModel source = roformer::model_of_checkpoint(checkpoint_);
+      check = roformer::check_conversion(
+          source, roformer::model_of_hf_folder(to_hf_, roformer::has_mlm_head(source.parameters)),
+          device);
     } else {
       throw roformer::InputError(
           "convert: give --from-hf DIR --out CKPT or --checkpoint CKPT --to-hf DIR");
     }
-    spdlog::info("checked on {}: the written model reproduces its source (hidden states {:.1e}{})",
-                 device.str(), check.hidden_rel_diff,
-                 check.logits_rel_diff >= 0
-                     ? fmt::format(", MLM logits {:.1e}", check.logits_rel_diff)
-                     : std::string());
+    spdlog::info(
+        "checked on {}: the written model reproduces its source (hidden states {:.1e}{}{})",
+        device.str(), check.hidden_rel_diff,
+        check.logits_rel_diff >= 0 ? fmt::format(", MLM logits {:.1e}", check.logits_rel_diff)
+                                   : std::string(),
+        check.classifier_tensors > 0
+            ? fmt::format(", {} classifier tensors bit for bit", check.classifier_tensors)
+            : std::string());
     return 0;
   }
 
