@@ -19,6 +19,16 @@ bool log_new_blocks() {
   }();
   return on;
 }
+// ROFORMER_CUDA_ALLOC_SEGMENTS=0: small requests get blocks of their own
+// (gpu_check's memcheck step: an overrun into a neighbouring piece of a
+// segment would go unseen).
+bool use_segments() {
+  static const bool on = [] {
+    const char* env = std::getenv("ROFORMER_CUDA_ALLOC_SEGMENTS");
+    return !(env && std::string(env) == "0");
+  }();
+  return on;
+}
 }  // namespace
 
 CachingAllocator::CachingAllocator(int device, std::function<cudaStream_t()> current_stream)
@@ -135,7 +145,7 @@ void* CachingAllocator::allocate_on(size_t nbytes, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.num_allocations;
   if (!pending_.empty()) collect_pending();
-  if (nbytes <= SegmentArena::kSmallLimit) {
+  if (nbytes <= SegmentArena::kSmallLimit && use_segments()) {
     const size_t size = SegmentArena::piece_size(nbytes);
     return hand_out(take_small(size, stream), Block{size, stream, {}, true});
   }

@@ -11,6 +11,11 @@
 //   allocated. Freed, it is reused at once by that stream (whose later work is
 //   ordered after the earlier use); a block also used on other streams
 //   (record_stream) waits for events on them first.
+//   Pools are keyed by the stream handle: a stream must not be destroyed while
+//   its blocks are cached (release_cached() first), or a new stream given the
+//   same handle would reuse them unordered.
+// - ROFORMER_CUDA_ALLOC_SEGMENTS=0: no small pool (every request a block of
+//   its own), so compute-sanitizer sees an overrun past a small block.
 // - Statistics: allocated, cached (reserved = both) and their peaks.
 // - release_cached() gives every cached block back (at stage boundaries).
 #pragma once

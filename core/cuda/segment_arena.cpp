@@ -39,8 +39,9 @@ uintptr_t SegmentArena::take(size_t bytes) {
 }
 
 void SegmentArena::add_segment(uintptr_t base) {
-  RF_CHECK(base != 0 && segments_.find(base) == segments_.end(), "SegmentArena: a segment at ",
-           base, " is already held");
+  RF_CHECK(base != 0, "SegmentArena: a segment needs a base address (got 0)");
+  RF_CHECK(segments_.find(base) == segments_.end(), "SegmentArena: a segment at ", base,
+           " is already held");
   segments_[base] = kSegmentBytes;
   add_free(base, kSegmentBytes);
 }
