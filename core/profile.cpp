@@ -46,17 +46,24 @@ void set_profile_sync(std::function<void()> sync) {
   g_sync = std::move(sync);
 }
 
+namespace {
+std::function<void()> current_sync() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_sync;
+}
+}  // namespace
+
 ProfileScope::ProfileScope(const char* name, bool backward) : name_(name), backward_(backward) {
   if (!profiling_enabled()) return;
-  if (g_sync) g_sync();
+  if (const auto sync = current_sync()) sync();
   start_ns_ = now_ns();
 }
 
 ProfileScope::~ProfileScope() {
   if (start_ns_ < 0) return;
-  if (g_sync) {
+  if (const auto sync = current_sync()) {
     try {
-      g_sync();
+      sync();
     } catch (...) {  // a destructor: the error shows at the next host read
     }
   }

@@ -15,9 +15,10 @@ bool profiling_enabled();
 void set_profiling(bool on);
 
 // While set, every scope calls `sync` (a device synchronisation) at its start
-// and end, so a scope's time is the device's time for its work, launches
-// serialised: how the GPU benchmark splits a step among ops. Nested scopes
-// count in each. An empty function turns it off.
+// and end, so a scope's time is the wall time of its work with the device
+// drained before and after (its device time plus the host's launch work,
+// launches serialised): how the GPU benchmark splits a step among ops.
+// Nested scopes count in each. An empty function turns it off.
 void set_profile_sync(std::function<void()> sync);
 
 // Adds the wall time of its lifetime to `name` (forward or backward column).

@@ -13,7 +13,7 @@
 #   scripts/gpu_bench.sh profile   on the GPU machine: one bf16 step of ours at
 #                                  PROFILE_SEQ (512) x PROFILE_BATCH (128) with
 #                                  every op synchronised (mlm_step_bench
-#                                  --profile): device ms per op, in
+#                                  --profile): synchronised ms per op, in
 #                                  $OUT/profile.txt
 #
 # The one device call (.gpu/ is ignored, so it must be carried):
@@ -151,7 +151,7 @@ run_bench() {
   export WORK=${GPU_BENCH_WORK:-/tmp/gpu_bench}
   export BUDGET=${GPU_BENCH_BUDGET:-510} ROOT SUMMARY=summary.txt
   export COMMIT DEVICE_NAME
-  COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
+  COMMIT=$(git describe --always --dirty 2>/dev/null || echo '?')
   DEVICE_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   DEVICE_NAME=${DEVICE_NAME:-$(hostname) CPU}
   rm -rf "$WORK" && mkdir -p "$WORK"

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/ops.h"
+#include "core/profile.h"
 #include "gradcheck.h"
 #include "tests/test_support.h"
 
@@ -249,6 +250,42 @@ TEST(Autograd, SameInputsGiveBitwiseSameOutputsAndGradients) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace roformer
+
+namespace roformer {
+namespace {
+
+// set_profile_sync: each profile scope calls the sync at its start and end
+// (how the GPU benchmark times ops), none while profiling is off, and a sync
+// that throws at a scope's end does not escape its destructor.
+TEST(Profile, ScopesCallTheSyncAtStartAndEnd) {
+  int calls = 0;
+  bool throw_at_end = false;
+  set_profile_sync([&] {
+    ++calls;
+    if (throw_at_end && calls % 2 == 0) throw Error("device error");
+  });
+  set_profiling(false);
+  { ProfileScope off("off"); }
+  EXPECT_EQ(calls, 0);
+  set_profiling(true);
+  {
+    ProfileScope outer("outer");
+    { ProfileScope inner("inner"); }
+    EXPECT_EQ(calls, 3);  // outer's start, inner's start and end
+  }
+  EXPECT_EQ(calls, 4);
+  throw_at_end = true;
+  EXPECT_NO_THROW({ ProfileScope failing("failing"); });
+  EXPECT_EQ(calls, 6);
+  set_profile_sync({});
+  { ProfileScope plain("plain"); }
+  EXPECT_EQ(calls, 6);
+  set_profiling(false);
+  profile_reset();
 }
 
 }  // namespace

@@ -275,7 +275,7 @@ TEST(LayerNorm, AddLayerNormIsLayerNormOfTheSumBitForBit) {
     const Tensor fused = add_layer_norm(x, r, w, b, 1e-12);
     sum(mul(fused, g)).backward();
     const std::vector<double> fx = x.grad().to_vector<double>(), fr = r.grad().to_vector<double>(),
-                              fw = w.grad().to_vector<double>();
+                              fw = w.grad().to_vector<double>(), fb = b.grad().to_vector<double>();
     x.zero_grad(), r.zero_grad(), w.zero_grad(), b.zero_grad();
     const Tensor plain = layer_norm(add(x, r), w, b, 1e-12);
     sum(mul(plain, g)).backward();
@@ -283,6 +283,7 @@ TEST(LayerNorm, AddLayerNormIsLayerNormOfTheSumBitForBit) {
     EXPECT_EQ(fx, x.grad().to_vector<double>());
     EXPECT_EQ(fr, r.grad().to_vector<double>());
     EXPECT_EQ(fw, w.grad().to_vector<double>());
+    EXPECT_EQ(fb, b.grad().to_vector<double>());
   }
   const Tensor x = Tensor::zeros({4, 8});
   expect_error(

@@ -133,7 +133,8 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
            "layer_norm_forward: expected contiguous x and y");
   RF_CHECK(!residual.defined() || (residual.is_contiguous() && sum.defined() &&
                                    sum.is_contiguous() && residual.numel() == x.numel()),
-           "layer_norm_forward: a residual needs contiguous residual and sum of x's size");
+           "layer_norm_forward: a residual needs contiguous residual and sum of x's size (x ",
+           x.numel(), " elements, residual ", residual.numel(), ")");
   if (x.numel() == 0) return;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {

@@ -152,7 +152,9 @@ void max(Stream stream, const KernelTensor& x, int32_t dim, const KernelTensor& 
   RF_CHECK(x.sizes[dim] > 0, "max: empty dimension ", dim);
   on_any_dtype(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (x.sizes[dim] >= 32) {
+    // A warp per output only where its lanes read neighbours (unit stride):
+    // along a strided dim the one-thread scan's neighbours read neighbours.
+    if (x.sizes[dim] >= 32 && x.strides[dim] == 1) {
       RF_LAUNCH((max_warp_kernel<T>), grid_for(g.n_kept * 32), kThreads, 0, native(stream),
                 x.as<const T>(), values.as<T>(), indices.as<int64_t>(), g, x.sizes[dim],
                 x.strides[dim]);
