@@ -111,6 +111,7 @@ TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
   w[3] = 4.0, w[35] = 4.0, w[68] = 4.0;                 // lanes 3 and 3 again, and 4
   w[97 + 40] = 9.0, w[97 + 70] = NAN, w[97 + 6] = NAN;  // the first NaN (6)
   w[2 * 97 + 96] = 3.0;                                 // the last element
+  w[3 * 97 + 45] = NAN, w[3 * 97 + 10] = NAN;           // NaNs in two lanes: the first (10)
   expect_max_matches(Tensor::from_vector(w, {4, 97}), 1, "long rows: ties and NaN");
   expect_max_matches(Tensor::from_vector(w, {97, 4}), 0, "long columns: ties and NaN");
   for (DType t : kFloats) expect_max_matches(random({3, 1000, 2}, 10, t), 1, "long, strided");
