@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -249,24 +250,29 @@ nlohmann::json row_head(const Config& run, int64_t S) {
 
 // One step with every op's scope synchronised: device milliseconds per op.
 void profile_step(Bench& bench, Device device, int64_t S, int64_t B) {
+  // Profiling with the sync on for its lifetime, whatever the step throws.
+  struct Profiling {
+    explicit Profiling(std::function<void()> sync) {
+      set_profile_sync(std::move(sync));
+      set_profiling(true);
+    }
+    ~Profiling() {
+      set_profiling(false);
+      set_profile_sync({});
+    }
+  };
   const auto sync = [device] {
     if (!device.is_cpu()) synchronize(current_stream(device));
   };
   sync();
   profile_reset();
-  set_profile_sync(sync);
-  set_profiling(true);
-  const auto start = Clock::now();
-  try {
+  double ms = 0;
+  {
+    const Profiling on(sync);
+    const auto start = Clock::now();
     bench.step(1000);
-  } catch (...) {
-    set_profiling(false);
-    set_profile_sync({});
-    throw;
+    ms = 1e3 * std::chrono::duration<double>(Clock::now() - start).count();
   }
-  const double ms = 1e3 * std::chrono::duration<double>(Clock::now() - start).count();
-  set_profiling(false);
-  set_profile_sync({});
   std::printf("profile seq %lld batch %lld: one step of %.1f ms with every op synchronised\n%s",
               (long long)S, (long long)B, ms, profile_report().c_str());
   std::fflush(stdout);

@@ -140,29 +140,14 @@ void backward_loop(const View& x, const View& weight, const View& mean, const Vi
   });
 }
 
-// sum = x + residual (contiguous, same shape), rounded to the input dtype as
-// add() leaves it, so the fused op gives the unfused one's bits.
-void add_residual(const View& x, const View& residual, const View& sum) {
-  dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
-    using T = decltype(tag);
-    const T* px = static_cast<const T*>(x.data());
-    const T* pr = static_cast<const T*>(residual.data());
-    T* ps = static_cast<T*>(sum.data());
-    const int64_t cols = x.shape().back(), rows = x.numel() / cols;
-    parallel_rows(rows, cols, [&](int64_t r) {
-      for (int64_t c = r * cols; c < (r + 1) * cols; ++c)
-        ps[c] = T(acc_t<T>(px[c]) + acc_t<T>(pr[c]));
-    });
-  });
-}
-
 }  // namespace
 
-void layer_norm_forward(Stream, KT x_kt, KT residual_kt, KT weight_kt, KT bias_kt, double eps,
-                        KT y_kt, KT sum_kt, KT mean_kt, KT var_kt) {
+void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT bias_kt,
+                        double eps, KT y_kt, KT sum_kt, KT mean_kt, KT var_kt) {
   const View weight(weight_kt), bias(bias_kt), y(y_kt), mean(mean_kt), var(var_kt);
   if (View(x_kt).numel() == 0) return;
-  if (residual_kt.defined()) add_residual(View(x_kt), View(residual_kt), View(sum_kt));
+  // The sum by add()'s own kernel: the fused op gives the unfused pair's bits.
+  if (residual_kt.defined()) binary(stream, BinaryOp::add, x_kt, residual_kt, sum_kt);
   // With a residual the rows normalised are the sum's.
   const View x(residual_kt.defined() ? sum_kt : x_kt);
   if (x.dtype() == DType::f32) {

@@ -11,22 +11,22 @@
 namespace roformer::cuda {
 
 namespace {
+// An environment switch: unset or empty gives `fallback`, "0" off, else on.
+bool env_flag(const char* name, bool fallback) {
+  const char* env = std::getenv(name);
+  if (!env || !*env) return fallback;
+  return std::string(env) != "0";
+}
 // ROFORMER_CUDA_ALLOC_LOG=1: every new block on stderr (why reserved memory grew).
 bool log_new_blocks() {
-  static const bool on = [] {
-    const char* env = std::getenv("ROFORMER_CUDA_ALLOC_LOG");
-    return env && *env && std::string(env) != "0";
-  }();
+  static const bool on = env_flag("ROFORMER_CUDA_ALLOC_LOG", false);
   return on;
 }
 // ROFORMER_CUDA_ALLOC_SEGMENTS=0: small requests get blocks of their own
 // (gpu_check's memcheck step: an overrun into a neighbouring piece of a
 // segment would go unseen).
 bool use_segments() {
-  static const bool on = [] {
-    const char* env = std::getenv("ROFORMER_CUDA_ALLOC_SEGMENTS");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool on = env_flag("ROFORMER_CUDA_ALLOC_SEGMENTS", true);
   return on;
 }
 }  // namespace

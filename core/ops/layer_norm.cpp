@@ -18,9 +18,7 @@ void check_param(const Tensor& p, const char* name, const Tensor& x) {
                                x.desc(), " (expected ", dtype_name(x.dtype()), "[",
                                x.shape().back(), "])"));
 }
-}  // namespace
 
-namespace {
 // layer_norm(x + residual) when `residual` is defined (the sum is made by the
 // kernel and kept for backward), else layer_norm(x).
 Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight,
