@@ -5,6 +5,7 @@
 
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
+#include "core/kernels/layer_norm_dtypes.h"
 
 namespace roformer::kernels::cpu {
 
@@ -145,9 +146,18 @@ void backward_loop(const View& x, const View& weight, const View& mean, const Vi
 void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT bias_kt,
                         double eps, KT y_kt, KT sum_kt, KT mean_kt, KT var_kt) {
   const View weight(weight_kt), bias(bias_kt), y(y_kt), mean(mean_kt), var(var_kt);
+  check_layer_norm_forward_dtypes(x_kt, residual_kt, weight_kt, bias_kt, y_kt, sum_kt, mean_kt,
+                                  var_kt);
   if (View(x_kt).numel() == 0) return;
   // The sum by add()'s own kernel: the fused op gives the unfused pair's bits.
-  if (residual_kt.defined()) binary(stream, BinaryOp::add, x_kt, residual_kt, sum_kt);
+  // bf16 x with an f32 residual is first cast into the sum (exact), then the
+  // residual added in place (binary reads each element before writing it).
+  if (layer_norm_mixed_residual(x_kt, residual_kt)) {
+    copy(stream, x_kt, sum_kt);
+    binary(stream, BinaryOp::add, sum_kt, residual_kt, sum_kt);
+  } else if (residual_kt.defined()) {
+    binary(stream, BinaryOp::add, x_kt, residual_kt, sum_kt);
+  }
   // With a residual the rows normalised are the sum's.
   const View x(residual_kt.defined() ? sum_kt : x_kt);
   if (x.dtype() == DType::f32) {

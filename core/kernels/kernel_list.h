@@ -112,7 +112,10 @@ struct AttentionParams {
   X(softmax_forward, void(Stream, KT x, KT y, bool log))                                        \
   X(softmax_backward, void(Stream, KT y, KT dy, KT dx, bool log))                               \
   /* With `residual` (else undefined): normalises sum = x + residual (same shape), written  */  \
-  /* to `sum` for the backward; the residual add costs no pass of its own.                  */  \
+  /* to `sum` for the backward; the residual add costs no pass of its own. Dtypes: all one  */  \
+  /* (mean, var f32, or f64 for f64), or with a residual bf16 x and f32 for all the rest    */  \
+  /* (sum = float(x) + residual in f32: bf16 activations on an f32 residual stream). Other  */  \
+  /* mixes throw naming the dtypes (core/kernels/layer_norm_dtypes.h).                      */  \
   X(layer_norm_forward, void(Stream, KT x, KT residual, KT weight, KT bias, double eps, KT y,   \
                              KT sum, KT mean, KT var))                                          \
   X(layer_norm_backward, void(Stream, KT x, KT weight, KT mean, KT var, KT dy, double eps,      \

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -136,6 +137,75 @@ TEST(Copy, OverlappingStridedViewsCopyAsIfThroughATemporary) {
   Tensor(flat.narrow(0, 2, 18)).copy_(flat.narrow(0, 0, 18));
   const auto f = flat.to_vector<double>();
   for (int64_t i = 2; i < 20; ++i) EXPECT_EQ(f[size_t(i)], double(i - 2));
+}
+
+// Bit patterns, so that -0 and 0 (or two NaNs) are told apart.
+std::vector<uint32_t> f32_bits(const Tensor& t) {
+  std::vector<uint32_t> bits(size_t(t.numel()));
+  std::memcpy(bits.data(), t.data_as<float>(), bits.size() * sizeof(float));
+  return bits;
+}
+
+struct LayerNormForward {
+  Tensor y, sum, mean, var;
+};
+
+LayerNormForward layer_norm_forward_cpu(const Tensor& x, const Tensor& residual, const Tensor& w,
+                                        const Tensor& b) {
+  const int64_t rows = x.numel() / x.shape().back();
+  LayerNormForward o{Tensor::full(x.shape(), NAN), Tensor::full(x.shape(), NAN),
+                     Tensor::full({rows}, NAN), Tensor::full({rows}, NAN)};
+  launch::layer_norm_forward(Device::cpu(), x, residual, w, b, 1e-5, o.y, o.sum, o.mean, o.var);
+  return o;
+}
+
+// bf16 activations on an f32 residual stream: the kernel gives what casting
+// x to f32 first gives, bit for bit (the cast is exact, the sum is f32's).
+TEST(LayerNormKernel, Bf16InputWithAnF32ResidualIsTheF32KernelOnTheCastInput) {
+  uint64_t seed = 1;
+  for (const Shape& shape : {Shape{1, 8}, Shape{5, 13}, Shape{3, 4, 37}, Shape{70, 300}})
+    for (const bool affine : {true, false}) {
+      SCOPED_TRACE(Tensor::empty(shape).desc() + (affine ? " affine" : ""));
+      Generator gen{seed++, 0};
+      const int64_t cols = shape.back();
+      const Tensor x = Tensor::randn(shape, gen).to(DType::bf16);
+      const Tensor residual = mul(Tensor::randn(shape, gen), 3.0);
+      const Tensor w = affine ? Tensor::randn({cols}, gen) : Tensor();
+      const Tensor b = affine ? Tensor::randn({cols}, gen) : Tensor();
+      const LayerNormForward got = layer_norm_forward_cpu(x, residual, w, b);
+      const LayerNormForward want = layer_norm_forward_cpu(x.to(DType::f32), residual, w, b);
+      EXPECT_EQ(f32_bits(got.sum), f32_bits(want.sum));
+      EXPECT_EQ(f32_bits(got.y), f32_bits(want.y));
+      EXPECT_EQ(f32_bits(got.mean), f32_bits(want.mean));
+      EXPECT_EQ(f32_bits(got.var), f32_bits(want.var));
+    }
+}
+
+TEST(LayerNormKernel, OtherDtypeMixesAreRejectedNamingTheDtypes) {
+  const Tensor f32 = Tensor::ones({2, 8}), bf16 = f32.to(DType::bf16), f64 = f32.to(DType::f64);
+  const Tensor w32 = Tensor::ones({8}), w16 = w32.to(DType::bf16), stat = Tensor::empty({2});
+  struct Case {
+    const char* what;
+    Tensor x, residual, w, y, sum;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"f32 x, bf16 residual", f32, bf16, w32, f32, f32, "x f32, residual bf16"},
+      {"bf16 x, f64 residual", bf16, f64, Tensor(), f64, f64, "x bf16, residual f64"},
+      {"bf16 x, f32 residual, bf16 weight", bf16, f32, w16, f32, f32, "weight bf16"},
+      {"bf16 x, f32 residual, bf16 y", bf16, f32, w32, bf16, f32, "y bf16"},
+      {"bf16 x, f32 residual, bf16 sum", bf16, f32, w32, f32, bf16, "sum bf16"},
+      {"bf16 x, no residual, f32 y", bf16, Tensor(), w32, f32, Tensor(), "x bf16, residual none"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string msg = error_of([&] {
+      launch::layer_norm_forward(Device::cpu(), c.x, c.residual, c.w, Tensor(), 1e-5, c.y, c.sum,
+                                 stat, stat);
+    });
+    EXPECT_MENTIONS(msg, "layer_norm_forward: unsupported dtypes");
+    EXPECT_MENTIONS(msg, c.expected);
+  }
 }
 
 TEST(Views, OnlyASingleMinusOneIsInferred) {

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 #include "core/precision.h"
 #include "tests/cuda/gpu_test.h"
 #include "tests/test_support.h"
@@ -218,6 +219,30 @@ TEST(CudaOps, Bf16MatchesTheCpuAtItsPrecision) {
          {randn({4, 64}, 43, DType::bf16)},
          [](auto& x) { return gelu(layer_norm(x[0], Tensor(), Tensor(), 1e-5)); },
          1e-2});
+}
+
+// The kernel itself (the op table's add_layer_norm takes one dtype): bf16
+// activations on an f32 residual stream, the sum formed in f32.
+TEST(CudaOps, LayerNormKernelTakesABf16InputOnAnF32Residual) {
+  RF_REQUIRE_GPU();
+  const int64_t rows = 70, cols = 300;
+  const Tensor x = randn({rows, cols}, 52, DType::bf16), residual = randn({rows, cols}, 53);
+  const Tensor w = randn({cols}, 54), b = randn({cols}, 55);
+  auto run = [&](Device d) {  // y, sum, mean, var
+    std::vector<Tensor> o{
+        Tensor::empty({rows, cols}, DType::f32, d), Tensor::empty({rows, cols}, DType::f32, d),
+        Tensor::empty({rows}, DType::f32, d), Tensor::empty({rows}, DType::f32, d)};
+    launch::layer_norm_forward(d, x.to(d), residual.to(d), w.to(d), b.to(d), 1e-5, o[0], o[1], o[2],
+                               o[3]);
+    return o;
+  };
+  const std::vector<Tensor> cpu = run(Device::cpu());
+  PoisonGpu poison;
+  const std::vector<Tensor> gpu = run(kGpu);
+  EXPECT_EQ(host(gpu[1]), host(cpu[1])) << "sum: one f32 rounding on each device";
+  EXPECT_LT(relative_error(host(gpu[0]), host(cpu[0])), 1e-5) << "y";
+  EXPECT_LT(relative_error(host(gpu[2]), host(cpu[2])), 1e-5) << "mean";
+  EXPECT_LT(relative_error(host(gpu[3]), host(cpu[3])), 1e-5) << "var";
 }
 
 TEST(CudaOps, EmbeddingGradientIsDeterministic) {

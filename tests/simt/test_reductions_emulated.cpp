@@ -126,14 +126,16 @@ LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, cons
                            const Tensor& dy, bool dweight, bool dbias,
                            const Tensor& residual = Tensor()) {
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
-  const DType stat = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  LayerNormOut o{poisoned(x.shape(), x.dtype()),
+  // The residual's dtype where x is bf16 on an f32 residual stream.
+  const DType t = residual.defined() ? residual.dtype() : x.dtype();
+  const DType stat = t == DType::f64 ? DType::f64 : DType::f32;
+  LayerNormOut o{poisoned(x.shape(), t),
                  poisoned({rows}, stat),
                  poisoned({rows}, stat),
-                 poisoned(x.shape(), x.dtype()),
-                 dweight ? poisoned({cols}, x.dtype()) : Tensor(),
-                 dbias ? poisoned({cols}, x.dtype()) : Tensor(),
-                 residual.defined() ? poisoned(x.shape(), x.dtype()) : Tensor()};
+                 poisoned(x.shape(), t),
+                 dweight ? poisoned({cols}, t) : Tensor(),
+                 dbias ? poisoned({cols}, t) : Tensor(),
+                 residual.defined() ? poisoned(x.shape(), t) : Tensor()};
   EmulatedStream s;
   const kernels::Stream stream = emulated ? s.get() : cpu_stream();
   auto* forward = emulated ? &emu::layer_norm_forward : &cpu::layer_norm_forward;
@@ -150,12 +152,14 @@ LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, cons
   return o;
 }
 
+// bf16_x: x in bf16 on a residual (and all the rest) in t = f32.
 void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dweight, bool dbias,
-                               bool residual = false) {
+                               bool residual = false, bool bf16_x = false) {
   SCOPED_TRACE(name_of(t, shape) + (affine ? " affine" : "") + (dweight ? " dweight" : "") +
-               (dbias ? " dbias" : "") + (residual ? " residual" : ""));
+               (dbias ? " dbias" : "") + (residual ? " residual" : "") + (bf16_x ? " bf16 x" : ""));
   const int64_t cols = shape.back();
-  const Tensor x = random(shape, 11, t, 3.0, 1.0), dy = random(shape, 12, t);
+  const Tensor x = random(shape, 11, bf16_x ? DType::bf16 : t, 3.0, 1.0);
+  const Tensor dy = random(shape, 12, t);
   const Tensor w = affine ? random({cols}, 13, t) : Tensor();
   const Tensor b = affine ? random({cols}, 14, t) : Tensor();
   const Tensor r = residual ? random(shape, 15, t, 2.0) : Tensor();
@@ -185,6 +189,9 @@ TEST(LayerNormEmulated, ForwardAndBackwardMatchTheCpu) {
     expect_layer_norm_matches({t == DType::f32 ? 130 : 70, 300}, t, true, true, true, true);
     expect_layer_norm_matches({3, 48}, t, false, false, false, true);
   }
+  // bf16 activations on an f32 residual stream: the sum formed in f32.
+  expect_layer_norm_matches({130, 300}, DType::f32, true, true, true, true, true);
+  expect_layer_norm_matches({5, 13}, DType::f32, false, false, false, true, true);
 }
 
 TEST(LayerNormEmulated, NoRowsGiveZeroParameterGradients) {

@@ -5,6 +5,7 @@
 // The chunks are gridDim.y (at most 65535): chunks grow past kRowChunk rows
 // when there are more than 65535 of them.
 #include "core/cuda/kernels/common.cuh"
+#include "core/kernels/layer_norm_dtypes.h"
 
 namespace roformer::kernels::cuda {
 
@@ -15,14 +16,19 @@ constexpr int64_t kRowChunk = 64;  // rows per partial column sum (at least)
 
 // With a residual, the first pass adds it and writes the sum, which the
 // later passes read back (each thread its own columns: no barrier needed).
-template <class T>
-__global__ void layer_norm_forward_kernel(const T* x, const T* residual, const T* w, const T* b,
+// TX is x's type: T, or bf16 added to an f32 residual (TX != T needs one).
+template <class T, class TX>
+__global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const T* w, const T* b,
                                           T* y, T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t cols,
                                           acc_t<T> eps) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
-  const T* xr = (residual ? sum : x) + r * cols;
+  const T* rows = sum;  // the rows normalised: the sum, or x itself
+  if constexpr (std::is_same_v<TX, T>) {
+    if (!residual) rows = x;
+  }
+  const T* xr = rows + r * cols;
   T* yr = y + r * cols;
   A s = 0;
   if (residual) {
@@ -135,15 +141,24 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
                                    sum.is_contiguous() && residual.numel() == x.numel()),
            "layer_norm_forward: a residual needs contiguous residual and sum of x's size (x ",
            x.numel(), " elements, residual ", residual.numel(), ")");
+  check_layer_norm_forward_dtypes(x, residual, weight, bias, y, sum, mean, var);
   if (x.numel() == 0) return;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
-  on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
+  // T: the dtype of everything but x (and the statistics).
+  on_floating_dtype(y.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    RF_LAUNCH((layer_norm_forward_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
-              x.as<const T>(), optional<T>(residual), optional<T>(weight), optional<T>(bias),
-              y.as<T>(), sum.defined() ? sum.as<T>() : nullptr, mean.as<A>(), var.as<A>(), cols,
-              A(eps));
+    const auto run = [&](auto x_tag) {
+      using TX = decltype(x_tag);
+      RF_LAUNCH((layer_norm_forward_kernel<T, TX>), unsigned(rows), kRowThreads, 0, native(stream),
+                x.as<const TX>(), optional<T>(residual), optional<T>(weight), optional<T>(bias),
+                y.as<T>(), sum.defined() ? sum.as<T>() : nullptr, mean.as<A>(), var.as<A>(), cols,
+                A(eps));
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (layer_norm_mixed_residual(x, residual)) return run(bf16_t{});
+    }
+    run(T{});
   });
 }
 
