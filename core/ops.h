@@ -55,6 +55,10 @@ Tensor sum_to(const Tensor& a, const Shape& shape);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [..., in] * weight[out, in]^T + bias[out] (bias may be undefined).
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// The same with the result in `out_dtype`: x's dtype, or under bf16 autocast
+// (f32 weights) f32 or bf16 for an f32 or bf16 x (bf16 activations,
+// core/precision.h). Each gradient comes in its input's dtype.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype);
 // The feed-forward block with the tanh GELU (Hugging Face's "gelu_new"):
 // linear(gelu_tanh(linear(x, w1, b1)), w2, b2), gelu_tanh(u) = u/2 (1 +
 // tanh(sqrt(2/pi) (u + 0.044715 u^3))). On CUDA the GELU and its gradient

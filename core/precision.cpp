@@ -14,6 +14,7 @@ namespace roformer {
 
 namespace {
 std::atomic<DType> g_matmul_dtype{DType::f32};
+std::atomic<bool> g_bf16_activations{true};
 std::atomic<int> g_probe_override{-1};  // -1: real probe, 0/1: pretended
 }  // namespace
 
@@ -21,19 +22,31 @@ DType matmul_dtype() {
   return g_matmul_dtype.load();
 }
 
-MatmulPrecisionScope::MatmulPrecisionScope(DType dtype) : previous_(g_matmul_dtype.load()) {
+MatmulPrecisionScope::MatmulPrecisionScope(DType dtype, bool bf16_activations)
+    : previous_(g_matmul_dtype.load()), previous_activations_(g_bf16_activations.load()) {
   if (dtype != DType::f32 && dtype != DType::bf16)
     throw Error(detail::concat("matrix products run in f32 or bf16, not ", dtype_name(dtype)));
   g_matmul_dtype = dtype;
+  g_bf16_activations = bf16_activations;
 }
 
 MatmulPrecisionScope::~MatmulPrecisionScope() {
   g_matmul_dtype = previous_;
+  g_bf16_activations = previous_activations_;
+}
+
+bool autocast_active(Device device) {
+  return (device.is_cpu() || device.is_cuda()) && g_matmul_dtype.load() == DType::bf16;
 }
 
 bool autocast_bf16(Device device, DType dtype) {
-  return dtype == DType::f32 && (device.is_cpu() || device.is_cuda()) &&
-         g_matmul_dtype.load() == DType::bf16;
+  return dtype == DType::f32 && autocast_active(device);
+}
+
+DType activation_dtype(const Tensor& x) {
+  const bool low = (x.dtype() == DType::f32 || x.dtype() == DType::bf16) &&
+                   autocast_active(x.device()) && g_bf16_activations.load();
+  return low ? DType::bf16 : x.dtype();
 }
 
 bool cpu_has_native_bf16() {
@@ -135,6 +148,7 @@ Tensor to_bf16(const Tensor& t) {
     uint64_t version = 0;
     Tensor cast;
   };
+  if (t.dtype() == DType::bf16 && t.is_contiguous()) return t.detach();
   thread_local LastCast last;
   if (last.cast.defined() && last.storage.lock() == t.impl().storage && last.offset == t.offset() &&
       last.shape == t.shape() && last.strides == t.strides() && last.version == t.version())

@@ -1,9 +1,15 @@
 // Mixed precision for the matrix products ("autocast"). While a
 // MatmulPrecisionScope(DType::bf16) is alive, linear, matmul and softmax
-// attention on the CPU and on CUDA devices cast their f32 operands to bf16, multiply with f32
-// accumulation and return f32; everything else (parameters, gradients,
-// optimizer state, layer norm, softmax, loss) stays f32. The choice is taken
-// when an op runs forward and kept by its backward.
+// attention on the CPU and on CUDA devices cast their f32 operands to bf16,
+// multiply with f32 accumulation and return f32; everything else
+// (parameters, gradients, optimizer state, layer norm, softmax, loss) stays
+// f32. The choice is taken when an op runs forward and kept by its backward.
+//
+// bf16 activations: a model may also ask linear() for a bf16 result
+// (activation_dtype), which the next elementwise ops (GELU, dropout) keep,
+// and which linear, attention and add_layer_norm then read without a cast.
+// The residual stream (layer norm outputs) stays f32, as under torch's
+// autocast; so do the scores, softmax and the attention output.
 #pragma once
 
 #include <cstdint>
@@ -18,22 +24,33 @@ namespace roformer {
 DType matmul_dtype();
 
 // Sets matmul_dtype() for its lifetime (process-wide), restoring the previous
-// value on destruction.
+// value on destruction. `bf16_activations` false keeps every product's result
+// in f32 (activation_dtype gives the input's dtype), as before bf16
+// activations existed: for comparisons (mlm_step_bench --f32-activations).
 class MatmulPrecisionScope {
  public:
-  explicit MatmulPrecisionScope(DType dtype);
+  explicit MatmulPrecisionScope(DType dtype, bool bf16_activations = true);
   ~MatmulPrecisionScope();
   MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
   MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
 
  private:
   DType previous_;
+  bool previous_activations_;
 };
 
 // True when an op on `device` with operands of `dtype` should run its products
 // in bf16: the scope asks for bf16 and the operands are f32 (on the CPU or a
 // CUDA device).
 bool autocast_bf16(Device device, DType dtype);
+// True while the scope asks for bf16 and `device` runs bf16 products (the CPU
+// or a CUDA device): bf16 operands are taken as autocast's own casts.
+bool autocast_active(Device device);
+// The dtype a product whose result feeds only other products and elementwise
+// ops (not the residual stream) should write for input `x`: bf16 while
+// autocast is active for x (an f32 or bf16 x) with bf16 activations on, else
+// x's dtype.
+DType activation_dtype(const Tensor& x);
 
 // --- CPU support ------------------------------------------------------------------
 // Whether this CPU has native bf16 dot products (AVX512-BF16 or AMX-BF16).
@@ -67,7 +84,8 @@ void set_bf16_working_copy(const Tensor& source, const Tensor& working);
 int64_t bf16_working_copy_hits();
 
 // A bf16 copy of `t` (no history), contiguous. The caller must not write to
-// it: a repeated call for the same unchanged tensor returns the same copy.
+// it: a repeated call for the same unchanged tensor returns the same copy,
+// and a contiguous bf16 `t` is returned itself (detached).
 Tensor to_bf16(const Tensor& t);
 
 }  // namespace roformer

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/precision.h"
 #include "core/profile.h"
 
 namespace roformer {
@@ -66,6 +67,12 @@ RoFormerSelfAttention::RoFormerSelfAttention(const ModelConfig& config)
   register_module("value", value_);
 }
 
+// Softmax attention reads bf16 projections as they are (bf16 activations
+// under autocast); linear attention's sums keep the input's dtype.
+DType RoFormerSelfAttention::projection_dtype(const Tensor& hidden) const {
+  return config_.attention == AttentionKind::kSoftmax ? activation_dtype(hidden) : hidden.dtype();
+}
+
 Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_mask,
                                       const Tensor& positions, bool training,
                                       DropoutContext& ctx) const {
@@ -73,9 +80,10 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const Tensor& key_ma
   const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
   // [B, S, hidden] -> [B, H, S, Dh] views of the projections (no copies).
   auto heads = [&](const Tensor& x) { return x.view({B, S, H, Dh}).transpose(1, 2); };
-  Tensor q = heads(query_.forward(hidden));
-  Tensor k = heads(key_.forward(hidden));
-  Tensor v = heads(value_.forward(hidden));
+  const DType act = projection_dtype(hidden);
+  Tensor q = heads(query_.forward(hidden, act));
+  Tensor k = heads(key_.forward(hidden, act));
+  Tensor v = heads(value_.forward(hidden, act));
   const bool rotate = config_.position == PositionEncoding::kRope;
   const RopeLayout layout = config_.rope_layout;
   Tensor context;
@@ -123,9 +131,10 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   const int64_t T = hidden.size(0);
   const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
   // [T, hidden] -> [T, H, Dh] views of the projections (no copies).
-  Tensor q = query_.forward(hidden).view({T, H, Dh});
-  Tensor k = key_.forward(hidden).view({T, H, Dh});
-  Tensor v = value_.forward(hidden).view({T, H, Dh});
+  const DType act = projection_dtype(hidden);
+  Tensor q = query_.forward(hidden, act).view({T, H, Dh});
+  Tensor k = key_.forward(hidden, act).view({T, H, Dh});
+  Tensor v = value_.forward(hidden, act).view({T, H, Dh});
   const bool rotary = config_.position == PositionEncoding::kRope;
   const bool inside = rotary && rope_inside_attention(config_.attention_kernel, hidden.device());
   if (rotary) {

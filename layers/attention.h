@@ -42,6 +42,8 @@ class RoFormerSelfAttention : public Module {
   void set_rope_base(double base) { config_.rope_base = base; }
 
  private:
+  DType projection_dtype(const Tensor& hidden) const;
+
   ModelConfig config_;
   Linear query_, key_, value_;
 };

@@ -26,6 +26,11 @@ Tensor Linear::forward(const Tensor& x) const {
   return linear(x, weight_, bias_);
 }
 
+Tensor Linear::forward(const Tensor& x, DType out_dtype) const {
+  RF_PROFILE("linear");
+  return linear(x, weight_, bias_, out_dtype);
+}
+
 void Linear::init_own(Generator& gen) {
   fill_normal(weight_, init_std_, gen);
   if (bias_.defined()) bias_.zero_();

@@ -12,6 +12,8 @@ class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, double init_std = 0.02);
   Tensor forward(const Tensor& x) const;
+  // The result in `out_dtype` (linear()'s rules: bf16 activations under autocast).
+  Tensor forward(const Tensor& x, DType out_dtype) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }  // undefined without bias
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/precision.h"
 #include "core/profile.h"
 
 namespace roformer {
@@ -125,7 +126,9 @@ RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_
 
 Tensor RoFormerResidualOutput::forward(const Tensor& x, const Tensor& residual, bool training,
                                        DropoutContext& ctx, const Tensor& dropout_tokens) const {
-  return finish(dense_.forward(x), residual, training, ctx, dropout_tokens);
+  // bf16 activations under autocast: the product, its dropout and the
+  // residual layer norm's read in bf16; the layer norm writes f32.
+  return finish(dense_.forward(x, activation_dtype(x)), residual, training, ctx, dropout_tokens);
 }
 
 Tensor RoFormerResidualOutput::finish(const Tensor& dense_out, const Tensor& residual,
@@ -166,7 +169,8 @@ Tensor RoFormerLayer::forward(const Tensor& hidden, const TokenLayout& layout, b
 Tensor RoFormerLayer::feed_forward(const Tensor& attended, bool training, DropoutContext& ctx,
                                    const Tensor& dropout_tokens) const {
   if (!tanh_gelu_) {
-    const Tensor inner = activation_profiled(intermediate_dense_.forward(attended), false);
+    const Tensor inner = activation_profiled(
+        intermediate_dense_.forward(attended, activation_dtype(attended)), false);
     return output_.forward(inner, attended, training, ctx, dropout_tokens);
   }
   Tensor y;
@@ -244,7 +248,10 @@ void RoFormerLMHead::init_own(Generator&) {
 }
 
 Tensor RoFormerLMHead::forward(const Tensor& rows) const {
-  const Tensor h = layer_norm_.forward(activation_profiled(dense_.forward(rows), tanh_gelu_));
+  // The transform in bf16 activations under autocast; the layer norm writes
+  // f32, and so does the decoder (the logits go to the loss).
+  const Tensor h = layer_norm_.forward(
+      activation_profiled(dense_.forward(rows, activation_dtype(rows)), tanh_gelu_));
   RF_PROFILE("decoder");
   return linear(h, word_embeddings_.weight(), bias_);
 }
@@ -388,9 +395,10 @@ Tensor RoFormerClassificationHead::forward_first_tokens(const Tensor& first_toke
                                                         DropoutContext& ctx) const {
   // [N, hidden]: one position per row, so dropout keys row n as the padded head does.
   Tensor x = dropout_.forward(first_tokens, training, ctx);
-  x = activation_profiled(dense_.forward(x), tanh_gelu_);
+  const DType logits_dtype = x.dtype();
+  x = activation_profiled(dense_.forward(x, activation_dtype(x)), tanh_gelu_);
   x = dropout_.forward(x, training, ctx);
-  return out_proj_.forward(x);
+  return out_proj_.forward(x, logits_dtype);
 }
 
 RoFormerForSequenceClassification::RoFormerForSequenceClassification(const ModelConfig& config,

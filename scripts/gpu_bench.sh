@@ -180,7 +180,8 @@ run_bench() {
 run_profile() {
   : "${OUT:?gpu_bench profile: \$OUT (the device tool output folder) is not set}"
   gpu_unpack "$pack_dir"
-  mlm_step_bench --device cuda --size base --precision bf16 --seq "${PROFILE_SEQ:-512}" \
+  mlm_step_bench --device cuda --size base --precision "${PROFILE_PRECISIONS:-bf16,bf16-f32act}" \
+    --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
 }
 

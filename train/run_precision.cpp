@@ -10,7 +10,9 @@ RunPrecision::RunPrecision(const Config& config) {
   // GPUs multiply bf16 natively (cuBLASLt); a CPU must have the instructions.
   if (config.run.device.is_cpu()) require_native_bf16(key);
   scope_.emplace(DType::bf16);
-  spdlog::info("run.precision bf16: matrix products in bf16 with f32 accumulation");
+  spdlog::info(
+      "run.precision bf16: matrix products in bf16 with f32 accumulation, bf16 activations "
+      "between them, an f32 residual stream");
 }
 
 }  // namespace roformer

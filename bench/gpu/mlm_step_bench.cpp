@@ -6,7 +6,7 @@
 // docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
-//                  [--precision bf16,f32] [--batch N | --start-batch N]
+//                  [--precision bf16,f32,bf16-f32act] [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
@@ -25,6 +25,9 @@
 // to 2) when the search and the steps would pass T seconds per length. Each
 // result is one JSON object per line in --json (the fields
 // hf_roformer_bench.py writes too) and one line of the table.
+//
+// --precision bf16-f32act: bf16 products with their results kept in f32 (the
+// step before bf16 activations, core/precision.h), beside bf16 to compare.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -238,12 +241,12 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 }
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
-nlohmann::json row_head(const Config& run, int64_t S) {
-  const std::string precision = run.run.precision == Precision::kBf16 ? "bf16" : "f32";
+// `label`: the --precision value (bf16, f32 or bf16-f32act).
+nlohmann::json row_head(const Config& run, int64_t S, const std::string& label) {
   return {{"framework", "ours"},
-          {"setup", "ours " + precision},
+          {"setup", "ours " + label},
           {"device", run.run.device.str()},
-          {"precision", precision},
+          {"precision", label},
           {"seq", S},
           {"head", "masked rows"}};
 }
@@ -279,10 +282,10 @@ void profile_step(Bench& bench, Device device, int64_t S, int64_t B) {
 }
 
 nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, int64_t S,
-                       const Options& opt) {
+                       const Options& opt, const std::string& label) {
   const Device device = run.run.device;
   const auto began = Clock::now();
-  nlohmann::json r = row_head(run, S);
+  nlohmann::json r = row_head(run, S, label);
   std::vector<Trial> trials;
   const int64_t B = opt.batch > 0 ? opt.batch : search_batch(bench, device, S, opt, trials);
   nlohmann::json search = nlohmann::json::array();
@@ -409,7 +412,8 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32] [--batch N | --start-batch N] [--max-tokens N] [--max-step-s T] "
+          "[--precision bf16,f32,bf16-f32act] [--batch N | --start-batch N] [--max-tokens N] "
+          "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
           "[--f32-if-refused] [--budget-s T] [--profile] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
@@ -419,8 +423,8 @@ Options parse(int argc, char** argv) {
   }
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
-    if (p != "bf16" && p != "f32")
-      throw InputError("--precision: expected bf16 and/or f32, got '" + p + "'");
+    if (p != "bf16" && p != "f32" && p != "bf16-f32act")
+      throw InputError("--precision: expected bf16, f32 and/or bf16-f32act, got '" + p + "'");
   return opt;
 }
 
@@ -446,7 +450,7 @@ void print_row(const nlohmann::json& r) {
 void print_flops(const Options& opt) {
   Config run;
   run.run.device = parse_device(opt.device);
-  run.run.precision = opt.precisions.front() == "bf16" ? Precision::kBf16 : Precision::kF32;
+  run.run.precision = opt.precisions.front() == "f32" ? Precision::kF32 : Precision::kBf16;
   run.log.peak_tflops = opt.peak_tflops;
   for (const std::string& shape : split(opt.flops_for)) {
     std::vector<int64_t> v;
@@ -493,14 +497,16 @@ int run(int argc, char** argv) {
     const std::string precision = precisions[i];
     Config run;
     run.run.device = device;
-    run.run.precision = precision == "bf16" ? Precision::kBf16 : Precision::kF32;
+    run.run.precision = precision == "f32" ? Precision::kF32 : Precision::kBf16;
     run.log.peak_tflops = opt.peak_tflops;
     run.source = "mlm_step_bench --precision " + precision;
     std::optional<RunPrecision> scope;
+    std::optional<MatmulPrecisionScope> f32_activations;  // inside the run's bf16 scope
     std::optional<Bench> bench;
     std::string refused;
     try {
       scope.emplace(run);
+      if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
       bench.emplace(mc, device);
     } catch (const InputError& e) {
       refused = e.what();  // bf16 not available on this device or CPU
@@ -511,13 +517,13 @@ int run(int argc, char** argv) {
     for (const int64_t S : opt.seqs) {
       nlohmann::json r;
       if (!refused.empty()) {
-        r = row_head(run, S);
+        r = row_head(run, S, precision);
         r.update({{"status", "skip"}, {"message", refused}});
       } else {
         try {
-          r = measure(*bench, mc, run, S, opt);
+          r = measure(*bench, mc, run, S, opt, precision);
         } catch (const std::exception& e) {  // the other lengths may still run
-          r = row_head(run, S);
+          r = row_head(run, S, precision);
           r.update({{"status", "error"}, {"message", e.what()}});
           bench->clear_batch();
           bench->recover();

@@ -26,6 +26,13 @@ Tensor unit_last_stride(const Tensor& t) {
   return t.strides().back() == 1 || t.shape().back() <= 1 ? t : t.contiguous();
 }
 
+// What the kernels read of q, k or v: bf16 for bf16 products (`low`; a bf16
+// tensor as it is, an f32 one cast), else the tensor; unit last stride.
+Tensor kernel_operand(const Tensor& t, bool low) {
+  if (low && t.dtype() != DType::bf16) return to_bf16(t);
+  return unit_last_stride(t.detach());
+}
+
 // The kernel's scale and dropout for `op`: dropout only while training, its
 // probability checked, and its keys drawn from the context's next site.
 kernels::AttentionParams attention_params(const char* op, const Tensor& q, int64_t heads,
@@ -95,8 +102,8 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
     throw Error(
         detail::concat(op, ": dtype mismatch, q ", q.desc(), ", k ", k.desc(), ", v ", v.desc()));
-  if (q.dtype() != DType::f32 && q.dtype() != DType::f64)
-    throw Error(detail::concat(op, ": expected f32 or f64 inputs, got ", q.desc()));
+  if (q.dtype() != DType::f32 && q.dtype() != DType::f64 && q.dtype() != DType::bf16)
+    throw Error(detail::concat(op, ": expected f32, bf16 or f64 inputs, got ", q.desc()));
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Sk = k.size(2), Dv = v.size(3);
   if (k.size(0) != B || k.size(1) != H || k.size(3) != D || v.size(0) != B || v.size(1) != H ||
@@ -111,21 +118,23 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   const bool interleaved = rotary && rotary->layout == RopeLayout::interleaved;
   kernels::AttentionParams params = attention_params(op, q, H, scale, dropout_p, training, ctx);
   const bool drop = params.dropout_p > 0.0;
-  // Under bf16 autocast the two products read bf16 q, k, v (kept for
-  // backward at half the memory) and the probabilities as bf16; scores,
-  // softmax, lse and the output stay f32.
-  const bool low = autocast_bf16(device, q.dtype());
+  // Under bf16 autocast, or for bf16 q, k, v (bf16 activations), the two
+  // products read bf16 q, k, v (kept for backward at half the memory) and
+  // the probabilities as bf16; scores, softmax, lse, the output and the
+  // gradients stay f32.
+  const bool low = autocast_bf16(device, q.dtype()) || q.dtype() == DType::bf16;
+  const DType out_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
   if (engine == kernels::AttentionEngine::vendor && vendor_takes(device, low, drop, D) && Dv == D) {
     params.engine = engine;
     params.mask_site = vendor_mask_site(op, device, key_padding_mask, Sk);
   }
-  auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
-  const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
+  const Tensor qd = kernel_operand(q, low), kd = kernel_operand(k, low),
+               vd = kernel_operand(v, low);
   // The kernel reads the mask itself (nonzero = attend): no host copy.
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
 
-  Tensor out = heads_view_buffer(B, H, Sq, Dv, q.dtype(), device);
-  const Tensor lse = Tensor::empty({B, H, Sq}, q.dtype(), device);
+  Tensor out = heads_view_buffer(B, H, Sq, Dv, out_dtype, device);
+  const Tensor lse = Tensor::empty({B, H, Sq}, out_dtype, device);
   const int64_t keep_words = (Sk + 31) / 32;
   const Tensor bits = drop ? Tensor::empty({B, H, Sq, keep_words}, DType::i32, device) : Tensor();
   if (Sk == 0) {
@@ -146,9 +155,9 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   const bool rotate = rotary != nullptr;
   return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
     const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
-    Tensor dq = heads_view_buffer(B, H, Sq, D, g.dtype(), g.device());
-    Tensor dk = heads_view_buffer(B, H, Sk, D, g.dtype(), g.device());
-    Tensor dv = heads_view_buffer(B, H, Sk, Dv, g.dtype(), g.device());
+    Tensor dq = heads_view_buffer(B, H, Sq, D, out_dtype, g.device());
+    Tensor dk = heads_view_buffer(B, H, Sk, D, out_dtype, g.device());
+    Tensor dv = heads_view_buffer(B, H, Sk, Dv, out_dtype, g.device());
     if (rotate) {
       launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
                                       sv.get(), smask.get(), so.get(), lse, bits, grad_out, dq, dk,
@@ -224,9 +233,9 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
     throw Error(detail::concat(op, ": expected q, k [T, H, D] and v [T, H, Dv], got ", q.desc(),
                                ", ", k.desc(), ", ", v.desc()));
   if (q.dtype() != k.dtype() || q.dtype() != v.dtype() ||
-      (q.dtype() != DType::f32 && q.dtype() != DType::f64))
-    throw Error(detail::concat(op, ": expected f32 or f64 q, k, v of one dtype, got ", q.desc(),
-                               ", ", k.desc(), ", ", v.desc()));
+      (q.dtype() != DType::f32 && q.dtype() != DType::f64 && q.dtype() != DType::bf16))
+    throw Error(detail::concat(op, ": expected f32, bf16 or f64 q, k, v of one dtype, got ",
+                               q.desc(), ", ", k.desc(), ", ", v.desc()));
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), Dv = v.size(2);
   const Tensor table = rotary_table(op, rotary, q, k, 0);
   const bool interleaved = rotary && rotary->layout == RopeLayout::interleaved;
@@ -234,11 +243,13 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const int64_t longest = checked_segments(segments, T);
   params.longest_segment = longest;
   const bool drop = params.dropout_p > 0.0;
-  // bf16 autocast as in attention: the products read bf16 q, k, v (kept for
-  // backward) and dO; scores, softmax, lse, out and the gradients stay f32.
-  const bool low = autocast_bf16(device, q.dtype());
-  auto operand = [&](const Tensor& t) { return low ? to_bf16(t) : unit_last_stride(t.detach()); };
-  const Tensor qd = operand(q), kd = operand(k), vd = operand(v);
+  // bf16 autocast (or bf16 q, k, v) as in attention: the products read bf16
+  // q, k, v (kept for backward) and dO; scores, softmax, lse, out and the
+  // gradients stay f32.
+  const bool low = autocast_bf16(device, q.dtype()) || q.dtype() == DType::bf16;
+  const DType out_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  const Tensor qd = kernel_operand(q, low), kd = kernel_operand(k, low),
+               vd = kernel_operand(v, low);
   if (segments_on_device.defined() &&
       (segments_on_device.device() != device || segments_on_device.shape() != segments.shape() ||
        segments_on_device.dtype() != DType::i64))
@@ -248,8 +259,8 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const Tensor seg =
       segments_on_device.defined() ? segments_on_device.detach() : segments.detach().to(device);
   // Rows of tokens in no segment are left to the zero fill.
-  Tensor out = Tensor::zeros({T, H, Dv}, q.dtype(), device);
-  const Tensor lse = Tensor::empty({T, H}, q.dtype(), device);
+  Tensor out = Tensor::zeros({T, H, Dv}, out_dtype, device);
+  const Tensor lse = Tensor::empty({T, H}, out_dtype, device);
   const Tensor bits =
       drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
   if (T == 0 || longest == 0) return out;
@@ -266,9 +277,9 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const bool rotate = rotary != nullptr;
   return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
     const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
-    Tensor dq = Tensor::zeros({T, H, D}, g.dtype(), g.device());
-    Tensor dk = Tensor::zeros({T, H, D}, g.dtype(), g.device());
-    Tensor dv = Tensor::zeros({T, H, Dv}, g.dtype(), g.device());
+    Tensor dq = Tensor::zeros({T, H, D}, out_dtype, g.device());
+    Tensor dk = Tensor::zeros({T, H, D}, out_dtype, g.device());
+    Tensor dv = Tensor::zeros({T, H, Dv}, out_dtype, g.device());
     if (rotate) {
       launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
                                       sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);

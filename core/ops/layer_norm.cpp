@@ -3,6 +3,11 @@
 // residual connection: one pass fewer). Backward keeps the normalised input
 // (x, or the sum), the weight and the per-row mean and variance: no
 // normalised copy of the activations.
+//
+// bf16 activations (core/precision.h): add_layer_norm takes a bf16 x with an
+// f32 residual (the sum is formed in f32 by the kernel, and x's gradient
+// comes back in bf16); layer_norm takes a bf16 x with f32 parameters through
+// a cast to f32. Either normalises in f32 and writes f32.
 #include <cmath>
 
 #include "core/ops.h"
@@ -28,21 +33,28 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
     throw Error(detail::concat(op, ": expected a floating input, got ", x.desc()));
   if (x.dim() < 1 || x.shape().back() == 0)
     throw Error(detail::concat(op, ": expected a non-empty last dimension, got ", x.desc()));
-  if (residual.defined() && (residual.shape() != x.shape() || residual.dtype() != x.dtype()))
+  // bf16 x with an f32 residual: the sum (and everything after it) is f32.
+  const bool mixed =
+      residual.defined() && x.dtype() == DType::bf16 && residual.dtype() == DType::f32;
+  if (residual.defined() &&
+      (residual.shape() != x.shape() || (residual.dtype() != x.dtype() && !mixed)))
     throw Error(detail::concat(op, ": residual ", residual.desc(),
-                               " must have x's shape and dtype (", x.desc(), ")"));
+                               " must have x's shape and dtype (", x.desc(),
+                               "), or be f32 for a bf16 x"));
   if (!(eps >= 0.0) || !std::isfinite(eps))
     throw Error(detail::concat(op, ": eps must be finite and >= 0, got ", eps));
-  check_param(weight, "weight", x);
-  check_param(bias, "bias", x);
+  const DType dtype = mixed ? DType::f32 : x.dtype();  // of the sum, y and the parameters
+  const Tensor as_output = mixed ? residual : x;
+  check_param(weight, "weight", as_output);
+  check_param(bias, "bias", as_output);
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
-  const DType stat_dtype = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType stat_dtype = dtype == DType::f64 ? DType::f64 : DType::f32;
   const Tensor xc = x.detach().contiguous();
   const Tensor rc = residual.defined() ? residual.detach().contiguous() : Tensor();
   const Tensor w = weight.defined() ? weight.detach().contiguous() : Tensor();
   const Tensor b = bias.defined() ? bias.detach().contiguous() : Tensor();
-  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  const Tensor sum = rc.defined() ? Tensor::empty(x.shape(), x.dtype(), x.device()) : Tensor();
+  Tensor y = Tensor::empty(x.shape(), dtype, x.device());
+  const Tensor sum = rc.defined() ? Tensor::empty(x.shape(), dtype, x.device()) : Tensor();
   Tensor mean = Tensor::empty({rows}, stat_dtype, x.device());
   Tensor var = Tensor::empty({rows}, stat_dtype, x.device());
   launch::layer_norm_forward(x.device(), xc, rc, w, b, eps, y, sum, mean, var);
@@ -51,6 +63,7 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
   // Backward reads the rows that were normalised: the sum, or x.
   const SavedTensor saved_x(rc.defined() ? sum : xc, op), saved_w(w, op);
   const bool has_bias = bias.defined(), has_residual = rc.defined();
+  const DType x_dtype = x.dtype();
   auto grads = [=](const Tensor& g) {
     const Tensor& xs = saved_x.get();
     const Tensor& ws = saved_w.get();
@@ -59,8 +72,9 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
     Tensor dw = ws.defined() ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     Tensor db = has_bias ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, dx, dw, db);
-    // d(x + residual) reaches both inputs unchanged.
-    return has_residual ? std::vector<Tensor>{dx, dx, dw, db} : std::vector<Tensor>{dx, dw, db};
+    // d(x + residual) reaches both inputs unchanged (x's in x's dtype).
+    if (!has_residual) return std::vector<Tensor>{dx, dw, db};
+    return std::vector<Tensor>{mixed ? dx.to(x_dtype) : dx, dx, dw, db};
   };
   if (has_residual) return record(op, y, {&x, &residual, &weight, &bias}, grads);
   return record(op, y, {&x, &weight, &bias}, grads);
@@ -68,6 +82,8 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  if (x.dtype() == DType::bf16 && weight.defined() && weight.dtype() == DType::f32)
+    return normalise("layer_norm", cast(x, DType::f32), Tensor(), weight, bias, eps);
   return normalise("layer_norm", x, Tensor(), weight, bias, eps);
 }
 

@@ -3,7 +3,8 @@
 // views of the saved operands straight to the kernel: no transposed copies.
 // Under a bf16 MatmulPrecisionScope (core/precision.h) f32 operands are cast
 // to bf16 (weights through the per-step cache), the products accumulate in
-// f32 and write f32; the bf16 casts are what backward keeps.
+// f32 and write f32 (or bf16 activations, when linear is asked for them);
+// the bf16 operands are what backward keeps.
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/precision.h"
@@ -61,28 +62,42 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear(x, weight, bias, x.dtype());
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype) {
   kernel_device("linear", {&x, &weight, &bias});
   if (weight.dim() != 2 || x.dim() < 1 || x.shape().back() != weight.shape()[1])
     throw Error(detail::concat("linear: input ", x.desc(), " does not match weight ", weight.desc(),
                                " (expected input [..., ", weight.shape().back(),
                                "], weight [out, in])"));
-  if (x.dtype() != weight.dtype() || (bias.defined() && bias.dtype() != weight.dtype()))
-    throw Error(detail::concat("linear: dtype mismatch, input ", x.desc(), ", weight ",
-                               weight.desc(), ", bias ", bias.desc()));
+  // Under autocast an f32 weight takes f32 input or bf16 activations (see
+  // core/precision.h) and writes either; otherwise one dtype throughout.
+  const bool low = weight.dtype() == DType::f32 && autocast_active(x.device()) &&
+                   (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
+  const bool out_ok =
+      low ? (out_dtype == DType::f32 || out_dtype == DType::bf16) : out_dtype == x.dtype();
+  if ((!low && x.dtype() != weight.dtype()) || (bias.defined() && bias.dtype() != weight.dtype()) ||
+      !out_ok)
+    throw Error(
+        detail::concat("linear: dtype mismatch, input ", x.desc(), ", weight ", weight.desc(),
+                       ", bias ", bias.desc(), ", output ", dtype_name(out_dtype),
+                       " (bf16 input or output needs run.precision: bf16 and f32 weights)"));
   if (bias.defined() && (bias.dim() != 1 || bias.shape()[0] != weight.shape()[0]))
     throw Error(
         detail::concat("linear: bias ", bias.desc(), " does not match weight ", weight.desc()));
   const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  const bool low = autocast_bf16(x.device(), x.dtype());
-  const DType dt = x.dtype();
+  const DType x_dtype = x.dtype(), w_dtype = weight.dtype();
   Tensor x2, w, out;
   {
     NoGradGuard no_grad;
     x2 = low ? to_bf16(x).reshape({-1, in}) : x.reshape({-1, in});
     w = low ? bf16_weight(weight) : weight;
-    out = product(x2, w.transpose(0, 1), bias, "linear", dt).view(out_shape);
+    // A bf16 result takes the bias in bf16 too (cuBLASLt's default bias type).
+    const Tensor b = low && out_dtype == DType::bf16 && bias.defined() ? bf16_weight(bias) : bias;
+    out = product(x2, w.transpose(0, 1), b, "linear", out_dtype).view(out_shape);
   }
   const bool gx = x.requires_grad(), gw = weight.requires_grad();
   const bool gbias = bias.defined() && bias.requires_grad();
@@ -92,8 +107,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const Tensor g2 = g.reshape({-1, out_features});
     const Tensor eg = low ? to_bf16(g2) : g2;
     Tensor grad_x, grad_w, grad_b;
-    if (gx) grad_x = product(eg, saved_w.get(), Tensor(), "linear", dt).view(x_shape);
-    if (gw) grad_w = product(eg.transpose(0, 1), saved_x.get(), Tensor(), "linear", dt);
+    // Each gradient in its input's dtype (the bias's is summed in g's).
+    if (gx) grad_x = product(eg, saved_w.get(), Tensor(), "linear", x_dtype).view(x_shape);
+    if (gw) grad_w = product(eg.transpose(0, 1), saved_x.get(), Tensor(), "linear", w_dtype);
     if (gbias) grad_b = sum(g2, {0});
     return std::vector<Tensor>{grad_x, grad_w, grad_b};
   });

@@ -39,9 +39,6 @@ Tensor i32(std::vector<int32_t> values, Shape shape) {
   return Tensor::from_vector<int32_t>(values, shape);
 }
 
-const std::map<DType, std::string> kAttentionF32F64Only{
-    {DType::bf16, "attention: expected f32 or f64 inputs"}};
-
 std::vector<OpCase> make_table() {
   std::vector<OpCase> t;
   // --- elementwise, broadcasting ---------------------------------------------------------
@@ -276,130 +273,124 @@ std::vector<OpCase> make_table() {
                .name = "rope_half_offset_positions",
                .inputs = {in({2, 5, 8}, strided), fixed(i32({3, 4, 5, 6, 7}, {5}))},
                .build = [](const X& x) { return rope(x[0], x[1], 100.0, RopeLayout::half); }});
-  t.push_back(
-      {.op = "attention",
-       .name = "attention_padding_mask",
-       .inputs = {in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 4}, heads, -2.0, 2.0),
-                  in({2, 2, 5, 4}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
-       .build =
-           [](const X& x) {
-             DropoutContext ctx{0, 0, 0};
-             return attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.5);
-           },
-       .dtypes = {DType::f64, DType::f32},
-       .unsupported = kAttentionF32F64Only});
-  t.push_back({.op = "attention",
-               .name = "attention_dropout_cross_lengths",
-               .inputs = {in({2, 2, 3, 4}, contiguous, -2.0, 2.0),
-                          in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 6}, transposed)},
-               .build =
-                   [](const X& x) {
-                     DropoutContext ctx{11, 0, 0};  // the same dropout mask in every run
-                     return attention(x[0], x[1], x[2], Tensor(), 0.25, true, ctx, 0.5);
-                   },
-               .dtypes = {DType::f64, DType::f32},
-               .unsupported = kAttentionF32F64Only});
+  t.push_back({
+      .op = "attention",
+      .name = "attention_padding_mask",
+      .inputs = {in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 4}, heads, -2.0, 2.0),
+                 in({2, 2, 5, 4}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "attention",
+      .name = "attention_dropout_cross_lengths",
+      .inputs = {in({2, 2, 3, 4}, contiguous, -2.0, 2.0), in({2, 2, 5, 4}, heads, -2.0, 2.0),
+                 in({2, 2, 5, 6}, transposed)},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{11, 0, 0};  // the same dropout mask in every run
+            return attention(x[0], x[1], x[2], Tensor(), 0.25, true, ctx, 0.5);
+          },
+  });
 
   // cuDNN's fused attention where it takes the call (CUDA under bf16
   // autocast: the "cuda autocast" cell), attention()'s kernels elsewhere.
   // Head dim 16: cuDNN takes multiples of 8, and the f64 finite differences stay quick.
-  t.push_back(
-      {.op = "cudnn_attention",
-       .name = "cudnn_attention_padding_mask",
-       .inputs = {in({2, 2, 5, 16}, heads, -1.0, 1.0), in({2, 2, 5, 16}, heads, -1.0, 1.0),
-                  in({2, 2, 5, 16}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
-       .build =
-           [](const X& x) {
-             DropoutContext ctx{0, 0, 0};
-             return cudnn_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.25);
-           },
-       .dtypes = {DType::f64, DType::f32},
-       .unsupported = kAttentionF32F64Only});
+  t.push_back({
+      .op = "cudnn_attention",
+      .name = "cudnn_attention_padding_mask",
+      .inputs = {in({2, 2, 5, 16}, heads, -1.0, 1.0), in({2, 2, 5, 16}, heads, -1.0, 1.0),
+                 in({2, 2, 5, 16}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return cudnn_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.25);
+          },
+  });
 
   // Three segments of a 9-token stream (tokens 5 and 8 in none): rows 0, 0, 1.
-  t.push_back({.op = "varlen_attention",
-               .name = "varlen_attention_segments",
-               .inputs = {in({9, 2, 4}, contiguous, -2.0, 2.0), in({9, 2, 4}, strided, -2.0, 2.0),
-                          in({9, 2, 3}, transposed),
-                          fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4}))},
-               .build =
-                   [](const X& x) {
-                     DropoutContext ctx{0, 0, 0};
-                     return varlen_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.5);
-                   },
-               .dtypes = {DType::f64, DType::f32},
-               .unsupported = {{DType::bf16, "varlen_attention: expected f32 or f64"}}});
-  t.push_back(
-      {.op = "varlen_attention",
-       .name = "varlen_attention_dropout",
-       .inputs = {in({40, 2, 4}, contiguous, -2.0, 2.0), in({40, 2, 4}, contiguous, -2.0, 2.0),
-                  in({40, 2, 4}), fixed(i64({0, 35, 0, 0, 35, 5, 1, 0}, {2, 4}))},
-       .build =
-           [](const X& x) {
-             DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
-             return varlen_attention(x[0], x[1], x[2], x[3], 0.2, true, ctx, 0.5);
-           },
-       .dtypes = {DType::f64, DType::f32},
-       .unsupported = {{DType::bf16, "varlen_attention: expected f32 or f64"}}});
+  t.push_back({
+      .op = "varlen_attention",
+      .name = "varlen_attention_segments",
+      .inputs = {in({9, 2, 4}, contiguous, -2.0, 2.0), in({9, 2, 4}, strided, -2.0, 2.0),
+                 in({9, 2, 3}, transposed),
+                 fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return varlen_attention(x[0], x[1], x[2], x[3], 0.0, false, ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "varlen_attention",
+      .name = "varlen_attention_dropout",
+      .inputs = {in({40, 2, 4}, contiguous, -2.0, 2.0), in({40, 2, 4}, contiguous, -2.0, 2.0),
+                 in({40, 2, 4}), fixed(i64({0, 35, 0, 0, 35, 5, 1, 0}, {2, 4}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
+            return varlen_attention(x[0], x[1], x[2], x[3], 0.2, true, ctx, 0.5);
+          },
+  });
 
   // RoPE inside attention: rotary positions [S] (padded) or per token [T].
-  t.push_back(
-      {.op = "rope_attention",
-       .name = "rope_attention_interleaved_padding_mask",
-       .inputs = {in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 4}, strided, -2.0, 2.0),
-                  in({2, 2, 5, 4}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5})),
-                  fixed(i64({0, 1, 2, 3, 4}, {5}))},
-       .build =
-           [](const X& x) {
-             DropoutContext ctx{0, 0, 0};
-             return rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false, ctx, 0.5);
-           },
-       .dtypes = {DType::f64, DType::f32},
-       .unsupported = {{DType::bf16, "rope_attention: expected f32 or f64 inputs"}}});
-  t.push_back(
-      {.op = "rope_attention",
-       .name = "rope_attention_half_dropout",
-       .inputs = {in({2, 2, 6, 4}, contiguous, -2.0, 2.0), in({2, 2, 6, 4}, heads, -2.0, 2.0),
-                  in({2, 2, 6, 6}, transposed), fixed(i64({3, 4, 5, 6, 7, 8}, {6}))},
-       .build =
-           [](const X& x) {
-             DropoutContext ctx{11, 0, 0};  // the same dropout mask in every run
-             return rope_attention(x[0], x[1], x[2], Tensor(), {x[3], 100.0, RopeLayout::half},
-                                   0.25, true, ctx, 0.5);
-           },
-       .dtypes = {DType::f64, DType::f32},
-       .unsupported = {{DType::bf16, "rope_attention: expected f32 or f64 inputs"}}});
-  t.push_back({.op = "varlen_rope_attention",
-               .name = "varlen_rope_attention_segments",
-               .inputs = {in({9, 2, 4}, contiguous, -2.0, 2.0), in({9, 2, 4}, strided, -2.0, 2.0),
-                          in({9, 2, 3}, transposed),
-                          fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4})),
-                          fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
-               .build =
-                   [](const X& x) {
-                     DropoutContext ctx{0, 0, 0};
-                     return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false,
-                                                  ctx, 0.5);
-                   },
-               .dtypes = {DType::f64, DType::f32},
-               .unsupported = {{DType::bf16, "varlen_rope_attention: expected f32 or f64"}}});
-  t.push_back(
-      {.op = "varlen_rope_attention",
-       .name = "varlen_rope_attention_half_dropout",
-       .inputs = {in({40, 2, 4}, contiguous, -2.0, 2.0), in({40, 2, 4}, contiguous, -2.0, 2.0),
-                  in({40, 2, 4}), fixed(i64({0, 35, 0, 0, 35, 5, 1, 0}, {2, 4})),
-                  fixed(i64({0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13,
-                             14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
-                             28, 29, 30, 31, 32, 33, 34, 0,  1,  2,  3,  4},
-                            {40}))},
-       .build =
-           [](const X& x) {
-             DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
-             return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0, RopeLayout::half},
-                                          0.2, true, ctx, 0.5);
-           },
-       .dtypes = {DType::f64, DType::f32},
-       .unsupported = {{DType::bf16, "varlen_rope_attention: expected f32 or f64"}}});
+  t.push_back({
+      .op = "rope_attention",
+      .name = "rope_attention_interleaved_padding_mask",
+      .inputs = {in({2, 2, 5, 4}, heads, -2.0, 2.0), in({2, 2, 5, 4}, strided, -2.0, 2.0),
+                 in({2, 2, 5, 4}, heads), fixed(i32({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 5})),
+                 fixed(i64({0, 1, 2, 3, 4}, {5}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false, ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "rope_attention",
+      .name = "rope_attention_half_dropout",
+      .inputs = {in({2, 2, 6, 4}, contiguous, -2.0, 2.0), in({2, 2, 6, 4}, heads, -2.0, 2.0),
+                 in({2, 2, 6, 6}, transposed), fixed(i64({3, 4, 5, 6, 7, 8}, {6}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{11, 0, 0};  // the same dropout mask in every run
+            return rope_attention(x[0], x[1], x[2], Tensor(), {x[3], 100.0, RopeLayout::half}, 0.25,
+                                  true, ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "varlen_rope_attention",
+      .name = "varlen_rope_attention_segments",
+      .inputs = {in({9, 2, 4}, contiguous, -2.0, 2.0), in({9, 2, 4}, strided, -2.0, 2.0),
+                 in({9, 2, 3}, transposed),
+                 fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4})),
+                 fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false, ctx,
+                                         0.5);
+          },
+  });
+  t.push_back({
+      .op = "varlen_rope_attention",
+      .name = "varlen_rope_attention_half_dropout",
+      .inputs = {in({40, 2, 4}, contiguous, -2.0, 2.0), in({40, 2, 4}, contiguous, -2.0, 2.0),
+                 in({40, 2, 4}), fixed(i64({0, 35, 0, 0, 35, 5, 1, 0}, {2, 4})),
+                 fixed(i64({0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13,
+                            14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+                            28, 29, 30, 31, 32, 33, 34, 0,  1,  2,  3,  4},
+                           {40}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
+            return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0, RopeLayout::half},
+                                         0.2, true, ctx, 0.5);
+          },
+  });
 
   // --- structure -----------------------------------------------------------------------------
   t.push_back({.op = "concat",
@@ -491,21 +482,21 @@ std::vector<OpCase> make_table() {
                .name = "rope_long_sequence",
                .inputs = {in({2, 2, 33, 32}, heads), fixed(Tensor::arange(0, 33))},
                .build = [](const X& x) { return rope(x[0], x[1]); }});
-  t.push_back({.op = "attention",
-               .name = "attention_long_masked_dropout",
-               .inputs = {in({1, 1, 37, 8}, heads, -2.0, 2.0), in({1, 1, 37, 8}, heads, -2.0, 2.0),
-                          in({1, 1, 37, 8}, heads), fixed([] {
-                            std::vector<int32_t> m(37, 1);
-                            for (int i = 30; i < 37; ++i) m[size_t(i)] = 0;
-                            return i32(m, {1, 37});
-                          }())},
-               .build =
-                   [](const X& x) {
-                     DropoutContext ctx{5, 0, 0};
-                     return attention(x[0], x[1], x[2], x[3], 0.1, true, ctx, 0.25);
-                   },
-               .dtypes = {DType::f64, DType::f32},
-               .unsupported = kAttentionF32F64Only});
+  t.push_back({
+      .op = "attention",
+      .name = "attention_long_masked_dropout",
+      .inputs = {in({1, 1, 37, 8}, heads, -2.0, 2.0), in({1, 1, 37, 8}, heads, -2.0, 2.0),
+                 in({1, 1, 37, 8}, heads), fixed([] {
+                   std::vector<int32_t> m(37, 1);
+                   for (int i = 30; i < 37; ++i) m[size_t(i)] = 0;
+                   return i32(m, {1, 37});
+                 }())},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{5, 0, 0};
+            return attention(x[0], x[1], x[2], x[3], 0.1, true, ctx, 0.25);
+          },
+  });
   t.push_back(
       {.op = "cross_entropy",
        .name = "cross_entropy_many_classes",
@@ -627,17 +618,17 @@ std::vector<OpCase> make_table() {
                .inputs = {in({3, 8}, contiguous, -2.0, 2.0), no_grad(in({8}, contiguous, 0.5, 1.5)),
                           no_grad(in({8}))},
                .build = [](const X& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
-  t.push_back({.op = "attention",
-               .name = "attention_gradient_to_v_only",
-               .inputs = {no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)),
-                          no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)), in({1, 2, 4, 4}, heads)},
-               .build =
-                   [](const X& x) {
-                     DropoutContext ctx{0, 0, 0};
-                     return attention(x[0], x[1], x[2], Tensor(), 0.0, false, ctx, 0.5);
-                   },
-               .dtypes = {DType::f64, DType::f32},
-               .unsupported = kAttentionF32F64Only});
+  t.push_back({
+      .op = "attention",
+      .name = "attention_gradient_to_v_only",
+      .inputs = {no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)),
+                 no_grad(in({1, 2, 4, 4}, heads, -2.0, 2.0)), in({1, 2, 4, 4}, heads)},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return attention(x[0], x[1], x[2], Tensor(), 0.0, false, ctx, 0.5);
+          },
+  });
   t.push_back({.op = "where",
                .name = "where_gradient_to_b_only",
                .inputs = {fixed(i32({1, 0, 0, 1}, {4})), no_grad(in({3, 4})), in({3, 1})},
