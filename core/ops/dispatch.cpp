@@ -16,8 +16,19 @@ namespace kernels {
 
 std::atomic<uint64_t> kernel_calls{0};
 
+namespace {
+std::atomic<const KernelTable*> g_cpu_table_for_tests{nullptr};
+}  // namespace
+
+void set_cpu_kernel_table_for_tests(const KernelTable* table) {
+  g_cpu_table_for_tests = table;
+}
+
 const KernelTable& table(Device device) {
-  if (device.is_cpu()) return cpu_kernel_table;
+  if (device.is_cpu()) {
+    const KernelTable* replaced = g_cpu_table_for_tests.load(std::memory_order_relaxed);
+    return replaced ? *replaced : cpu_kernel_table;
+  }
 #if defined(ROFORMER_CUDA_KERNELS)
   if (device.is_cuda()) return cuda_kernel_table;
 #endif

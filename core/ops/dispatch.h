@@ -23,6 +23,9 @@ namespace kernels {
 const KernelTable& table(Device device);
 // The device's current stream (CPU: a stream whose error record is host memory).
 Stream stream(Device device);
+// Tests: the CPU device runs `table`'s kernels (tests/simt: the CUDA kernels'
+// own source emulated over host memory) until called again with nullptr.
+void set_cpu_kernel_table_for_tests(const KernelTable* table);
 
 // A tensor as a kernel sees it; an undefined tensor gives KernelTensor{}.
 KernelTensor kernel_tensor(const Tensor& t);
