@@ -4,7 +4,7 @@
 // stay the CPU's, cuBLASLt having no emulated version), and one MLM step,
 // forward and backward, is compared with the same step on the CPU kernels:
 // padded batches and token streams, RoPE inside the attention kernel (the
-// tensor-core kernel at head dim 64) and as separate ops, f32 and bf16 with
+// tensor-core kernel at head dim 64, the others at 32) and as separate ops, f32 and bf16 with
 // bf16 activations. What a GPU run would meet first (a dtype pairing, a
 // layout, a stride an op hands a kernel) shows here.
 #include <gtest/gtest.h>
@@ -42,10 +42,10 @@ struct EmulatedKernels {
   EmulatedKernels& operator=(const EmulatedKernels&) = delete;
 };
 
-ModelConfig config(AttentionKernel kernel) {
+ModelConfig config(AttentionKernel kernel, int64_t head_dim) {
   ModelConfig c;
   c.vocab_size = 61;
-  c.hidden_size = 128;  // two heads of 64: the tensor-core attention kernel
+  c.hidden_size = 2 * head_dim;  // heads of 64 take the tensor-core attention kernel
   c.num_hidden_layers = 2;
   c.num_attention_heads = 2;
   c.intermediate_size = 96;
@@ -109,13 +109,14 @@ struct Case {
   const char* name;
   AttentionKernel kernel;
   bool stream, bf16;
+  int64_t head_dim = 64;
 };
 
 class ModelEmulated : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ModelEmulated, OneMlmStepMatchesTheCpuKernels) {
   const Case& k = GetParam();
-  const ModelConfig c = config(k.kernel);
+  const ModelConfig c = config(k.kernel, k.head_dim);
   const Step cpu = mlm_step(c, k.stream, k.bf16);
   Step emulated;
   {
@@ -139,7 +140,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"padded_f32_separate_rope", AttentionKernel::kSeparate, false, false},
                       Case{"padded_bf16_fused_rope", AttentionKernel::kFusedRope, false, true},
                       Case{"stream_f32_fused_rope", AttentionKernel::kFusedRope, true, false},
-                      Case{"stream_bf16_fused_rope", AttentionKernel::kFusedRope, true, true}),
+                      Case{"stream_bf16_fused_rope", AttentionKernel::kFusedRope, true, true},
+                      // Head dim 32: the simple and per-segment kernels in bf16.
+                      Case{"padded_bf16_head_dim_32", AttentionKernel::kFusedRope, false, true, 32},
+                      Case{"stream_bf16_head_dim_32", AttentionKernel::kFusedRope, true, true, 32}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
