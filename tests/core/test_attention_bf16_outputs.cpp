@@ -1,8 +1,10 @@
-// bf16 outputs of the CPU attention kernels (padded so far): with bf16 q, k, v the kernels write
-// out, and the gradients of q, k, v, in bf16 as the f32 results rounded once -- bit for bit what
-// the f32-output call gives, rounded -- forward and backward, with and without dropout, with a key
-// mask, odd head dims and lengths, strided outputs, on one thread against the default count. Other
-// dtype mixes are rejected naming the dtypes.
+// bf16 outputs of the CPU attention kernels (padded, token stream; RoPE
+// inside next): with bf16 q, k, v the kernels write out, and the gradients of q,
+// k, v, in bf16 as the f32 results rounded once -- bit for bit what the
+// f32-output call gives, rounded -- forward and backward, with and without
+// dropout, with a key mask, odd head dims and lengths, strided outputs, on
+// one thread against the default count. Other dtype mixes are rejected
+// naming the dtypes.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -108,6 +110,28 @@ Kernel padded(bool rope) {
   return kn;
 }
 
+// A token stream [T, H, D]: segments of odd lengths in two rows, token 20 in
+// no segment.
+Kernel token_stream(bool rope) {
+  const int64_t T = 41, H = 2, D = rope ? 6 : 5, Dv = rope ? 6 : 3;
+  Kernel kn;
+  kn.name = rope ? "token stream, RoPE inside" : "token stream";
+  kn.q = bf16_input({T, H, D}, 21);
+  kn.k = bf16_input({T, H, D}, 22);
+  kn.v = bf16_input({T, H, Dv}, 23);
+  // (first token, length, row, position of the first token in its row)
+  const std::vector<int64_t> segs{0, 7, 0, 0, 7, 13, 0, 7, 21, 1, 1, 0, 22, 19, 1, 1};
+  kn.mask_or_segments = Tensor::from_vector(segs, {4, 4});
+  std::vector<int64_t> positions(size_t(T), 0);
+  for (size_t n = 0; n < segs.size(); n += 4)
+    for (int64_t i = 0; i < segs[n + 1]; ++i) positions[size_t(segs[n] + i)] = segs[n + 3] + i;
+  if (rope) kn.table = rope_table(Tensor::from_vector(positions, {T}), D, 10000.0, DType::f32);
+  kn.lse_shape = {T, H};
+  kn.bits_shape = {T, H, 1};
+  kn.params.longest_segment = 19;
+  return kn;
+}
+
 // A bf16 tensor of `shape` that is not contiguous where the kernels allow
 // it: a padded [B, H, S, D] seen through [B, S, H, D] storage.
 Tensor strided_bf16(const Shape& shape) {
@@ -125,7 +149,7 @@ void on_one_thread(const std::function<void()>& f) {
 }
 
 TEST(AttentionBf16Outputs, AreTheF32OutputsRoundedOnceBitForBit) {
-  for (const Kernel& base : {padded(false)})
+  for (const Kernel& base : {padded(false), token_stream(false)})
     for (const double p : {0.0, 0.2}) {
       Kernel kn = base;
       kn.params.scale = 0.4;
@@ -165,7 +189,7 @@ TEST(AttentionBf16Outputs, AreTheF32OutputsRoundedOnceBitForBit) {
 }
 
 TEST(AttentionBf16Outputs, OtherDtypeMixesAreRejectedNamingTheDtypes) {
-  for (const Kernel& kn : {padded(false)}) {
+  for (const Kernel& kn : {padded(false), token_stream(false)}) {
     SCOPED_TRACE(kn.name);
     const Shape os = kn.out_shape();
     const Tensor lse = Tensor::zeros(kn.lse_shape);
