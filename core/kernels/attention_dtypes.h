@@ -1,6 +1,8 @@
-// The dtypes the CPU attention kernels accept (attention_* and
-// rope_attention_* in core/kernels/kernel_list.h), checked alike by the padded
-// and token-stream kernels. C++17, no host-only types: nvcc reads this header.
+// The dtypes the attention kernels take (attention_*, attention_varlen_* and
+// rope_attention_* in core/kernels/kernel_list.h), checked alike by the CPU's
+// padded and token-stream kernels and by the RoPE-inside composition
+// (core/kernels/rope_attention_composite.h, also CUDA's fallback). C++17, no
+// host-only types: nvcc reads this header.
 #pragma once
 
 #include "core/error.h"

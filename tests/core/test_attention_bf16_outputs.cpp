@@ -1,5 +1,5 @@
-// bf16 outputs of the CPU attention kernels (padded, token stream; RoPE
-// inside next): with bf16 q, k, v the kernels write out, and the gradients of q,
+// bf16 outputs of the CPU attention kernels (padded, token stream, RoPE
+// inside): with bf16 q, k, v the kernels write out, and the gradients of q,
 // k, v, in bf16 as the f32 results rounded once -- bit for bit what the
 // f32-output call gives, rounded -- forward and backward, with and without
 // dropout, with a key mask, odd head dims and lengths, strided outputs, on
@@ -149,7 +149,7 @@ void on_one_thread(const std::function<void()>& f) {
 }
 
 TEST(AttentionBf16Outputs, AreTheF32OutputsRoundedOnceBitForBit) {
-  for (const Kernel& base : {padded(false), token_stream(false)})
+  for (const Kernel& base : {padded(false), token_stream(false), padded(true), token_stream(true)})
     for (const double p : {0.0, 0.2}) {
       Kernel kn = base;
       kn.params.scale = 0.4;
@@ -189,7 +189,7 @@ TEST(AttentionBf16Outputs, AreTheF32OutputsRoundedOnceBitForBit) {
 }
 
 TEST(AttentionBf16Outputs, OtherDtypeMixesAreRejectedNamingTheDtypes) {
-  for (const Kernel& kn : {padded(false), token_stream(false)}) {
+  for (const Kernel& kn : {padded(false), token_stream(false), padded(true), token_stream(true)}) {
     SCOPED_TRACE(kn.name);
     const Shape os = kn.out_shape();
     const Tensor lse = Tensor::zeros(kn.lse_shape);
