@@ -15,6 +15,7 @@
 #include "core/cpu/attention_rows.h"
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
+#include "core/kernels/attention_dtypes.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cpu {
@@ -113,10 +114,11 @@ template <class T>
 T* head_ptr(const View& t, int64_t b, int64_t h) {
   return static_cast<T*>(t.data()) + b * t.strides()[0] + h * t.strides()[1];
 }
-// The same for a view of either GEMM dtype (f32, bf16).
-const void* head_bytes(const View& t, int64_t b, int64_t h) {
+// The same (at row i) for a view of either GEMM dtype (f32, bf16).
+const void* head_bytes(const View& t, int64_t b, int64_t h, int64_t i = 0) {
   return static_cast<const char*>(t.data()) +
-         (b * t.strides()[0] + h * t.strides()[1]) * int64_t(dtype_size(t.dtype()));
+         (b * t.strides()[0] + h * t.strides()[1] + i * t.strides()[2]) *
+             int64_t(dtype_size(t.dtype()));
 }
 
 void forward_gemm(const AttentionArgs& args, const View& out, const View& lse,
@@ -132,20 +134,27 @@ void forward_gemm(const AttentionArgs& args, const View& out, const View& lse,
   // bf16 q, k, v: the probabilities enter the second product as bf16.
   const DType gemm_dtype = args.q.dtype();
   const bool low = gemm_dtype == DType::bf16;
+  // A bf16 out: the product goes to a per-thread f32 head, then rounded once.
+  const bool out_low = out.dtype() == DType::bf16;
+  const Matrix out_f32{d.Sq, d.Dv, d.Dv, 1};
   const auto qk = head_gemm(head_matrix(args.q), head_matrix(args.k).t(), scores);
-  const auto pv = head_gemm(scores.as(gemm_dtype), head_matrix(args.v), head_matrix(out));
+  const auto pv =
+      head_gemm(scores.as(gemm_dtype), head_matrix(args.v), out_low ? out_f32 : head_matrix(out));
   float* plse = lse.data_as<float>();
   uint32_t* all_bits = drop ? reinterpret_cast<uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
   // One S x S scores buffer per thread (and its bf16 copy).
   const int threads = head_threads(d);
   const Scratch scratch({threads, d.Sq * d.Sk}, DType::f32);
   const Scratch scratch_low({low ? threads : 0, d.Sq * d.Sk}, DType::bf16);
+  const Scratch scratch_out({out_low ? threads : 0, d.Sq * d.Dv}, DType::f32);
   RegionErrors errors;
 #pragma omp parallel num_threads(threads)
   {
     float* ps = scratch.view().data_as<float>() + omp_get_thread_num() * d.Sq * d.Sk;
     bf16* pl =
         low ? scratch_low.view().data_as<bf16>() + omp_get_thread_num() * d.Sq * d.Sk : nullptr;
+    float* po = out_low ? scratch_out.view().data_as<float>() + omp_get_thread_num() * d.Sq * d.Dv
+                        : nullptr;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < d.B * d.H; ++bh)
       errors.guard([&] {
@@ -176,8 +185,13 @@ void forward_gemm(const AttentionArgs& args, const View& out, const View& lse,
           }
           if (low) to_bf16_row(x, pl + i * d.Sk, d.Sk);
         }
-        run(*pv, low ? static_cast<const void*>(pl) : ps, head_bytes(args.v, b, h),
-            head_ptr<float>(out, b, h));
+        const void* p_in = low ? static_cast<const void*>(pl) : ps;
+        if (out_low) {
+          run(*pv, p_in, head_bytes(args.v, b, h), po);
+          store_rows(po, d.Sq, d.Dv, head_ptr<bf16>(out, b, h), DType::bf16, out.strides()[2]);
+        } else {
+          run(*pv, p_in, head_bytes(args.v, b, h), head_ptr<float>(out, b, h));
+        }
       });
   }
   errors.rethrow();
@@ -198,14 +212,19 @@ void backward_gemm(const AttentionArgs& args, const View& out, const View& lse,
   // bf16 q, k, v, dO: Pd and dS enter the last three products as bf16.
   const DType gemm_dtype = args.q.dtype();
   const bool low = gemm_dtype == DType::bf16;
-  RF_CHECK(grad_out.dtype() == gemm_dtype, "attention kernel: grad_out ", grad_out.desc(),
-           " does not match q ", args.q.desc());
+  // bf16 gradients: the products go to per-thread f32 heads, then rounded once.
+  const bool grad_low = grad_q.dtype() == DType::bf16;
+  auto grad_matrix = [&](const View& g) {
+    return grad_low ? Matrix{g.shape()[2], g.shape()[3], g.shape()[3], 1} : head_matrix(g);
+  };
+  const Matrix dv_c = grad_matrix(grad_v), dq_c = grad_matrix(grad_q), dk_c = grad_matrix(grad_k);
   const Matrix square_in = square.as(gemm_dtype);
-  const auto qk = head_gemm(q, k.t(), square);                             // S = Q K^T
-  const auto dov = head_gemm(dO, v.t(), square);                           // dPd = dO V^T
-  const auto dv_gemm = head_gemm(square_in.t(), dO, head_matrix(grad_v));  // dV = Pd^T dO
-  const auto dq_gemm = head_gemm(square_in, k, head_matrix(grad_q));       // dQ = dS K
-  const auto dk_gemm = head_gemm(square_in.t(), q, head_matrix(grad_k));   // dK = dS^T Q
+  const auto qk = head_gemm(q, k.t(), square);              // S = Q K^T
+  const auto dov = head_gemm(dO, v.t(), square);            // dPd = dO V^T
+  const auto dv_gemm = head_gemm(square_in.t(), dO, dv_c);  // dV = Pd^T dO
+  const auto dq_gemm = head_gemm(square_in, k, dq_c);       // dQ = dS K
+  const auto dk_gemm = head_gemm(square_in.t(), q, dk_c);   // dK = dS^T Q
+  const int64_t grad_floats = d.Sk * d.Dv + d.Sq * d.D + d.Sk * d.D;
   const float* plse = lse.data_as<float>();
   const uint32_t* all_bits =
       drop ? reinterpret_cast<const uint32_t*>(keep_bits.data_as<int32_t>()) : nullptr;
@@ -214,6 +233,7 @@ void backward_gemm(const AttentionArgs& args, const View& out, const View& lse,
   const int threads = head_threads(d);
   const Scratch scratch({threads, 2 * d.Sq * d.Sk}, DType::f32);
   const Scratch scratch_low({low ? threads : 0, 2 * d.Sq * d.Sk}, DType::bf16);
+  const Scratch scratch_grads({grad_low ? threads : 0, grad_floats}, DType::f32);
   RegionErrors errors;
 #pragma omp parallel num_threads(threads)
   {
@@ -222,6 +242,11 @@ void backward_gemm(const AttentionArgs& args, const View& out, const View& lse,
     bf16* pl =
         low ? scratch_low.view().data_as<bf16>() + omp_get_thread_num() * 2 * d.Sq * d.Sk : nullptr;
     bf16* pdl = low ? pl + d.Sq * d.Sk : nullptr;
+    float* dvs = grad_low
+                     ? scratch_grads.view().data_as<float>() + omp_get_thread_num() * grad_floats
+                     : nullptr;
+    float* dqs = grad_low ? dvs + d.Sk * d.Dv : nullptr;
+    float* dks = grad_low ? dqs + d.Sq * d.D : nullptr;
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < d.B * d.H; ++bh)
       errors.guard([&] {
@@ -241,17 +266,8 @@ void backward_gemm(const AttentionArgs& args, const View& out, const View& lse,
             std::fill(y, y + d.Sk, 0.0f);
           } else {
             // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
-            const float* oo = head_ptr<const float>(out, b, h) + i * out.strides()[2];
-            float D = 0.0f;
-            if (low) {
-              const bf16* go = static_cast<const bf16*>(dOh) + i * grad_out.strides()[2];
-#pragma omp simd reduction(+ : D)
-              for (int64_t c = 0; c < d.Dv; ++c) D += float(go[c]) * oo[c];
-            } else {
-              const float* go = static_cast<const float*>(dOh) + i * grad_out.strides()[2];
-#pragma omp simd reduction(+ : D)
-              for (int64_t c = 0; c < d.Dv; ++c) D += go[c] * oo[c];
-            }
+            const float D = dot_f32(head_bytes(grad_out, b, h, i), gemm_dtype,
+                                    head_bytes(out, b, h, i), out.dtype(), d.Dv);
             backward_row(x, y, mask.add.data() + b * d.Sk, mask.keep.data() + b * d.Sk,
                          drop ? all_bits + global_row * W : nullptr, scale, row_lse, D, inv_keep,
                          d.Sk);
@@ -263,9 +279,21 @@ void backward_gemm(const AttentionArgs& args, const View& out, const View& lse,
         }
         const void* p_in = low ? static_cast<const void*>(pl) : pp;
         const void* ds_in = low ? static_cast<const void*>(pdl) : pdp;
-        run(*dv_gemm, p_in, dOh, head_ptr<float>(grad_v, b, h));
-        run(*dq_gemm, ds_in, kh, head_ptr<float>(grad_q, b, h));
-        run(*dk_gemm, ds_in, qh, head_ptr<float>(grad_k, b, h));
+        if (grad_low) {
+          run(*dv_gemm, p_in, dOh, dvs);
+          run(*dq_gemm, ds_in, kh, dqs);
+          run(*dk_gemm, ds_in, qh, dks);
+          store_rows(dvs, d.Sk, d.Dv, head_ptr<bf16>(grad_v, b, h), DType::bf16,
+                     grad_v.strides()[2]);
+          store_rows(dqs, d.Sq, d.D, head_ptr<bf16>(grad_q, b, h), DType::bf16,
+                     grad_q.strides()[2]);
+          store_rows(dks, d.Sk, d.D, head_ptr<bf16>(grad_k, b, h), DType::bf16,
+                     grad_k.strides()[2]);
+        } else {
+          run(*dv_gemm, p_in, dOh, head_ptr<float>(grad_v, b, h));
+          run(*dq_gemm, ds_in, kh, head_ptr<float>(grad_q, b, h));
+          run(*dk_gemm, ds_in, qh, head_ptr<float>(grad_k, b, h));
+        }
       });
   }
   errors.rethrow();
@@ -393,6 +421,7 @@ void backward_loop(const AttentionArgs& args, const View& out, const View& lse,
 
 void attention_forward(Stream stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
                        KT out_kt, KT lse_kt, KT keep_bits_kt) {
+  check_attention_forward_dtypes("attention kernel", q, k, v, out_kt, lse_kt);
   const AttentionArgs args(params, q, k, v, key_mask);
   const View out(out_kt), lse(lse_kt), keep_bits(keep_bits_kt);
   if (out.numel() == 0) return;
@@ -402,9 +431,6 @@ void attention_forward(Stream stream, const AttentionParams& params, KT q, KT k,
     return;
   }
   if (args.q.dtype() == DType::f32 || args.q.dtype() == DType::bf16) {
-    RF_CHECK(out.dtype() == DType::f32 && lse.dtype() == DType::f32,
-             "attention kernel: f32/bf16 inputs write f32 out and lse, got ", out.desc(), ", ",
-             lse.desc());
     forward_gemm(args, out, lse, keep_bits);
   } else if (args.q.dtype() == DType::f64) {
     forward_loop<double>(args, out, lse, keep_bits);
@@ -416,6 +442,8 @@ void attention_forward(Stream stream, const AttentionParams& params, KT q, KT k,
 void attention_backward(Stream stream, const AttentionParams& params, KT q, KT k, KT v, KT key_mask,
                         KT out_kt, KT lse_kt, KT keep_bits_kt, KT grad_out_kt, KT grad_q_kt,
                         KT grad_k_kt, KT grad_v_kt) {
+  check_attention_backward_dtypes("attention kernel", q, k, v, out_kt, lse_kt, grad_out_kt,
+                                  grad_q_kt, grad_k_kt, grad_v_kt);
   const AttentionArgs args(params, q, k, v, key_mask);
   if (args.q.shape()[2] == 0 || args.k.shape()[2] == 0) {
     // No query rows or no keys: every gradient is zero (and oneDNN builds no

@@ -123,6 +123,38 @@ inline void draw_keep_row(const DropoutKey& site, uint32_t sequence, uint32_t po
 
 // --- row kernels (vectorised) -------------------------------------------------------
 
+// sum_c a[c] b[c] in f32 (D_i = dO_i . O_i of the backward): a in the gemm
+// dtype, b (the forward's output) f32 or bf16.
+template <class A, class B>
+float dot_f32(const A* __restrict a, const B* __restrict b, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t c = 0; c < n; ++c) acc += float(a[c]) * float(b[c]);
+  return acc;
+}
+
+// The same with a's and b's dtypes given at run time.
+inline float dot_f32(const void* a, DType a_dtype, const void* b, DType b_dtype, int64_t n) {
+  const bool a_low = a_dtype == DType::bf16, b_low = b_dtype == DType::bf16;
+  if (a_low && b_low) return dot_f32(static_cast<const bf16*>(a), static_cast<const bf16*>(b), n);
+  if (a_low) return dot_f32(static_cast<const bf16*>(a), static_cast<const float*>(b), n);
+  if (b_low) return dot_f32(static_cast<const float*>(a), static_cast<const bf16*>(b), n);
+  return dot_f32(static_cast<const float*>(a), static_cast<const float*>(b), n);
+}
+
+// rows x cols f32 (row stride cols) into dst (f32 or bf16, rounded once; row
+// stride dst_stride elements).
+inline void store_rows(const float* src, int64_t rows, int64_t cols, void* dst, DType dst_dtype,
+                       int64_t dst_stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (dst_dtype == DType::bf16) {
+      to_bf16_row(src + r * cols, static_cast<bf16*>(dst) + r * dst_stride, cols);
+    } else {
+      std::copy_n(src + r * cols, cols, static_cast<float*>(dst) + r * dst_stride);
+    }
+  }
+}
+
 // x = x * scale + add; returns max(x).
 inline float scale_mask_max(float* __restrict x, const float* __restrict add, float scale,
                             int64_t n) {

@@ -17,6 +17,7 @@
 #include "core/cpu/attention_rows.h"
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
+#include "core/kernels/attention_dtypes.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cpu {
@@ -264,11 +265,16 @@ void load_segment_head(const View& x, int64_t start, int64_t L, int64_t Lp, int6
   }
 }
 
-// Rows [0, L) of src [., cols] into the segment's rows of head h of x (f32).
+// Rows [0, L) of src [., cols] into the segment's rows of head h of x (f32,
+// or bf16 rounded once).
 void store_segment_head(const float* src, int64_t L, int64_t cols, const View& x, int64_t start,
                         int64_t h) {
-  for (int64_t j = 0; j < L; ++j)
-    std::copy_n(src + j * cols, cols, token_ptr<float>(x, start + j, h));
+  const int64_t row_stride = x.strides()[0];
+  if (x.dtype() == DType::bf16) {
+    store_rows(src, L, cols, token_ptr<bf16>(x, start, h), DType::bf16, row_stride);
+  } else {
+    store_rows(src, L, cols, token_ptr<float>(x, start, h), DType::f32, row_stride);
+  }
 }
 
 // The GEMMs of one bucketed length Lp: operands [Lp, D] / [Lp, Dv] in the
@@ -363,10 +369,6 @@ VarlenItem load_item(const VarlenPlan& p, const std::vector<Segment>& segs, int6
 void varlen_forward_gemm(const AttentionParams& params, const View& q, const View& k, const View& v,
                          const std::vector<Segment>& segs, const View& out, const View& lse,
                          const View& keep_bits) {
-  RF_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype() && out.dtype() == DType::f32 &&
-               lse.dtype() == DType::f32,
-           "attention_varlen kernel: f32/bf16 q, k, v of one dtype write f32 out and lse, got ",
-           q.desc(), ", ", k.desc(), ", ", v.desc(), ", ", out.desc(), ", ", lse.desc());
   const VarlenPlan p(params, q, k, v, segs, false);
   const VarlenGeometry& g = p.g;
   const int64_t Lm = p.Lm;
@@ -429,11 +431,6 @@ void varlen_backward_gemm(const AttentionParams& params, const View& q, const Vi
                           const View& v, const std::vector<Segment>& segs, const View& out,
                           const View& lse, const View& keep_bits, const View& grad_out,
                           const View& grad_q, const View& grad_k, const View& grad_v) {
-  RF_CHECK(grad_out.dtype() == q.dtype() && out.dtype() == DType::f32 &&
-               grad_q.dtype() == DType::f32 && grad_k.dtype() == DType::f32 &&
-               grad_v.dtype() == DType::f32,
-           "attention_varlen kernel: grad_out ", grad_out.desc(), " does not match q ", q.desc(),
-           " or the gradients are not f32");
   const VarlenPlan p(params, q, k, v, segs, true);
   const VarlenGeometry& g = p.g;
   const int64_t Lm = p.Lm;
@@ -474,17 +471,11 @@ void varlen_backward_gemm(const AttentionParams& params, const View& q, const Vi
           if (i < L) {
             const int64_t t = it.s.start + i;
             // D_i = sum_j Pd_ij dPd_ij = dO_i . O_i
-            const float* oo = token_ptr<const float>(out, t, h);
-            float D = 0.0f;
-            if (p.low) {
-              const bf16* go = reinterpret_cast<const bf16*>(dos) + i * g.Dv;
-#pragma omp simd reduction(+ : D)
-              for (int64_t c = 0; c < g.Dv; ++c) D += float(go[c]) * oo[c];
-            } else {
-              const float* go = reinterpret_cast<const float*>(dos) + i * g.Dv;
-#pragma omp simd reduction(+ : D)
-              for (int64_t c = 0; c < g.Dv; ++c) D += go[c] * oo[c];
-            }
+            const float D = dot_f32(dos + i * g.Dv * p.esize, q.dtype(),
+                                    out.dtype() == DType::bf16
+                                        ? static_cast<const void*>(token_ptr<const bf16>(out, t, h))
+                                        : token_ptr<const float>(out, t, h),
+                                    out.dtype(), g.Dv);
             backward_row(x, y, p.no_mask.data(), p.all_kept.data(),
                          p.drop ? all_bits + (t * g.H + h) * g.W : nullptr, p.scale,
                          plse[t * g.H + h], D, p.inv_keep, L);
@@ -516,6 +507,7 @@ void varlen_backward_gemm(const AttentionParams& params, const View& q, const Vi
 
 void attention_varlen_forward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT segments,
                               KT out, KT lse, KT keep_bits) {
+  check_attention_forward_dtypes("attention_varlen kernel", q, k, v, out, lse);
   const View vq(q), vk(k), vv(v);
   const std::vector<Segment> segs = read_segments(View(segments));
   if (vq.dtype() == DType::f32 || vq.dtype() == DType::bf16) {
@@ -530,6 +522,8 @@ void attention_varlen_forward(Stream, const AttentionParams& params, KT q, KT k,
 void attention_varlen_backward(Stream, const AttentionParams& params, KT q, KT k, KT v, KT segments,
                                KT out, KT lse, KT keep_bits, KT grad_out, KT grad_q, KT grad_k,
                                KT grad_v) {
+  check_attention_backward_dtypes("attention_varlen kernel", q, k, v, out, lse, grad_out, grad_q,
+                                  grad_k, grad_v);
   const View vq(q), vk(k), vv(v);
   const std::vector<Segment> segs = read_segments(View(segments));
   if (vq.dtype() == DType::f32 || vq.dtype() == DType::bf16) {

@@ -149,7 +149,11 @@ struct AttentionParams {
   /* --- fused softmax attention (core/cpu/attention.cpp) ---------------------------------- */\
   /* q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (unit last stride), key_mask [B, Sk] */\
   /* any dtype, nonzero = keep (or undefined); out [B, H, Sq, Dv]; lse [B, H, Sq]; */          \
-  /* keep_bits [B, H, Sq, ceil(Sk / 32)] i32 when dropout_p > 0. */                            \
+  /* keep_bits [B, H, Sq, ceil(Sk / 32)] i32 when dropout_p > 0. Dtypes (this kernel, the */    \
+  /* token-stream and RoPE-inside ones; core/kernels/attention_dtypes.h): q, k, v one dtype */   \
+  /* and grad_out q's; f32 q: out, grads f32; f64 q: all f64; bf16 q: out f32 or bf16 and */    \
+  /* grad_q, grad_k, grad_v all f32 or all bf16; lse f32 (f64 for f64). Arithmetic in f32 */    \
+  /* (f64): a bf16 output is the f32 result rounded once (round to nearest even). */           \
   X(attention_forward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,            \
                             KT key_mask, KT out, KT lse, KT keep_bits))                         \
   X(attention_backward, void(Stream, const AttentionParams& params, KT q, KT k, KT v,           \
@@ -175,7 +179,7 @@ struct AttentionParams {
   X(rope_attention_forward, void(Stream, const AttentionParams& params, KT table,              \
                                  bool interleaved, KT q, KT k, KT v, KT mask_or_segments,      \
                                  KT out, KT lse, KT keep_bits))                                \
-  /* grad_q, grad_k: gradients of the unrotated q and k. */                                    \
+  /* grad_q, grad_k: gradients of the unrotated q and k; dtypes as attention_*'s. */          \
   X(rope_attention_backward, void(Stream, const AttentionParams& params, KT table,             \
                                   bool interleaved, KT q, KT k, KT v, KT mask_or_segments,     \
                                   KT out, KT lse, KT keep_bits, KT grad_out, KT grad_q,        \

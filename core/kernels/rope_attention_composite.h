@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "core/kernels/attention_dtypes.h"
 #include "core/kernels/kernel_list.h"
 
 namespace roformer::kernels::rope_composite {
@@ -56,6 +57,7 @@ void forward(const KernelTable& kt, Stream stream, Alloc&& alloc, const Attentio
              const KernelTensor& table, bool interleaved, const KernelTensor& q,
              const KernelTensor& k, const KernelTensor& v, const KernelTensor& mask_or_segments,
              const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits) {
+  check_attention_forward_dtypes("rope_attention kernel", q, k, v, out, lse);
   const auto q_mem = alloc(bytes_of(q, q.dtype));
   const auto k_mem = alloc(bytes_of(k, k.dtype));
   const KernelTensor rq = rotate_into(kt, stream, table, interleaved, false, q, q_mem.get());
@@ -74,34 +76,46 @@ void backward(const KernelTable& kt, Stream stream, Alloc&& alloc, const Attenti
               const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits,
               const KernelTensor& grad_out, const KernelTensor& grad_q, const KernelTensor& grad_k,
               const KernelTensor& grad_v) {
+  check_attention_backward_dtypes("rope_attention kernel", q, k, v, out, lse, grad_out, grad_q,
+                                  grad_k, grad_v);
   const bool token_stream = q.ndim == 3;
   const auto q_mem = alloc(bytes_of(q, q.dtype));
   const auto k_mem = alloc(bytes_of(k, k.dtype));
   const KernelTensor rq = rotate_into(kt, stream, table, interleaved, false, q, q_mem.get());
   const KernelTensor rk = rotate_into(kt, stream, table, interleaved, false, k, k_mem.get());
   // Gradients of the rotated q and k, in the layout rotate_into returns; a
-  // token stream's rows outside every segment are not written: zeros.
-  const auto dq_mem = alloc(bytes_of(q, grad_q.dtype));
-  const auto dk_mem = alloc(bytes_of(k, grad_k.dtype));
-  auto layout = [&](const KernelTensor& x, void* data, DType dtype) {
-    return token_stream ? swap01(dense(swap01(x), data, dtype)) : dense(x, data, dtype);
+  // token stream's rows outside every segment are not written: zeros. They
+  // are kept in the accumulation dtype (f32, f64 for f64) and rotated back in
+  // it: bf16 gradients are the f32 ones rounded once, by the final copy.
+  const DType rot = attention_accumulator(q.dtype);
+  const auto dq_mem = alloc(bytes_of(q, rot));
+  const auto dk_mem = alloc(bytes_of(k, rot));
+  auto layout = [&](const KernelTensor& x, void* data) {
+    return token_stream ? swap01(dense(swap01(x), data, rot)) : dense(x, data, rot);
   };
-  const KernelTensor dq_rot = layout(q, dq_mem.get(), grad_q.dtype);
-  const KernelTensor dk_rot = layout(k, dk_mem.get(), grad_k.dtype);
+  const KernelTensor dq_rot = layout(q, dq_mem.get());
+  const KernelTensor dk_rot = layout(k, dk_mem.get());
+  // The attention kernels write the three gradients in one dtype: a bf16
+  // grad_v goes through accumulation-dtype scratch too (holding grad_v's
+  // values, for a token stream's rows outside every segment).
+  const bool dv_scratch = grad_v.dtype != rot;
+  const auto dv_mem = alloc(dv_scratch ? bytes_of(v, rot) : 0);
+  const KernelTensor dv = dv_scratch ? dense(grad_v, dv_mem.get(), rot) : grad_v;
   if (token_stream) {
     kt.fill(stream, dq_rot, 0.0);
     kt.fill(stream, dk_rot, 0.0);
+    if (dv_scratch) kt.copy(stream, grad_v, dv);
     kt.attention_varlen_backward(stream, params, rq, rk, v, mask_or_segments, out, lse, keep_bits,
-                                 grad_out, dq_rot, dk_rot, grad_v);
+                                 grad_out, dq_rot, dk_rot, dv);
   } else {
     kt.attention_backward(stream, params, rq, rk, v, mask_or_segments, out, lse, keep_bits,
-                          grad_out, dq_rot, dk_rot, grad_v);
+                          grad_out, dq_rot, dk_rot, dv);
   }
+  if (dv_scratch) kt.copy(stream, dv, grad_v);
   // Rotated back (the rotation is orthogonal) into the q and k scratch, then
   // copied into the callers' (possibly strided) gradients.
   const auto back_mem =
-      alloc(bytes_of(q, grad_q.dtype) > bytes_of(k, grad_k.dtype) ? bytes_of(q, grad_q.dtype)
-                                                                  : bytes_of(k, grad_k.dtype));
+      alloc(bytes_of(q, rot) > bytes_of(k, rot) ? bytes_of(q, rot) : bytes_of(k, rot));
   kt.copy(stream, rotate_into(kt, stream, table, interleaved, true, dq_rot, back_mem.get()),
           grad_q);
   kt.copy(stream, rotate_into(kt, stream, table, interleaved, true, dk_rot, back_mem.get()),
