@@ -65,6 +65,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
 // (with b1's) run in cuBLASLt's GEMM epilogues; not the erf GELU of gelu().
 Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                      const Tensor& b2);
+// The same with the result in `out_dtype` (linear()'s rules); a bf16 result
+// under autocast keeps the inner activations in bf16 too.
+Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                     const Tensor& b2, DType out_dtype);
 
 // --- normalisation and probabilities (core/ops/softmax.cpp, layer_norm.cpp) ---
 Tensor softmax(const Tensor& x);      // over the last dim

@@ -178,7 +178,7 @@ Tensor RoFormerLayer::feed_forward(const Tensor& attended, bool training, Dropou
     RF_PROFILE("ffn");  // both products and the GELU in one op (GEMM epilogues on CUDA)
     const Linear& out = output_.dense();
     y = gelu_tanh_ffn(attended, intermediate_dense_.weight(), intermediate_dense_.bias(),
-                      out.weight(), out.bias());
+                      out.weight(), out.bias(), activation_dtype(attended));
   }
   return output_.finish(y, attended, training, ctx, dropout_tokens);
 }

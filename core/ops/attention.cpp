@@ -120,10 +120,11 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   const bool drop = params.dropout_p > 0.0;
   // Under bf16 autocast, or for bf16 q, k, v (bf16 activations), the two
   // products read bf16 q, k, v (kept for backward at half the memory) and
-  // the probabilities as bf16; scores, softmax, lse, the output and the
-  // gradients stay f32.
+  // the probabilities as bf16; scores, softmax and lse stay f32. The output
+  // and the gradients come in q's dtype: bf16 activations stay bf16.
   const bool low = autocast_bf16(device, q.dtype()) || q.dtype() == DType::bf16;
-  const DType out_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  const DType out_dtype = q.dtype();
+  const DType stat_dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
   if (engine == kernels::AttentionEngine::vendor && vendor_takes(device, low, drop, D) && Dv == D) {
     params.engine = engine;
     params.mask_site = vendor_mask_site(op, device, key_padding_mask, Sk);
@@ -134,7 +135,7 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   const Tensor mask = key_padding_mask.defined() ? key_padding_mask.detach() : Tensor();
 
   Tensor out = heads_view_buffer(B, H, Sq, Dv, out_dtype, device);
-  const Tensor lse = Tensor::empty({B, H, Sq}, out_dtype, device);
+  const Tensor lse = Tensor::empty({B, H, Sq}, stat_dtype, device);
   const int64_t keep_words = (Sk + 31) / 32;
   const Tensor bits = drop ? Tensor::empty({B, H, Sq, keep_words}, DType::i32, device) : Tensor();
   if (Sk == 0) {
@@ -154,7 +155,7 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   const bool rotate = rotary != nullptr;
   return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
-    const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
+    const Tensor grad_out = kernel_operand(g, low);
     Tensor dq = heads_view_buffer(B, H, Sq, D, out_dtype, g.device());
     Tensor dk = heads_view_buffer(B, H, Sk, D, out_dtype, g.device());
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, out_dtype, g.device());
@@ -244,10 +245,11 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   params.longest_segment = longest;
   const bool drop = params.dropout_p > 0.0;
   // bf16 autocast (or bf16 q, k, v) as in attention: the products read bf16
-  // q, k, v (kept for backward) and dO; scores, softmax, lse, out and the
-  // gradients stay f32.
+  // q, k, v (kept for backward) and dO; scores, softmax and lse stay f32,
+  // out and the gradients come in q's dtype.
   const bool low = autocast_bf16(device, q.dtype()) || q.dtype() == DType::bf16;
-  const DType out_dtype = q.dtype() == DType::bf16 ? DType::f32 : q.dtype();
+  const DType out_dtype = q.dtype();
+  const DType stat_dtype = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const Tensor qd = kernel_operand(q, low), kd = kernel_operand(k, low),
                vd = kernel_operand(v, low);
   if (segments_on_device.defined() &&
@@ -260,7 +262,7 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
       segments_on_device.defined() ? segments_on_device.detach() : segments.detach().to(device);
   // Rows of tokens in no segment are left to the zero fill.
   Tensor out = Tensor::zeros({T, H, Dv}, out_dtype, device);
-  const Tensor lse = Tensor::empty({T, H}, out_dtype, device);
+  const Tensor lse = Tensor::empty({T, H}, stat_dtype, device);
   const Tensor bits =
       drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
   if (T == 0 || longest == 0) return out;
@@ -276,7 +278,7 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   const bool rotate = rotary != nullptr;
   return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
-    const Tensor grad_out = low ? to_bf16(g) : unit_last_stride(g);
+    const Tensor grad_out = kernel_operand(g, low);
     Tensor dq = Tensor::zeros({T, H, D}, out_dtype, g.device());
     Tensor dk = Tensor::zeros({T, H, D}, out_dtype, g.device());
     Tensor dv = Tensor::zeros({T, H, Dv}, out_dtype, g.device());

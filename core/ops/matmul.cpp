@@ -117,6 +117,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
 
 Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                      const Tensor& b2) {
+  return gelu_tanh_ffn(x, w1, b1, w2, b2, x.dtype());
+}
+
+Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                     const Tensor& b2, DType out_dtype) {
   constexpr const char* op = "gelu_tanh_ffn";
   kernel_device(op, {&x, &w1, &b1, &w2, &b2});
   if (w1.dim() != 2 || w2.dim() != 2 || x.dim() < 1 || x.shape().back() != w1.size(1) ||
@@ -125,15 +130,23 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
     throw Error(detail::concat(op, ": expected x [..., in], w1 [inner, in], b1 [inner], w2 [out, ",
                                "inner], b2 [out]; got x ", x.desc(), ", w1 ", w1.desc(), ", b1 ",
                                b1.desc(), ", w2 ", w2.desc(), ", b2 ", b2.desc()));
+  // As linear: under autocast f32 weights take an f32 or bf16 x, and a bf16
+  // result keeps the inner activations (pre, h) in bf16 too.
+  const bool low = w1.dtype() == DType::f32 && autocast_active(x.device()) &&
+                   (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
   for (const Tensor* t : {&w1, &b1, &w2, &b2})
-    if (t->dtype() != x.dtype() || !is_floating(x.dtype()))
+    if ((t->dtype() != x.dtype() && !(low && t->dtype() == DType::f32)) || !is_floating(x.dtype()))
       throw Error(detail::concat(op, ": expected floating tensors of one dtype, got x ", x.desc(),
                                  " and ", t->desc()));
+  if (low ? out_dtype != DType::f32 && out_dtype != DType::bf16 : out_dtype != x.dtype())
+    throw Error(detail::concat(op, ": cannot write ", dtype_name(out_dtype), " for x ", x.desc(),
+                               " (bf16 activations need run.precision: bf16)"));
   const int64_t in = w1.size(1), inner = w1.size(0), out_features = w2.size(0);
   Shape out_shape = x.shape();
   out_shape.back() = out_features;
-  const bool low = autocast_bf16(x.device(), x.dtype());
-  const DType dt = x.dtype();
+  const DType x_dtype = x.dtype(), w_dtype = w1.dtype();
+  const bool bf16_inner = low && out_dtype == DType::bf16;
+  const DType dt = bf16_inner ? DType::bf16 : w_dtype;  // pre and h
   Tensor x2, we1, we2, pre, h, out;
   {
     NoGradGuard no_grad;
@@ -142,10 +155,13 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
     we2 = low ? bf16_weight(w2) : w2;
     pre = Tensor::empty({x2.size(0), inner}, dt, x.device());
     h = Tensor::empty({x2.size(0), inner}, dt, x.device());
-    // pre = x w1^T + b1 (kept for backward), h = gelu_tanh(pre).
-    launch::gemm_gelu_forward(x.device(), x2, we1.transpose(0, 1), b1.contiguous(), pre, h);
+    // pre = x w1^T + b1 (kept for backward), h = gelu_tanh(pre); the bias in
+    // the epilogue's dtype (pre's).
+    const Tensor eb1 = bf16_inner ? bf16_weight(b1) : b1.contiguous();
+    const Tensor eb2 = bf16_inner ? bf16_weight(b2) : b2;
+    launch::gemm_gelu_forward(x.device(), x2, we1.transpose(0, 1), eb1, pre, h);
     if (low) h = to_bf16(h);
-    out = product(h, we2.transpose(0, 1), b2, op, dt).view(out_shape);
+    out = product(h, we2.transpose(0, 1), eb2, op, out_dtype).view(out_shape);
   }
   const bool gx = x.requires_grad(), gw1 = w1.requires_grad(), gb1 = b1.requires_grad();
   const bool gw2 = w2.requires_grad(), gb2 = b2.requires_grad();
@@ -158,7 +174,8 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
     const Tensor g2 = g.reshape({-1, out_features});
     const Tensor eg = low ? to_bf16(g2) : g2;
     Tensor dx, dw1, db1, dw2, db2;
-    if (gw2) dw2 = product(eg.transpose(0, 1), saved_h.get(), Tensor(), op, dt);
+    // Each gradient in its input's dtype (b1's and b2's are summed in dt and g's).
+    if (gw2) dw2 = product(eg.transpose(0, 1), saved_h.get(), Tensor(), op, w_dtype);
     if (gb2) db2 = sum(g2, {0});
     if (inner_grad) {
       // dpre = (g w2) * gelu_tanh'(pre), and b1's gradient in the same pass.
@@ -168,8 +185,8 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
       launch::gemm_dgelu_backward(p.device(), eg, saved_w2.get(), p, dpre, dbias);
       if (gb1) db1 = dbias;
       const Tensor ed = low ? to_bf16(dpre) : dpre;
-      if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, dt);
-      if (gx) dx = product(ed, saved_w1.get(), Tensor(), op, dt).view(x_shape);
+      if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, w_dtype);
+      if (gx) dx = product(ed, saved_w1.get(), Tensor(), op, x_dtype).view(x_shape);
     }
     return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
   });

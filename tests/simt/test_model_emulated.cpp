@@ -110,13 +110,15 @@ struct Case {
   AttentionKernel kernel;
   bool stream, bf16;
   int64_t head_dim = 64;
+  const char* hidden_act = "gelu";
 };
 
 class ModelEmulated : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ModelEmulated, OneMlmStepMatchesTheCpuKernels) {
   const Case& k = GetParam();
-  const ModelConfig c = config(k.kernel, k.head_dim);
+  ModelConfig c = config(k.kernel, k.head_dim);
+  c.hidden_act = k.hidden_act;
   const Step cpu = mlm_step(c, k.stream, k.bf16);
   Step emulated;
   {
@@ -143,7 +145,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stream_bf16_fused_rope", AttentionKernel::kFusedRope, true, true},
                       // Head dim 32: the simple and per-segment kernels in bf16.
                       Case{"padded_bf16_head_dim_32", AttentionKernel::kFusedRope, false, true, 32},
-                      Case{"stream_bf16_head_dim_32", AttentionKernel::kFusedRope, true, true, 32}),
+                      Case{"stream_bf16_head_dim_32", AttentionKernel::kFusedRope, true, true, 32},
+                      // The tanh GELU: the FFN's products with GELU epilogues, bf16 inside.
+                      Case{"stream_bf16_gelu_new", AttentionKernel::kFusedRope, true, true, 64,
+                           "gelu_new"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
