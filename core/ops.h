@@ -74,7 +74,8 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
 Tensor softmax(const Tensor& x);      // over the last dim
 Tensor log_softmax(const Tensor& x);  // over the last dim
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
-// layer_norm(x + residual) (same shape and dtype), the add fused into the kernel.
+// layer_norm(x + residual) (same shape and dtype, or a bf16 x on an f32
+// residual: the sum, y and the parameters f32), the add fused into the kernel.
 Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                       const Tensor& bias, double eps);
 
@@ -118,7 +119,8 @@ Tensor rope(const Tensor& x, const Tensor& positions, double base = 10000.0,
 // H, Sk, Dv] (strided views are fine), key_padding_mask [B, Sk] (nonzero = keep) or undefined.
 // Returns [B, H, Sq, Dv] laid out as [B, Sq, H, Dv] in memory, so out.transpose(1, 2).reshape({B,
 // Sq, H * Dv}) is a free view. Backward keeps only the row log-sum-exp (and dropout keep bits) and
-// recomputes the probabilities. f32 (oneDNN) and f64 (loops).
+// recomputes the probabilities. f32 (oneDNN) and f64 (loops); bf16 q, k, v (bf16 activations)
+// give a bf16 output and bf16 gradients, the f32 arithmetic rounded once.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
                  double dropout_p, bool training, DropoutContext& ctx, double scale);
 // attention() by the device vendor's fused kernel where it takes the call:
@@ -143,7 +145,7 @@ Tensor cudnn_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 // table on q's device is read back, a wait for the device). The kernels read
 // it on q's device: `segments_on_device`, the same table already there (as
 // TokenLayout uploads it once per micro-batch), or else a copy made here.
-// Returns [T, H, Dv] contiguous. f32 and f64 (loops).
+// Returns [T, H, Dv] contiguous. f32 and f64 (loops); bf16 as attention().
 Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
                         double dropout_p, bool training, DropoutContext& ctx, double scale,
                         const Tensor& segments_on_device = Tensor());

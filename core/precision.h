@@ -9,7 +9,7 @@
 // (activation_dtype), which the next elementwise ops (GELU, dropout) keep,
 // and which linear, attention and add_layer_norm then read without a cast.
 // The residual stream (layer norm outputs) stays f32, as under torch's
-// autocast; so do the scores, softmax and the attention output.
+// autocast; so do the scores, softmax, lse, the logits and the loss.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@ DType matmul_dtype();
 // Sets matmul_dtype() for its lifetime (process-wide), restoring the previous
 // value on destruction. `bf16_activations` false keeps every product's result
 // in f32 (activation_dtype gives the input's dtype), as before bf16
-// activations existed: for comparisons (mlm_step_bench --f32-activations).
+// activations existed: for comparisons (mlm_step_bench --precision bf16-f32act).
 class MatmulPrecisionScope {
  public:
   explicit MatmulPrecisionScope(DType dtype, bool bf16_activations = true);

@@ -37,7 +37,8 @@ inline void check_attention_forward_dtypes(const char* kernel, const KernelTenso
 }
 
 // The forward's rule for q, k, v, out and lse; grad_out in q's dtype; the
-// three gradients of one output dtype.
+// three gradients of one output dtype, bf16 ones only with a bf16 out (the
+// kernels that compute in q's dtype read out in it too).
 inline void check_attention_backward_dtypes(const char* kernel, const KernelTensor& q,
                                             const KernelTensor& k, const KernelTensor& v,
                                             const KernelTensor& out, const KernelTensor& lse,
@@ -46,12 +47,14 @@ inline void check_attention_backward_dtypes(const char* kernel, const KernelTens
                                             const KernelTensor& grad_v) {
   check_attention_forward_dtypes(kernel, q, k, v, out, lse);
   RF_CHECK(grad_out.dtype == q.dtype && attention_output_dtype(q.dtype, grad_q.dtype) &&
-               grad_k.dtype == grad_q.dtype && grad_v.dtype == grad_q.dtype,
-           kernel, ": unsupported gradient dtypes (q ", dtype_name(q.dtype), ", grad_out ",
-           dtype_name(grad_out.dtype), ", grad_q ", dtype_name(grad_q.dtype), ", grad_k ",
-           dtype_name(grad_k.dtype), ", grad_v ", dtype_name(grad_v.dtype),
+               grad_k.dtype == grad_q.dtype && grad_v.dtype == grad_q.dtype &&
+               (grad_q.dtype != DType::bf16 || out.dtype == DType::bf16),
+           kernel, ": unsupported gradient dtypes (q ", dtype_name(q.dtype), ", out ",
+           dtype_name(out.dtype), ", grad_out ", dtype_name(grad_out.dtype), ", grad_q ",
+           dtype_name(grad_q.dtype), ", grad_k ", dtype_name(grad_k.dtype), ", grad_v ",
+           dtype_name(grad_v.dtype),
            "): expected grad_out in q's dtype and grad_q, grad_k, grad_v of one dtype, f32 for "
-           "f32 (f64 for f64), f32 or bf16 for bf16");
+           "f32 (f64 for f64), f32 or bf16 for bf16 (bf16 with a bf16 out)");
 }
 
 }  // namespace roformer::kernels

@@ -21,12 +21,12 @@ std::atomic<const KernelTable*> g_cpu_table_for_tests{nullptr};
 }  // namespace
 
 void set_cpu_kernel_table_for_tests(const KernelTable* table) {
-  g_cpu_table_for_tests = table;
+  g_cpu_table_for_tests.store(table, std::memory_order_release);
 }
 
 const KernelTable& table(Device device) {
   if (device.is_cpu()) {
-    const KernelTable* replaced = g_cpu_table_for_tests.load(std::memory_order_relaxed);
+    const KernelTable* replaced = g_cpu_table_for_tests.load(std::memory_order_acquire);
     return replaced ? *replaced : cpu_kernel_table;
   }
 #if defined(ROFORMER_CUDA_KERNELS)

@@ -82,7 +82,9 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  if (x.dtype() == DType::bf16 && weight.defined() && weight.dtype() == DType::f32)
+  const bool f32_params = (weight.defined() && weight.dtype() == DType::f32) ||
+                          (bias.defined() && bias.dtype() == DType::f32);
+  if (x.dtype() == DType::bf16 && f32_params)
     return normalise("layer_norm", cast(x, DType::f32), Tensor(), weight, bias, eps);
   return normalise("layer_norm", x, Tensor(), weight, bias, eps);
 }

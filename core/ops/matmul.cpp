@@ -14,8 +14,8 @@ namespace roformer {
 namespace {
 
 // Plain product without history: out = a x b (+ bias), a/b at least 2-D with
-// broadcastable batch dims; out_dtype f32 with bf16 operands is the mixed
-// precision case (f32 accumulation and result).
+// broadcastable batch dims; bf16 operands accumulate in f32 and write f32 or
+// bf16 (out_dtype; the mixed precision cases).
 Tensor product(const Tensor& a, const Tensor& b, const Tensor& bias, const char* op,
                DType out_dtype) {
   if (a.dim() < 2 || b.dim() < 2)
@@ -107,10 +107,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
     const Tensor g2 = g.reshape({-1, out_features});
     const Tensor eg = low ? to_bf16(g2) : g2;
     Tensor grad_x, grad_w, grad_b;
-    // Each gradient in its input's dtype (the bias's is summed in g's).
+    // Each gradient in its input's dtype (the bias's summed in g's, as
+    // under torch's autocast, then widened).
     if (gx) grad_x = product(eg, saved_w.get(), Tensor(), "linear", x_dtype).view(x_shape);
     if (gw) grad_w = product(eg.transpose(0, 1), saved_x.get(), Tensor(), "linear", w_dtype);
-    if (gbias) grad_b = sum(g2, {0});
+    if (gbias) grad_b = sum(g2, {0}).to(w_dtype);
     return std::vector<Tensor>{grad_x, grad_w, grad_b};
   });
 }
@@ -130,12 +131,13 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
     throw Error(detail::concat(op, ": expected x [..., in], w1 [inner, in], b1 [inner], w2 [out, ",
                                "inner], b2 [out]; got x ", x.desc(), ", w1 ", w1.desc(), ", b1 ",
                                b1.desc(), ", w2 ", w2.desc(), ", b2 ", b2.desc()));
-  // As linear: under autocast f32 weights take an f32 or bf16 x, and a bf16
-  // result keeps the inner activations (pre, h) in bf16 too.
+  // As linear: under autocast f32 parameters take an f32 or bf16 x, and a
+  // bf16 result keeps the inner activations (pre, h) in bf16 too; otherwise
+  // one dtype throughout.
   const bool low = w1.dtype() == DType::f32 && autocast_active(x.device()) &&
                    (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
   for (const Tensor* t : {&w1, &b1, &w2, &b2})
-    if ((t->dtype() != x.dtype() && !(low && t->dtype() == DType::f32)) || !is_floating(x.dtype()))
+    if (t->dtype() != (low ? DType::f32 : x.dtype()) || !is_floating(x.dtype()))
       throw Error(detail::concat(op, ": expected floating tensors of one dtype, got x ", x.desc(),
                                  " and ", t->desc()));
   if (low ? out_dtype != DType::f32 && out_dtype != DType::bf16 : out_dtype != x.dtype())
@@ -174,16 +176,17 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
     const Tensor g2 = g.reshape({-1, out_features});
     const Tensor eg = low ? to_bf16(g2) : g2;
     Tensor dx, dw1, db1, dw2, db2;
-    // Each gradient in its input's dtype (b1's and b2's are summed in dt and g's).
+    // Each gradient in its input's dtype (b1's and b2's summed in dt and
+    // g's, then widened).
     if (gw2) dw2 = product(eg.transpose(0, 1), saved_h.get(), Tensor(), op, w_dtype);
-    if (gb2) db2 = sum(g2, {0});
+    if (gb2) db2 = sum(g2, {0}).to(w_dtype);
     if (inner_grad) {
       // dpre = (g w2) * gelu_tanh'(pre), and b1's gradient in the same pass.
       const Tensor& p = saved_pre.get();
       Tensor dpre = Tensor::empty(p.shape(), dt, p.device());
       Tensor dbias = Tensor::empty({inner}, dt, p.device());
       launch::gemm_dgelu_backward(p.device(), eg, saved_w2.get(), p, dpre, dbias);
-      if (gb1) db1 = dbias;
+      if (gb1) db1 = dbias.to(w_dtype);
       const Tensor ed = low ? to_bf16(dpre) : dpre;
       if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, w_dtype);
       if (gx) dx = product(ed, saved_w1.get(), Tensor(), op, x_dtype).view(x_shape);

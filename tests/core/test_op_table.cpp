@@ -194,6 +194,23 @@ std::vector<OpCase> make_table() {
                .inputs = {in({5, 4}, strided, -2.0, 2.0), in({16, 4}, transposed), in({16}),
                           in({3, 16}), in({3})},
                .build = [](const X& x) { return gelu_tanh_ffn(x[0], x[1], x[2], x[3], x[4]); }});
+  // bf16 activations (core/precision.h): in the autocast columns the first
+  // product writes bf16 (its bias in bf16) and the second reads it as it is;
+  // elsewhere activation_dtype is the input's dtype.
+  t.push_back({.op = "linear",
+               .name = "linear_of_bf16_activations",
+               .inputs = {in({2, 3, 8}), in({16, 8}), in({16}), in({5, 16}), in({5})},
+               .build = [](const X& x) {
+                 const Tensor h = linear(x[0], x[1], x[2], activation_dtype(x[0]));
+                 return linear(h, x[3], x[4], x[0].dtype());
+               }});
+  t.push_back({.op = "gelu_tanh_ffn",
+               .name = "gelu_tanh_ffn_bf16_activations_epilogue_width",
+               .inputs = {in({5, 4}, strided, -2.0, 2.0), in({16, 4}, transposed), in({16}),
+                          in({8, 16}), in({8})},
+               .build = [](const X& x) {
+                 return gelu_tanh_ffn(x[0], x[1], x[2], x[3], x[4], activation_dtype(x[0]));
+               }});
 
   // --- normalisation and probabilities -----------------------------------------------------
   t.push_back({.op = "softmax",

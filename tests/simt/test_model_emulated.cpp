@@ -141,6 +141,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, ModelEmulated,
     ::testing::Values(Case{"padded_f32_separate_rope", AttentionKernel::kSeparate, false, false},
                       Case{"padded_bf16_fused_rope", AttentionKernel::kFusedRope, false, true},
+                      Case{"padded_bf16_separate_rope", AttentionKernel::kSeparate, false, true},
+                      Case{"stream_bf16_separate_rope", AttentionKernel::kSeparate, true, true},
                       Case{"stream_f32_fused_rope", AttentionKernel::kFusedRope, true, false},
                       Case{"stream_bf16_fused_rope", AttentionKernel::kFusedRope, true, true},
                       // Head dim 32: the simple and per-segment kernels in bf16.

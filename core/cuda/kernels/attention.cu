@@ -330,6 +330,7 @@ void attention_forward(Stream stream, const AttentionParams& params, const Kerne
                        const KernelTensor& out, const KernelTensor& lse,
                        const KernelTensor& keep_bits) {
   check_geometry(q, k, v);
+  check_attention_forward_dtypes("attention kernel", q, k, v, out, lse);
   if (out.numel() == 0) return;
   if (params.engine == AttentionEngine::vendor) {
     cudnn_attention_forward(stream, params, q, k, v, key_mask, out, lse);
@@ -357,6 +358,8 @@ void attention_backward(Stream stream, const AttentionParams& params, const Kern
                         const KernelTensor& grad_q, const KernelTensor& grad_k,
                         const KernelTensor& grad_v) {
   check_geometry(q, k, v);
+  check_attention_backward_dtypes("attention kernel", q, k, v, out, lse, grad_out, grad_q, grad_k,
+                                  grad_v);
   if (params.engine == AttentionEngine::vendor) {
     cudnn_attention_backward(stream, params, q, k, v, key_mask, out, lse, grad_out, grad_q, grad_k,
                              grad_v);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/cuda/kernels/common.cuh"
+#include "core/kernels/attention_dtypes.h"
 #include "core/philox.h"
 
 namespace roformer::kernels::cuda {

@@ -35,6 +35,7 @@ void rope_attention_forward(Stream stream, const AttentionParams& params, const 
                             const KernelTensor& v, const KernelTensor& mask_or_segments,
                             const KernelTensor& out, const KernelTensor& lse,
                             const KernelTensor& keep_bits) {
+  check_attention_forward_dtypes("rope_attention kernel", q, k, v, out, lse);
   if (fused(table, q, k, v)) {
     const bool token_stream = q.ndim == 3;
     flash_forward(stream, params, rope_of(table, interleaved), q, k, v,
@@ -56,6 +57,8 @@ void rope_attention_backward(Stream stream, const AttentionParams& params,
                              const KernelTensor& lse, const KernelTensor& keep_bits,
                              const KernelTensor& grad_out, const KernelTensor& grad_q,
                              const KernelTensor& grad_k, const KernelTensor& grad_v) {
+  check_attention_backward_dtypes("rope_attention kernel", q, k, v, out, lse, grad_out, grad_q,
+                                  grad_k, grad_v);
   if (fused(table, q, k, v) && flash_supported(q, k, v, grad_out)) {
     const bool token_stream = q.ndim == 3;
     flash_backward(stream, params, rope_of(table, interleaved), q, k, v,

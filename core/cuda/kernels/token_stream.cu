@@ -188,6 +188,7 @@ void attention_varlen_forward(Stream stream, const AttentionParams& params, cons
                               const KernelTensor& k, const KernelTensor& v,
                               const KernelTensor& segments, const KernelTensor& out,
                               const KernelTensor& lse, const KernelTensor& keep_bits) {
+  check_attention_forward_dtypes("attention_varlen kernel", q, k, v, out, lse);
   if (flash_supported(q, k, v) && lse.dtype == DType::f32) {
     flash_forward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
                   keep_bits);
@@ -206,6 +207,8 @@ void attention_varlen_backward(Stream stream, const AttentionParams& params, con
                                const KernelTensor& lse, const KernelTensor& keep_bits,
                                const KernelTensor& grad_out, const KernelTensor& grad_q,
                                const KernelTensor& grad_k, const KernelTensor& grad_v) {
+  check_attention_backward_dtypes("attention_varlen kernel", q, k, v, out, lse, grad_out, grad_q,
+                                  grad_k, grad_v);
   if (flash_supported(q, k, v, grad_out) && lse.dtype == DType::f32) {
     flash_backward(stream, params, FlashRope{}, q, k, v, KernelTensor{}, segments, out, lse,
                    keep_bits, grad_out, grad_q, grad_k, grad_v);
