@@ -35,6 +35,8 @@
 #   attention      bench/gpu/attention_table.sh run, if present (after the
 #                  first two lengths)
 #   hf_full_512    the peer's stock forward (logits at every position), eager
+#   ours_f32act    ours at 512 with bf16 activations off (--precision
+#                  bf16-f32act): what bf16 activations gained, side by side
 #   ours_f32       ours in f32 at the lengths not yet measured in f32 (last)
 #   summary        bench/gpu/bench_summary.py: the table
 # What comes back in $OUT:
@@ -167,6 +169,7 @@ run_bench() {
   ((n <= 2)) && step attention 150 attention_step
   seq=${BENCH_SEQS%% *}
   step "hf_full_$seq" 60 hf_step "$seq" --setups eager --head full
+  step ours_f32act 60 ours_step bf16-f32act "$REFERENCE_SEQ" --budget-s 45
   step ours_f32 100 ours_f32_step "${BENCH_SEQS// /,}"
   # The table is written whatever the budget left: it only reads the results.
   BUDGET=$((BUDGET + 45)) step summary 30 summary_step
