@@ -47,9 +47,9 @@ void check_flat(const Tensor& t, int64_t n, const char* what) {
 }
 }  // namespace
 
-GradSummary grad_summary(const Tensor& flat_grad) {
+GradSummary grad_summary(const Tensor& flat_grad, const char* what) {
   const int64_t n = flat_grad.numel();
-  check_flat(flat_grad, n, "the gradient");
+  check_flat(flat_grad, n, what);
   const Device device = flat_grad.device();
   cuda::DeviceGuard guard(device.index);
   const cudaStream_t stream = cuda::native(current_stream(device));
@@ -118,7 +118,7 @@ namespace {
 }
 }  // namespace
 
-GradSummary grad_summary(const Tensor& flat_grad) {
+GradSummary grad_summary(const Tensor& flat_grad, const char*) {
   no_cuda(flat_grad);
 }
 

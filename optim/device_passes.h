@@ -17,7 +17,9 @@ struct GradSummary {
   double sum_squares = 0;   // f64, in an order fixed by the length alone
   uint64_t non_finite = 0;  // NaN and infinite elements
 };
-GradSummary grad_summary(const Tensor& flat_grad);
+// The sum of squares and the non-finite count of a flat f32 GPU tensor;
+// `what` names it in the error for anything else.
+GradSummary grad_summary(const Tensor& flat_grad, const char* what = "the gradient");
 
 // A run [begin, end) of the flat buffers updated with one decay setting;
 // elements outside every run are left untouched.

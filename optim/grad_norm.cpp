@@ -68,7 +68,7 @@ double l2_norm(const Tensor& x) {
   if (!x.device().is_cpu()) {
     // One pass and one 16-byte read back; a non-finite element makes the
     // norm NaN, as the CPU sum does.
-    const device_passes::GradSummary s = device_passes::grad_summary(x);
+    const device_passes::GradSummary s = device_passes::grad_summary(x, "l2_norm's input");
     return s.non_finite ? std::numeric_limits<double>::quiet_NaN() : std::sqrt(s.sum_squares);
   }
   return std::sqrt(sum_of_squares(x));

@@ -4,6 +4,8 @@
 // against the host loop in tests/cuda/test_cuda_math.cpp.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "optim/device_passes.h"
 
 namespace roformer::optim::device_passes {
@@ -47,6 +49,17 @@ TEST(DevicePasses, HostBuffersAreRefused) {
   const Tensor g = Tensor::zeros({32});
   EXPECT_THROW(grad_summary(g), Error);
   EXPECT_THROW(adamw(g, g, g, g, {{0, 32, true}}, {}), Error);
+  // A build with the passes names the tensor it was given.
+  std::string err;
+  try {
+    grad_summary(g, "the weights");
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  if (err.find("no update kernels") == std::string::npos) {
+    EXPECT_NE(err.find("the weights must be a contiguous f32 GPU tensor"), std::string::npos)
+        << err;
+  }
 }
 
 }  // namespace
