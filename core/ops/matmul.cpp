@@ -39,6 +39,13 @@ Tensor product(const Tensor& a, const Tensor& b, const Tensor& bias, const char*
   return out;
 }
 
+// Whether autocast runs a product of input x with f32 weight in bf16: an f32
+// or bf16 x (bf16 activations) on a device with bf16 products.
+bool autocast_product(const Tensor& x, const Tensor& weight) {
+  return weight.dtype() == DType::f32 && autocast_active(x.device()) &&
+         (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -73,8 +80,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
                                "], weight [out, in])"));
   // Under autocast an f32 weight takes f32 input or bf16 activations (see
   // core/precision.h) and writes either; otherwise one dtype throughout.
-  const bool low = weight.dtype() == DType::f32 && autocast_active(x.device()) &&
-                   (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
+  const bool low = autocast_product(x, weight);
   const bool out_ok =
       low ? (out_dtype == DType::f32 || out_dtype == DType::bf16) : out_dtype == x.dtype();
   if ((!low && x.dtype() != weight.dtype()) || (bias.defined() && bias.dtype() != weight.dtype()) ||
@@ -134,8 +140,7 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
   // As linear: under autocast f32 parameters take an f32 or bf16 x, and a
   // bf16 result keeps the inner activations (pre, h) in bf16 too; otherwise
   // one dtype throughout.
-  const bool low = w1.dtype() == DType::f32 && autocast_active(x.device()) &&
-                   (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
+  const bool low = autocast_product(x, w1);
   for (const Tensor* t : {&w1, &b1, &w2, &b2})
     if (t->dtype() != (low ? DType::f32 : x.dtype()) || !is_floating(x.dtype()))
       throw Error(detail::concat(op, ": expected floating tensors of one dtype, got x ", x.desc(),
