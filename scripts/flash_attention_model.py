@@ -3,7 +3,7 @@
 # and dk/dv kernels), runnable without a GPU: the kernels' index arithmetic
 # written again line by line in float64 -- tile loads with the RoPE chunks,
 # ldmatrix (.trans) and mma.m16n8k16 with the fragments of the PTX ISA, the
-# online softmax, the dropout words, the rotated-back gradients -- against a
+# online softmax, the dropout draws and their shuffles, the rotated-back gradients -- against a
 # plain float64 attention. It checks the indexing, not bf16 rounding, and it
 # does not read the .cu: after changing the kernels' index arithmetic, change
 # it here the same way and run it (Debian's python3-numpy):
@@ -210,18 +210,41 @@ def key_bias(a, blk, j):
     return 0.0
 
 
+def keep_mask(a, blk, row0, j0):
+    # keep_mask: each lane draws the blocks of tiles 2t + c of its rows and
+    # hands word t' of each to lane t' of its quad by __shfl_xor_sync.
+    keep = [0] * 32
+    for q in range(4):
+        hf, c = q >> 1, q & 1
+        drawn = []
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            position = blk.drop_position + row0 + g + 8 * hf
+            first_key = j0 + (2 * t + c) * 8
+            drawn.append(philox(dropout_block(first_key // 8, position, blk.drop_sequence, a.site, blk.h), a.key))
+        for x in range(4):
+            sent = [drawn[lane][(lane & 3) ^ x] for lane in range(32)]
+            for lane in range(32):
+                t = lane & 3
+                got = sent[lane ^ x]
+                nt = 2 * (t ^ x) + c
+                for e in range(2):
+                    key = j0 + nt * 8 + 2 * t + e
+                    draw = (got >> 16) if e else (got & 0xFFFF)
+                    kept = key < blk.Lk and draw >= a.threshold
+                    keep[lane] |= int(kept) << (hf * 16 + 2 * nt + e)
+    return keep
+
+
 def dropout_tile(p, a, blk, row0, j0, BITS):
     words = np.zeros((32, 2, 2), dtype=np.int64)
+    keep_bits = keep_mask(a, blk, row0, j0)
     for lane in range(32):
-        g, t = lane >> 2, lane & 3
+        t = lane & 3
         for hf in range(2):
-            i = row0 + g + 8 * hf
-            position = blk.drop_position + i
             for nt in range(8):
-                j = j0 + nt * 8 + 2 * t
-                w = philox(dropout_block(j // 4, position, blk.drop_sequence, a.site, blk.h), a.key)
                 for e in range(2):
-                    keep = j + e < blk.Lk and (w[(j + e) % 4] >> 8) >= a.threshold
+                    keep = (keep_bits[lane] >> (hf * 16 + 2 * nt + e)) & 1
                     p[lane, nt, 2 * hf + e] = p[lane, nt, 2 * hf + e] * a.inv_keep if keep else 0.0
                     words[lane, hf, nt >> 2] |= int(keep) << ((nt & 3) * 8 + 2 * t + e)
     row_words = (blk.Lk + 31) // 32
@@ -443,8 +466,10 @@ def reference(a, blk, Q, K, V, DO):
     if a.drop_on:
         for i in range(blk.Lq):
             for j in range(blk.Lk):
-                w = philox(dropout_block(j // 4, blk.drop_position + i, blk.drop_sequence, a.site, blk.h), a.key)
-                keep = (w[j % 4] >> 8) >= a.threshold
+                # the rule of core/philox.h: draw j % 8 of block j / 8, 16 bits
+                w = philox(dropout_block(j // 8, blk.drop_position + i, blk.drop_sequence, a.site, blk.h), a.key)
+                word = w[(j % 8) // 2]
+                keep = ((word >> 16) if j % 2 else (word & 0xFFFF)) >= a.threshold
                 Z[i, j] = a.inv_keep if keep else 0.0
                 bits[i, j // 32] |= int(keep) << (j % 32)
     Pd = P * Z
@@ -476,7 +501,7 @@ def run_case(name, L_q, L_k, first, mask, rope, interleaved, drop, seed):
     a.drop_on = drop > 0
     a.key = dropout_key(17, 3)
     a.site = 2
-    a.threshold = int(np.ceil(drop * 16777216.0))
+    a.threshold = int(np.ceil(drop * 65536.0))
     a.inv_keep = 1.0 / (1.0 - drop) if drop > 0 else 1.0
     blk = Args()
     blk.first, blk.Lq, blk.Lk, blk.h, blk.mask = first, L_q, L_k, 1, mask

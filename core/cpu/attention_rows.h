@@ -98,25 +98,26 @@ inline void run(const HeadGemm& g, const void* a, const void* b, void* c) {
 // --- elementwise helpers ---------------------------------------------------------
 
 // Keep bits for the n keys of one query row (sequence, query position, head)
-// by the shared dropout rule (core/philox.h): key j is word j % 4 of counter
-// block dropout_block(j / 4, position, sequence, site, head); keep when the
-// 24-bit uniform is >= p (threshold = ceil(p 2^24)). draw_keep_bits: batch
+// by the shared dropout rule (core/philox.h): key j is draw j % 8 of counter
+// block dropout_block(j / 8, position, sequence, site, head); keep when the
+// 16-bit uniform is >= p (threshold = ceil(p 2^16)). draw_keep_bits: batch
 // row b, head h, query i of the padded layout.
 inline void draw_keep_row(const DropoutKey& site, uint32_t sequence, uint32_t position,
                           uint32_t head, int64_t n, uint32_t threshold, uint32_t* words) {
-  thread_local std::vector<uint32_t> draws;
-  if (int64_t(draws.size()) < n + 64) draws.resize(size_t(n + 64));
+  constexpr int64_t kPerCall = 16 * kDropoutDrawsPerBlock;
+  thread_local std::vector<uint16_t> draws;
+  const int64_t padded = (n + kPerCall - 1) / kPerCall * kPerCall;
+  if (int64_t(draws.size()) < padded) draws.resize(size_t(padded));
   const PhiloxKey key = dropout_key(site.seed, site.step);
   const PhiloxCounter block = dropout_block(0, position, sequence, site.site, head);
-  for (int64_t j = 0; j < n; j += 64)
-    philox_16_blocks(uint32_t(j / 4), block[1], block[2], block[3], key, &draws[size_t(j)]);
-  const uint32_t* u = draws.data();
+  dropout_draws_row(block[1], block[2], block[3], key, n, draws.data());
+  const uint16_t* u = draws.data();
   for (int64_t w = 0; w * 32 < n; ++w) {
     const int len = int(std::min<int64_t>(32, n - w * 32));
-    const uint32_t* uw = u + w * 32;
+    const uint16_t* uw = u + w * 32;
     uint32_t bits = 0;
 #pragma omp simd reduction(| : bits)
-    for (int t = 0; t < len; ++t) bits |= uint32_t((uw[t] >> 8) >= threshold) << t;
+    for (int t = 0; t < len; ++t) bits |= uint32_t(uint32_t(uw[t]) >= threshold) << t;
     words[w] = bits;
   }
 }

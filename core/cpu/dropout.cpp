@@ -14,21 +14,21 @@ namespace roformer::kernels::cpu {
 namespace {
 
 // One token (sequence, position): its features are whole counter blocks,
-// their words drawn 16 blocks (64 features) at a time.
+// their draws made up to 16 blocks (128 features) at a time.
 template <class T, class A>
 void drop_token(const T* __restrict xt, T* __restrict ot, int64_t features, uint32_t sequence,
                 uint32_t position, const DropoutKey& key, const PhiloxKey& pkey, uint32_t threshold,
                 A scale) {
-  const int64_t blocks = (features + 3) / 4;
-  thread_local std::vector<uint32_t> words;
-  if (int64_t(words.size()) < blocks * 4 + 64) words.resize(size_t(blocks * 4 + 64));
+  constexpr int64_t kPerCall = 16 * kDropoutDrawsPerBlock;
+  thread_local std::vector<uint16_t> draws;
+  const int64_t padded = (features + kPerCall - 1) / kPerCall * kPerCall;
+  if (int64_t(draws.size()) < padded) draws.resize(size_t(padded));
   const PhiloxCounter block = dropout_block(0, position, sequence, key.site, 0);
-  for (int64_t b = 0; b < blocks; b += 16)
-    philox_16_blocks(uint32_t(b), block[1], block[2], block[3], pkey, &words[size_t(b * 4)]);
-  const uint32_t* w = words.data();
+  dropout_draws_row(block[1], block[2], block[3], pkey, features, draws.data());
+  const uint16_t* d = draws.data();
 #pragma omp simd
   for (int64_t f = 0; f < features; ++f)
-    ot[f] = (w[f] >> 8) >= threshold ? T(A(xt[f]) * scale) : T(0.0f);
+    ot[f] = uint32_t(d[f]) >= threshold ? T(A(xt[f]) * scale) : T(0.0f);
 }
 
 }  // namespace

@@ -229,9 +229,8 @@ TEST(AttentionKeepBits, FollowTheSharedRulePaddedAndPerSegment) {
   const PhiloxKey key = dropout_key(7, 2);
   const uint32_t threshold = dropout_threshold(0.3);
   auto rule = [&](int64_t j, int64_t position, int64_t row, int64_t head) {
-    return (dropout_word(key, uint32_t(j), uint32_t(position), uint32_t(9 + row), 3,
-                         uint32_t(head)) >>
-            8) >= threshold;
+    return dropout_draw(key, uint32_t(j), uint32_t(position), uint32_t(9 + row), 3,
+                        uint32_t(head)) >= threshold;
   };
   int64_t checked = 0, dropped = 0;
   // Every key bit of `rows` query rows against the rule; want(row, j).

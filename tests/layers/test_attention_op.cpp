@@ -152,8 +152,10 @@ TEST(AttentionOp, DropoutKeepsOrZeroesScaledProbabilities) {
       for (int64_t i = 0; i < S; ++i)
         for (int64_t j = 0; j < S; ++j) {
           const PhiloxCounter bits = philox4x32(
-              dropout_block(uint32_t(j / 4), uint32_t(i), uint32_t(10 + b), 0, uint32_t(h)), key);
-          const bool keep = (bits[size_t(j % 4)] >> 8) >= dropout_threshold(p);
+              dropout_block(uint32_t(j / 8), uint32_t(i), uint32_t(10 + b), 0, uint32_t(h)), key);
+          const uint32_t word = bits[int(j % 8 / 2)];
+          const uint32_t draw = j % 2 ? word >> 16 : word & 0xFFFFu;
+          const bool keep = draw >= uint32_t(std::ceil(p * 65536.0));
           ASSERT_EQ(dropped[size_t(((b * H + h) * S + i) * S + j)] != 0.0, keep)
               << b << " " << h << " " << i << " " << j;
         }

@@ -109,9 +109,9 @@ __global__ void attention_forward_kernel(KernelTensor q, KernelTensor k, KernelT
     A pd = p;
     if (drop.on) {
       const bool keep =
-          j < Sk && (dropout_word(drop.key, uint32_t(j), uint32_t(drop.first_position + i),
-                                  uint32_t(drop.first_sequence + b), drop.site, uint32_t(h)) >>
-                     8) >= drop.threshold;
+          j < Sk &&
+          dropout_draw(drop.key, uint32_t(j), uint32_t(drop.first_position + i),
+                       uint32_t(drop.first_sequence + b), drop.site, uint32_t(h)) >= drop.threshold;
       const unsigned bits = __ballot_sync(0xffffffffu, keep);
       const int64_t word = (j0 + (threadIdx.x / 32) * 32) / 32;
       if (threadIdx.x % 32 == 0 && word < W)

@@ -12,7 +12,7 @@
 namespace roformer::kernels::cuda {
 
 // Keep bit of key j for query i of batch row b, head h: the shared rule's
-// word for (sequence first + b, position i, feature j, head h).
+// draw for (sequence first + b, position i, feature j, head h).
 struct DropoutRule {
   bool on = false;
   PhiloxKey key{};

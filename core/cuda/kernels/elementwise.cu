@@ -1,6 +1,7 @@
 // Elementwise kernels: binary (operands expanded to the result's shape),
 // unary with a scalar, where, GELU (erf form) and dropout.
 #include "core/cuda/kernels/common.cuh"
+#include "core/cuda/kernels/dropout.cuh"
 #include "core/philox.h"
 
 namespace roformer::kernels::cuda {
@@ -115,18 +116,20 @@ __global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, Strided<3> 
 }
 
 // Element (r, s, f) of x [rows, positions, features] keeps its value when
-// the shared rule's word for (sequence first + r, position s, feature f) is
-// >= the threshold (core/philox.h): the CPU's mask, bit for bit.
+// the shared rule's draw for (sequence first + r, position s, feature f) is
+// >= the threshold (core/philox.h): the CPU's mask, bit for bit. A thread
+// takes one token's group of eight features (one Philox block).
 template <class T>
-__global__ void dropout_kernel(const T* x, T* out, int64_t n, int64_t positions, int64_t features,
-                               PhiloxKey pkey, DropoutKey key, uint32_t threshold, acc_t<T> scale) {
-  using A = acc_t<T>;
-  RF_GRID_LOOP(i, n) {
-    const int64_t f = i % features, token = i / features;
+__global__ void dropout_kernel(const T* x, T* out, int64_t n_groups, int64_t positions,
+                               int64_t features, PhiloxKey pkey, DropoutKey key, uint32_t threshold,
+                               acc_t<T> scale) {
+  const int64_t groups = dropout_groups(features);
+  RF_GRID_LOOP(i, n_groups) {
+    const int64_t group = i % groups, token = i / groups;
     const int64_t s = token % positions, r = token / positions;
-    const uint32_t bits =
-        dropout_word(pkey, uint32_t(f), uint32_t(s), uint32_t(key.first_sequence + r), key.site, 0);
-    out[i] = (bits >> 8) >= threshold ? convert<T>(convert<A>(x[i]) * scale) : convert<T>(0.0f);
+    drop_feature_group(x + token * features, out + token * features, features, group,
+                       uint32_t(key.first_sequence + r), uint32_t(s), pkey, key.site, threshold,
+                       scale);
   }
 }
 
@@ -203,13 +206,13 @@ void dropout(Stream stream, const KernelTensor& x, const KernelTensor& out, doub
              const DropoutKey& key) {
   RF_CHECK(x.ndim == 3 && x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel(),
            "dropout kernel: expected contiguous x and out [rows, positions, features]");
-  const int64_t n = x.numel();
-  if (n == 0) return;
+  if (x.numel() == 0) return;
+  const int64_t n_groups = x.sizes[0] * x.sizes[1] * dropout_groups(x.sizes[2]);
   on_floating_dtype(x.dtype, "dropout", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    RF_LAUNCH((dropout_kernel<T>), grid_for(n), kThreads, 0, native(stream), x.as<const T>(),
-              out.as<T>(), n, x.sizes[1], x.sizes[2], dropout_key(key.seed, key.step), key,
+    RF_LAUNCH((dropout_kernel<T>), grid_for(n_groups), kThreads, 0, native(stream), x.as<const T>(),
+              out.as<T>(), n_groups, x.sizes[1], x.sizes[2], dropout_key(key.seed, key.step), key,
               dropout_threshold(p), A(1.0 / (1.0 - p)));
   });
 }

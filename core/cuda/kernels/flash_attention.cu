@@ -520,34 +520,40 @@ __device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads>& kv,
 
 // The keep bits of a warp's 16 x 64 tile (keys j0...): bit hf * 16 + 2 nt + e
 // is row g + 8 hf, key j0 + 8 nt + 2 t + e. A Philox block holds the draws
-// of four keys, two of lane t's and two of lane t ^ 1's, so each lane of the
-// pair draws the blocks of half the 8-key tiles and passes its partner's bits
-// by one shuffle. One block is drawn at a time: its ten rounds need few
-// registers, and the eight warps of a block hide their latency.
+// of one row's 8-key tile, and its word t is lane t's two keys. The quad's
+// four lanes share rows g and g + 8, so each lane draws four of the quad's
+// sixteen blocks (tiles 2 t and 2 t + 1 of both rows) and hands each word to
+// its owner by a shuffle within the quad. One block is drawn at a time: its
+// ten rounds need few registers, and the eight warps of a block hide their
+// latency.
 __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r, int64_t row0,
                                               int64_t j0, int g, int t) {
-  const int half = t >> 1, parity = t & 1;
-  uint32_t mine = 0u, theirs = 0u;
+  uint32_t keep = 0u;
 #pragma unroll 1
-  for (int q = 0; q < 8; ++q) {
-    const int hf = q >> 2, nt = 2 * (q & 3) + parity;
+  for (int q = 0; q < 4; ++q) {
+    const int hf = q >> 1, c = q & 1;
     const uint32_t position = r.drop_position + uint32_t(row0 + g + 8 * hf);
-    const int64_t jb = j0 + nt * 8 + 4 * half;  // the block's first key: a multiple of 4
-    const PhiloxCounter w = philox4x32(
-        dropout_block(uint32_t(jb / 4), position, r.drop_sequence, a.drop.site, uint32_t(r.h)),
-        a.drop.key);
+    const int64_t first_key = j0 + (2 * t + c) * 8;  // j0 is a multiple of 64
+    const PhiloxCounter w =
+        philox4x32(dropout_block(uint32_t(first_key / kDropoutDrawsPerBlock), position,
+                                 r.drop_sequence, a.drop.site, uint32_t(r.h)),
+                   a.drop.key);
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const bool keep = jb + u < r.Lk && (w.word(uint32_t(u)) >> 8) >= a.drop.threshold;
-      // Key jb + u is column 4 half + u of tile nt: lane 2 half + (u >> 1) holds it.
-      const uint32_t bit = uint32_t(keep) << (hf * 16 + 2 * nt + (u & 1));
-      if ((u >> 1) == parity)
-        mine |= bit;
-      else
-        theirs |= bit;
+    for (int x = 0; x < 4; ++x) {
+      // Lane t ^ x owns word t ^ x of this block; this lane gets word t of
+      // lane (t ^ x)'s block, which is tile 2 (t ^ x) + c of row hf.
+      const uint32_t sent = w.word(uint32_t(t ^ x));
+      const uint32_t got = x == 0 ? sent : __shfl_xor_sync(0xffffffffu, sent, x);
+      const int nt = 2 * (t ^ x) + c;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int64_t key = j0 + nt * 8 + 2 * t + e;
+        const bool kept = key < r.Lk && dropout_draw_in_word(got, uint32_t(e)) >= a.drop.threshold;
+        keep |= uint32_t(kept) << (hf * 16 + 2 * nt + e);
+      }
     }
   }
-  return mine | __shfl_xor_sync(0xffffffffu, theirs, 1);
+  return keep;
 }
 
 // Dropout on a warp's 16 x 64 probabilities p (keys j0...): multiplies kept

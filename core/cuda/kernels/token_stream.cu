@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/cuda/kernels/attention_common.cuh"
+#include "core/cuda/kernels/dropout.cuh"
 #include "core/cuda/kernels/flash_attention.h"
 #include "core/philox.h"
 
@@ -14,18 +15,19 @@ namespace roformer::kernels::cuda {
 namespace {
 
 // Element (t, f) is feature f of token t = (row, position): the draw the
-// padded dropout kernel makes for that row and position.
+// padded dropout kernel makes for that row and position, a thread per
+// token's group of eight features.
 template <class T>
-__global__ void dropout_tokens_kernel(const T* x, T* out, int64_t n, int64_t features,
+__global__ void dropout_tokens_kernel(const T* x, T* out, int64_t n_groups, int64_t features,
                                       const int64_t* tokens, int64_t s0, int64_t s1, PhiloxKey pkey,
                                       DropoutKey key, uint32_t threshold, acc_t<T> scale) {
-  using A = acc_t<T>;
-  RF_GRID_LOOP(i, n) {
-    const int64_t f = i % features, t = i / features;
+  const int64_t groups = dropout_groups(features);
+  RF_GRID_LOOP(i, n_groups) {
+    const int64_t group = i % groups, t = i / groups;
     const int64_t row = tokens[t * s0], position = tokens[t * s0 + s1];
-    const uint32_t bits = dropout_word(pkey, uint32_t(f), uint32_t(position),
-                                       uint32_t(key.first_sequence + row), key.site, 0);
-    out[i] = (bits >> 8) >= threshold ? convert<T>(convert<A>(x[i]) * scale) : convert<T>(0.0f);
+    drop_feature_group(x + t * features, out + t * features, features, group,
+                       uint32_t(key.first_sequence + row), uint32_t(position), pkey, key.site,
+                       threshold, scale);
   }
 }
 
@@ -172,15 +174,15 @@ void dropout_tokens(Stream stream, const KernelTensor& x, const KernelTensor& ou
                tokens.dtype == DType::i64,
            "dropout_tokens kernel: expected contiguous x and out [T, features] and tokens [T, 2] "
            "i64");
-  const int64_t n = x.numel();
-  if (n == 0) return;
+  if (x.numel() == 0) return;
+  const int64_t n_groups = x.sizes[0] * dropout_groups(x.sizes[1]);
   on_floating_dtype(x.dtype, "dropout", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    RF_LAUNCH((dropout_tokens_kernel<T>), grid_for(n), kThreads, 0, native(stream), x.as<const T>(),
-              out.as<T>(), n, x.sizes[1], tokens.as<const int64_t>(), tokens.strides[0],
-              tokens.strides[1], dropout_key(key.seed, key.step), key, dropout_threshold(p),
-              A(1.0 / (1.0 - p)));
+    RF_LAUNCH((dropout_tokens_kernel<T>), grid_for(n_groups), kThreads, 0, native(stream),
+              x.as<const T>(), out.as<T>(), n_groups, x.sizes[1], tokens.as<const int64_t>(),
+              tokens.strides[0], tokens.strides[1], dropout_key(key.seed, key.step), key,
+              dropout_threshold(p), A(1.0 / (1.0 - p)));
   });
 }
 
