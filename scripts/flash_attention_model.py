@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # A lane-level model of core/cuda/kernels/flash_attention.cu (the forward, dq
 # and dk/dv kernels), runnable without a GPU: the kernels' index arithmetic
-# written again line by line in float64 -- tile loads with the RoPE chunks,
+# written again line by line in float64 -- tile loads with the RoPE chunks
+# (the streamed tiles' angles through their shared slots),
 # ldmatrix (.trans) and mma.m16n8k16 with the fragments of the PTX ISA, the
 # online softmax, the dropout draws and their shuffles, the rotated-back gradients -- against a
 # plain float64 attention. It checks the indexing, not bf16 rounding, and it
@@ -176,6 +177,46 @@ def load_tile(rows, X, blk, r0, limit, a, rotate):
     return s
 
 
+def chunk_pair(n, c, interleaved):
+    return (4 * c + n if n < 4 else 16 + 4 * c + n - 4) if interleaved else 8 * c + n
+
+
+def stream_tile(rows, X, blk, r0, limit, a, rotate):
+    """copy_tile_async, then copy_angles_async's slots (cos of the chunk's
+    local pairs 0..7, then their sin) and rotate_own_chunks reading them."""
+    s = load_tile(rows, X, blk, r0, limit, a, False)
+    if not rotate:
+        return s
+    slots = np.full((rows * 4, 20), np.nan)  # kAngleSlot floats an item; 16..19 unused
+    for item in range(rows * 4):
+        row, c = item >> 2, item & 3
+        i = r0 + row
+        if i >= limit:
+            continue
+        pos = blk.first + i
+        k0, k1 = chunk_pair(0, c, a.interleaved), chunk_pair(4, c, a.interleaved)
+        slots[item, 0:4] = a.table[0, pos, k0:k0 + 4]
+        slots[item, 4:8] = a.table[0, pos, k1:k1 + 4]
+        slots[item, 8:12] = a.table[1, pos, k0:k0 + 4]
+        slots[item, 12:16] = a.table[1, pos, k1:k1 + 4]
+    for item in range(rows * 4):
+        row, c = item >> 2, item & 3
+        if r0 + row >= limit:
+            continue
+        cos, sin = slots[item, 0:8], slots[item, 8:16]
+        x, y = s[row, 8 * c:8 * c + 8].copy(), s[row, 8 * c + 32:8 * c + 40].copy()
+        rot = lambda x0, x1, n: (x0 * cos[n] - x1 * sin[n], x1 * cos[n] + x0 * sin[n])
+        if a.interleaved:
+            for m in range(4):
+                x[2 * m], x[2 * m + 1] = rot(x[2 * m], x[2 * m + 1], m)
+                y[2 * m], y[2 * m + 1] = rot(y[2 * m], y[2 * m + 1], 4 + m)
+        else:
+            for e in range(8):
+                x[e], y[e] = rot(x[e], y[e], e)
+        s[row, 8 * c:8 * c + 8], s[row, 8 * c + 32:8 * c + 40] = x, y
+    return s
+
+
 def store_rows(c, OUT, blk, row0, limit, row_scale, a, unrotate):
     for lane in range(32):
         g, t = lane >> 2, lane & 3
@@ -272,8 +313,8 @@ def forward_block(a, blk, Q, K, V, OUT, LSE, BITS):
         l = np.zeros((32, 2))
         t = np.arange(32) & 3
         for j0 in range(0, blk.Lk, kInner):
-            sK = load_tile(kInner, K, blk, j0, blk.Lk, a, rope)
-            sV = load_tile(kInner, V, blk, j0, blk.Lk, a, False)
+            sK = stream_tile(kInner, K, blk, j0, blk.Lk, a, rope)
+            sV = stream_tile(kInner, V, blk, j0, blk.Lk, a, False)
             sBias = np.array([key_bias(a, blk, j0 + x) for x in range(kInner)])
             s = mma_rows(qa, sK)
             mx = m.copy()
@@ -348,8 +389,8 @@ def dq_block(a, blk, Q, K, V, O, LSE, BITS, DO, DQ, DELTA):
                     DELTA[i] = Di[lane, hf]
         dq = np.zeros((32, 8, 4))
         for j0 in range(0, blk.Lk, kInner):
-            sK = load_tile(kInner, K, blk, j0, blk.Lk, a, rope)
-            sV = load_tile(kInner, V, blk, j0, blk.Lk, a, False)
+            sK = stream_tile(kInner, K, blk, j0, blk.Lk, a, rope)
+            sV = stream_tile(kInner, V, blk, j0, blk.Lk, a, False)
             sBias = np.array([key_bias(a, blk, j0 + x) for x in range(kInner)])
             s = mma_rows(qa, sK)
             dp = mma_rows(da, sV)
@@ -396,8 +437,8 @@ def dkv_block(a, blk, Q, K, V, LSE, BITS, DO, DELTA, DK, DV):
         dk = np.zeros((32, 8, 4))
         dv = np.zeros((32, 8, 4))
         for i0 in range(0, blk.Lq, kInner):
-            sQ = load_tile(kInner, Q, blk, i0, blk.Lq, a, rope)
-            sO = load_tile(kInner, DO, blk, i0, blk.Lq, a, False)
+            sQ = stream_tile(kInner, Q, blk, i0, blk.Lq, a, rope)
+            sO = stream_tile(kInner, DO, blk, i0, blk.Lq, a, False)
             sLse = np.array([LSE[i0 + x] * LOG2E if i0 + x < blk.Lq else -np.inf for x in range(kInner)])
             sDelta = np.array([DELTA[i0 + x] if i0 + x < blk.Lq else 0.0 for x in range(kInner)])
             sBits = np.zeros(256, dtype=np.int64)

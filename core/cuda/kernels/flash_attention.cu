@@ -304,22 +304,70 @@ __device__ __forceinline__ uint32_t quad_or(uint32_t x) {
 
 // --- RoPE ---------------------------------------------------------------------------
 
-// Rotates the pair (x0, x1) by pair k's angle at table row `pos`; inverse
-// rotates by minus the angle (the backward).
-__device__ __forceinline__ void rotate_pair(float& x0, float& x1, const FlashArgs& a, int64_t pos,
-                                            int k, bool inverse) {
-  const float c = a.table[pos * (kD / 2) + k];
-  const float s0 = a.table[(a.table_rows + pos) * (kD / 2) + k];
-  const float s = inverse ? -s0 : s0;
+// Rotates the pair (x0, x1) by the angle whose cosine and sine are c, s
+// (the backward passes -s: the inverse rotation).
+__device__ __forceinline__ void rotate_pair(float& x0, float& x1, float c, float s) {
   const float y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
   x0 = y0;
   x1 = y1;
 }
 
-// Rotates dims [8c, 8c + 8) (lo) and [8c + 32, 8c + 40) (hi) of a row: in
-// either layout every pair lies within lo, within hi, or across lo and hi.
-__device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashArgs& a, int64_t pos,
-                                              int c) {
+// Rotates the pair (x0, x1) by pair k's angle at table row `pos`; inverse
+// rotates by minus the angle (the backward).
+__device__ __forceinline__ void rotate_by_table(float& x0, float& x1, const FlashArgs& a,
+                                                int64_t pos, int k, bool inverse) {
+  const float c = a.table[pos * (kD / 2) + k];
+  const float s0 = a.table[(a.table_rows + pos) * (kD / 2) + k];
+  rotate_pair(x0, x1, c, inverse ? -s0 : s0);
+}
+
+// A thread moves dims [8c, 8c + 8) (lo) and [8c + 32, 8c + 40) (hi) of a row,
+// which hold eight whole RoPE pairs in either layout. Its local pair n is
+// pair chunk_pair(n, c) of the table: interleaved, 4c..4c+3 (in lo) then
+// 16+4c..16+4c+3 (in hi); half, 8c..8c+7 (across lo and hi). Local pairs
+// 0..3 and 4..7 are each four consecutive table columns.
+__device__ __forceinline__ int chunk_pair(int n, int c, bool interleaved) {
+  return interleaved ? (n < 4 ? 4 * c + n : 16 + 4 * c + n - 4) : 8 * c + n;
+}
+
+// The cosines and sines of a chunk's eight local pairs at one position.
+struct ChunkAngles {
+  float cos[8], sin[8];
+};
+
+__device__ __forceinline__ ChunkAngles angles_from_table(const FlashArgs& a, int64_t pos, int c) {
+  ChunkAngles r;
+  const float* cos_row = a.table + pos * (kD / 2);
+  const float* sin_row = a.table + (a.table_rows + pos) * (kD / 2);
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const int k = chunk_pair(n, c, a.interleaved);
+    r.cos[n] = cos_row[k];
+    r.sin[n] = sin_row[k];
+  }
+  return r;
+}
+
+// A chunk's angles staged in shared memory by copy_angles_async: a slot of
+// kAngleSlot floats holding cos 0..7 then sin 0..7 (the 16 B loads of eight
+// consecutive threads fall in distinct bank groups: 20 is 5 chunks of 16 B).
+constexpr int kAngleSlot = 20;
+
+__device__ __forceinline__ ChunkAngles angles_from_slot(const float* slot) {
+  ChunkAngles r;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const float4 c = reinterpret_cast<const float4*>(slot)[q];
+    const float4 s = reinterpret_cast<const float4*>(slot + 8)[q];
+    r.cos[4 * q] = c.x, r.cos[4 * q + 1] = c.y, r.cos[4 * q + 2] = c.z, r.cos[4 * q + 3] = c.w;
+    r.sin[4 * q] = s.x, r.sin[4 * q + 1] = s.y, r.sin[4 * q + 2] = s.z, r.sin[4 * q + 3] = s.w;
+  }
+  return r;
+}
+
+// Rotates chunk c of a row (lo, hi as above) by its eight angles.
+__device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const ChunkAngles& w,
+                                              bool interleaved) {
   float x[8], y[8];
   const bf16_t* pl = reinterpret_cast<const bf16_t*>(&lo);
   const bf16_t* ph = reinterpret_cast<const bf16_t*>(&hi);
@@ -328,15 +376,15 @@ __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashA
     x[e] = __bfloat162float(pl[e]);
     y[e] = __bfloat162float(ph[e]);
   }
-  if (a.interleaved) {
+  if (interleaved) {
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
-      rotate_pair(x[2 * m], x[2 * m + 1], a, pos, 4 * c + m, false);
-      rotate_pair(y[2 * m], y[2 * m + 1], a, pos, 16 + 4 * c + m, false);
+      rotate_pair(x[2 * m], x[2 * m + 1], w.cos[m], w.sin[m]);
+      rotate_pair(y[2 * m], y[2 * m + 1], w.cos[4 + m], w.sin[4 + m]);
     }
   } else {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) rotate_pair(x[e], y[e], a, pos, 8 * c + e, false);
+    for (int e = 0; e < 8; ++e) rotate_pair(x[e], y[e], w.cos[e], w.sin[e]);
   }
   uint32_t* wl = reinterpret_cast<uint32_t*>(&lo);
   uint32_t* wh = reinterpret_cast<uint32_t*>(&hi);
@@ -349,9 +397,8 @@ __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const FlashA
 
 // Rows [r0, r0 + kRows) of a bf16 operand copied to a shared tile (the
 // block's own rows, loaded once), rotated by the RoPE table when `rotate`.
-// Each thread moves dims [8c, 8c + 8) and [8c + 32, 8c + 40) of a row: every
-// RoPE pair of either layout lies within what one thread holds. Rows past
-// `limit` are zeros.
+// Each thread moves chunk c of a row: every RoPE pair of either layout lies
+// within what one thread holds. Rows past `limit` are zeros.
 template <int kRows, int kThreads = kThreadsPerBlock>
 __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Block& r, int64_t r0,
                                           int64_t limit, const FlashArgs& a, bool rotate) {
@@ -366,7 +413,7 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Blo
       const bf16_t* p = row_of<const bf16_t>(o, r, i);
       lo = *reinterpret_cast<const uint4*>(p + 8 * c);
       hi = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
-      if (rotate) rotate_chunks(lo, hi, a, r.first + i, c);
+      if (rotate) rotate_chunks(lo, hi, angles_from_table(a, r.first + i, c), a.interleaved);
     }
     *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = lo;
     *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = hi;
@@ -396,10 +443,13 @@ __device__ __forceinline__ void copy_tile_async(bf16_t* s, const Operand& o, con
   }
 }
 
-// Rotates by the RoPE table the chunks of a shared tile that this thread
-// copied with copy_tile_async, once its wait has covered them.
+// The RoPE angles of the chunks this thread copies with copy_tile_async
+// (rows r0...), by cp.async into their slots of `slots` (kRows * 4 slots),
+// in the same group as the tile: the thread's own wait covers them, so the
+// rotation after it needs no barrier and no global read. Rows past `limit`
+// are not rotated and get none.
 template <int kRows, int kThreads>
-__device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const Block& r, int64_t r0,
+__device__ __forceinline__ void copy_angles_async(float* slots, const Block& r, int64_t r0,
                                                   int64_t limit, const FlashArgs& a) {
 #pragma unroll
   for (int n = 0; n < kRows * 4 / kThreads; ++n) {
@@ -407,45 +457,81 @@ __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const Block& r, int
     const int row = item >> 2, c = item & 3;
     const int64_t i = r0 + row;
     if (i >= limit) continue;
+    const int64_t pos = r.first + i;
+    const float* cos_row = a.table + pos * (kD / 2);
+    const float* sin_row = a.table + (a.table_rows + pos) * (kD / 2);
+    const int k0 = chunk_pair(0, c, a.interleaved), k1 = chunk_pair(4, c, a.interleaved);
+    float* slot = slots + item * kAngleSlot;
+    cp_async_16(slot, cos_row + k0);
+    cp_async_16(slot + 4, cos_row + k1);
+    cp_async_16(slot + 8, sin_row + k0);
+    cp_async_16(slot + 12, sin_row + k1);
+  }
+}
+
+// Rotates the chunks of a shared tile that this thread copied with
+// copy_tile_async, by the angles copy_angles_async staged, once its wait has
+// covered both.
+template <int kRows, int kThreads>
+__device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots, int64_t r0,
+                                                  int64_t limit, bool interleaved) {
+#pragma unroll
+  for (int n = 0; n < kRows * 4 / kThreads; ++n) {
+    const int item = threadIdx.x + n * kThreads;
+    const int row = item >> 2, c = item & 3;
+    if (r0 + row >= limit) continue;
     uint4* lo = reinterpret_cast<uint4*>(s + row * kLd + 8 * c);
     uint4* hi = reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32);
     uint4 x = *lo, y = *hi;
-    rotate_chunks(x, y, a, r.first + i, c);
+    rotate_chunks(x, y, angles_from_slot(slots + item * kAngleSlot), interleaved);
     *lo = x;
     *hi = y;
   }
 }
 
+// Floats of shared memory a StreamedPair's angle slots take (two buffers).
+constexpr size_t kAngleFloats = size_t(2) * kInnerTile * 4 * kAngleSlot;
+
 // Two operands streamed tile by tile (K and V, or Q and dO), each through
-// two shared buffers of kInnerTile rows: tile n lives in buffer n % 2.
+// two shared buffers of kInnerTile rows: tile n lives in buffer n % 2. With
+// `angles` (RoPE), the first operand is rotated as each tile arrives, by
+// angles copied with the tile into two buffers of slots.
 template <int kThreads>
 struct StreamedPair {
   bf16_t* shared0;
   bf16_t* shared1;
   const Operand& operand0;
   const Operand& operand1;
+  float* angles = nullptr;  // kAngleFloats, or null: no rotation
 
   __device__ bf16_t* first(int buffer) const { return shared0 + buffer * kInnerTile * kLd; }
   __device__ bf16_t* second(int buffer) const { return shared1 + buffer * kInnerTile * kLd; }
-  // Queues the copies of the tile at rows r0 into `buffer` and commits them
-  // as one group (an empty one when r0 is past `limit`), so a wait for all
-  // but the newest group always covers the tile before.
-  __device__ void fetch(int buffer, const Block& r, int64_t r0, int64_t limit) const {
+  __device__ float* slots(int buffer) const {
+    return angles + buffer * kInnerTile * 4 * kAngleSlot;
+  }
+  // Queues the copies of the tile at rows r0 into `buffer` (and its angles)
+  // and commits them as one group (an empty one when r0 is past `limit`), so
+  // a wait for all but the newest group always covers the tile before.
+  __device__ void fetch(int buffer, const Block& r, int64_t r0, int64_t limit,
+                        const FlashArgs& a) const {
     if (r0 < limit) {
       copy_tile_async<kInnerTile, kThreads>(first(buffer), operand0, r, r0, limit);
       copy_tile_async<kInnerTile, kThreads>(second(buffer), operand1, r, r0, limit);
+      if (angles) copy_angles_async<kInnerTile, kThreads>(slots(buffer), r, r0, limit, a);
     }
     cp_async_commit();
   }
   // The tile at rows r0 is in `buffer`: queues the next one into the other
   // buffer, waits for this thread's copies of this one, and rotates its
-  // chunks of the first operand when `rotate`. A barrier must come before
-  // other threads read the tile.
-  __device__ void arrive(int buffer, const Block& r, int64_t r0, int64_t limit, const FlashArgs& a,
-                         bool rotate) const {
-    fetch(buffer ^ 1, r, r0 + kInnerTile, limit);
+  // chunks of the first operand when there are angles. A barrier must come
+  // before other threads read the tile.
+  __device__ void arrive(int buffer, const Block& r, int64_t r0, int64_t limit,
+                         const FlashArgs& a) const {
+    fetch(buffer ^ 1, r, r0 + kInnerTile, limit, a);
     cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
-    if (rotate) rotate_own_chunks<kInnerTile, kThreads>(first(buffer), r, r0, limit, a);
+    if (angles)
+      rotate_own_chunks<kInnerTile, kThreads>(first(buffer), slots(buffer), r0, limit,
+                                              a.interleaved);
   }
 };
 
@@ -470,13 +556,14 @@ __device__ __forceinline__ void store_rows(float (&c)[8][4], const Operand& o, D
       const int64_t pos = r.first + i;
       if (a.interleaved) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) rotate_pair(x[nt][0], x[nt][1], a, pos, nt * 4 + t, true);
+        for (int nt = 0; nt < 8; ++nt)
+          rotate_by_table(x[nt][0], x[nt][1], a, pos, nt * 4 + t, true);
       } else {
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            rotate_pair(x[nt][e], x[nt + 4][e], a, pos, nt * 8 + 2 * t + e, true);
+            rotate_by_table(x[nt][e], x[nt + 4][e], a, pos, nt * 8 + 2 * t + e, true);
       }
     }
     if (dtype == DType::f32) {
@@ -510,8 +597,8 @@ __device__ __forceinline__ float key_bias(const FlashArgs& a, const Block& r, in
 template <int kThreads>
 __device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads>& kv, int buffer,
                                                const Block& r, int64_t j0, const FlashArgs& a,
-                                               bool rope, float* sBias) {
-  kv.arrive(buffer, r, j0, r.Lk, a, rope);
+                                               float* sBias) {
+  kv.arrive(buffer, r, j0, r.Lk, a);
   if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
   __syncthreads();  // every thread's copies, rotations and biases are visible
 }
@@ -636,13 +723,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   bf16_t* sK = sQ + kRowsPerBlock * kLd;  // two tiles of kInnerTile rows
   bf16_t* sV = sK + 2 * kInnerTile * kLd;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
+  float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;  // the whole block: a shorter segment
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const StreamedPair<kThreads> kv{sK, sV, a.k, a.v};
-  kv.fetch(0, r, 0, r.Lk);
+  const StreamedPair<kThreads> kv{sK, sV, a.k, a.v, rope ? sAngles : nullptr};
+  kv.fetch(0, r, 0, r.Lk, a);
   load_tile<kRowsPerBlock, kThreads>(sQ, a.q, r, i0, r.Lq, a, rope);
   __syncthreads();
   // One row tile: its Q fragments stay in registers. Two: read from sQ
@@ -666,7 +754,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
-    key_tile_ready(kv, buffer, r, j0, a, rope, sBias);
+    key_tile_ready(kv, buffer, r, j0, a, sBias);
     float s[kM][8][4];
     if constexpr (kM == 1)
       mma_rows(s, qa, k_tile, lane);
@@ -717,14 +805,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   bf16_t* sK = sO + kRowsPerBlock * kLd;  // two tiles of kInnerTile rows
   bf16_t* sV = sK + 2 * kInnerTile * kLd;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
+  float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   // K and V tiles by cp.async into two buffers, as in the forward.
-  const StreamedPair<kThreadsPerBlock> kv{sK, sV, a.k, a.v};
-  kv.fetch(0, r, 0, r.Lk);
+  const StreamedPair<kThreadsPerBlock> kv{sK, sV, a.k, a.v, rope ? sAngles : nullptr};
+  kv.fetch(0, r, 0, r.Lk, a);
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
   __syncthreads();
@@ -762,7 +851,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
-    key_tile_ready(kv, buffer, r, j0, a, rope, sBias);
+    key_tile_ready(kv, buffer, r, j0, a, sBias);
     float s[1][8][4], dp[1][8][4];
     mma_rows(s, qa, k_tile, lane);
     mma_rows(dp, da, v_tile, lane);
@@ -810,14 +899,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   float* sLse = reinterpret_cast<float*>(sO + 2 * kInnerTile * kLd);
   float* sDelta = sLse + kInnerTile;
   uint32_t* sBits = reinterpret_cast<uint32_t*>(sDelta + kInnerTile);  // [64][4]
+  float* sAngles = reinterpret_cast<float*>(sBits + 4 * kInnerTile);   // with RoPE only
   const Block r = block_of(a, tiles);
   const int64_t j0 = r.tile * kRowsPerBlock;
   if (j0 >= r.Lk) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   // Q and dO tiles by cp.async into two buffers, as in the forward.
-  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out};
-  qo.fetch(0, r, 0, r.Lq);
+  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out, rope ? sAngles : nullptr};
+  qo.fetch(0, r, 0, r.Lq, a);
   load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
   load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
   const int64_t key0 = j0 + warp * 16;
@@ -830,7 +920,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
     bf16_t* q_tile = qo.first(buffer);
     bf16_t* o_tile = qo.second(buffer);
-    qo.arrive(buffer, r, i0, r.Lq, a, rope);
+    qo.arrive(buffer, r, i0, r.Lq, a);
     if (threadIdx.x < kInnerTile) {
       const int64_t i = i0 + threadIdx.x;
       sLse[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.lse, r, i) * kLog2e : -INFINITY;
@@ -949,11 +1039,19 @@ FlashArgs make_args(const AttentionParams& params, const FlashRope& rope, const 
              "flash attention: expected a contiguous f32 RoPE table [2, P, 32] with P = ",
              q.sizes[seq], " rows (q's and k's sequence length), got [", table.sizes[0], ", ",
              table.sizes[1], ", ", table.sizes[2], "]");
+    // The angles reach shared memory by 16-byte cp.async (copy_angles_async).
+    RF_CHECK(reinterpret_cast<uintptr_t>(table.data) % 16 == 0,
+             "flash attention: the RoPE table must start on a 16-byte boundary");
     a.table = table.as<const float>();
     a.table_rows = table.sizes[1];
     a.interleaved = rope.interleaved;
   }
   return a;
+}
+
+// Shared bytes of the streamed tiles' RoPE angles: none without a table.
+size_t angle_bytes(const FlashArgs& a) {
+  return a.table ? kAngleFloats * sizeof(float) : 0;
 }
 
 // Sequences (batch rows or segments), tiles per sequence of `rows` rows.
@@ -1020,8 +1118,8 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   const auto kernel =
       wide ? (a.drop.on ? flash_forward_kernel<2, true> : flash_forward_kernel<2, false>)
            : (a.drop.on ? flash_forward_kernel<1, true> : flash_forward_kernel<1, false>);
-  const size_t shared =
-      size_t(kRowsPerBlock + 4 * kInnerTile) * kLd * sizeof(bf16_t) + kInnerTile * sizeof(float);
+  const size_t shared = size_t(kRowsPerBlock + 4 * kInnerTile) * kLd * sizeof(bf16_t) +
+                        kInnerTile * sizeof(float) + angle_bytes(a);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, launch_grid(g, heads), threads, shared, native(stream), a, g.tiles);
 }
@@ -1053,7 +1151,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   const Grid gq = grid_of(params, q, k, segments, false);
   if (gq.sequences * gq.tiles > 0) {
     const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
-                          kInnerTile * sizeof(float);
+                          kInnerTile * sizeof(float) + angle_bytes(a);
     allow_shared(flash_dq_kernel, shared);
     RF_LAUNCH(flash_dq_kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
               gq.tiles);
@@ -1061,7 +1159,8 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   const Grid gk = grid_of(params, q, k, segments, true);
   if (gk.sequences * gk.tiles > 0) {
     const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
-                          2 * kInnerTile * sizeof(float) + 4 * kInnerTile * sizeof(uint32_t);
+                          2 * kInnerTile * sizeof(float) + 4 * kInnerTile * sizeof(uint32_t) +
+                          angle_bytes(a);
     allow_shared(flash_dkv_kernel, shared);
     RF_LAUNCH(flash_dkv_kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
               gk.tiles);
