@@ -102,6 +102,7 @@ struct PendingCopy {
   uint32_t address;
   unsigned char bytes[16];
   bool landed = false;
+  int size = 16;  // 16 (cp.async.cg) or 4 (cp.async.ca)
 };
 
 struct Fiber {
@@ -250,16 +251,21 @@ float bf16_bits_to_float(uint32_t bits16) {
 
 // The 16 aligned shared bytes at `address`, inside what the launch gave
 // (`what`: the instruction, for the error).
-unsigned char* shared_16(const Block& b, uint32_t address, const char* what) {
-  RF_CHECK(address % 16 == 0, "simt: ", what, " shared address ", address,
-           " is not 16-byte aligned");
-  RF_CHECK(size_t(address) + 16 <= window_size(), "simt: ", what, " shared address ", address,
-           " outside shared memory");
+// `size` bytes (4 or 16, aligned to their size) at a shared address.
+unsigned char* shared_bytes(const Block& b, uint32_t address, int size, const char* what) {
+  RF_CHECK(address % uint32_t(size) == 0, "simt: ", what, " shared address ", address, " is not ",
+           size, "-byte aligned");
+  RF_CHECK(size_t(address) + size_t(size) <= window_size(), "simt: ", what, " shared address ",
+           address, " outside shared memory");
   const size_t dyn = size_t(g_dynamic - window_begin());
   if (address >= dyn && address < dyn + kMaxDynamicShared)
-    RF_CHECK(address + 16 <= dyn + b.dynamic_bytes, "simt: ", what, " reaches dynamic shared byte ",
-             address + 16 - dyn, " of ", b.dynamic_bytes, " launched");
+    RF_CHECK(address + size_t(size) <= dyn + b.dynamic_bytes, "simt: ", what,
+             " reaches dynamic shared byte ", address + size_t(size) - dyn, " of ", b.dynamic_bytes,
+             " launched");
   return window_begin() + address;
+}
+unsigned char* shared_16(const Block& b, uint32_t address, const char* what) {
+  return shared_bytes(b, address, 16, what);
 }
 
 // One 16-byte row of an 8x8 b16 matrix at a lane's shared address.
@@ -453,16 +459,26 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans) {
   collective(trans ? Op::ldmatrix_trans : Op::ldmatrix, &address, 1, r, 4);
 }
 
-void cp_async_16(uint32_t address, const void* source, const unsigned char (&bytes)[16]) {
+namespace {
+void cp_async_bytes(uint32_t address, const void* source, const unsigned char* bytes, int size) {
   RF_CHECK(g_block != nullptr, "simt: cp.async outside an emulated launch");
-  RF_CHECK(reinterpret_cast<uintptr_t>(source) % 16 == 0, "simt: cp.async source ", source,
-           " is not 16-byte aligned");
+  RF_CHECK(reinterpret_cast<uintptr_t>(source) % uintptr_t(size) == 0, "simt: cp.async source ",
+           source, " is not ", size, "-byte aligned");
   Block& b = *g_block;
-  unsigned char* destination = shared_16(b, address, "cp.async destination");
-  PendingCopy copy{address, {}, b.early_copies};
-  std::memcpy(copy.bytes, bytes, 16);
-  if (copy.landed) std::memcpy(destination, bytes, 16);
+  unsigned char* destination = shared_bytes(b, address, size, "cp.async destination");
+  PendingCopy copy{address, {}, b.early_copies, size};
+  std::memcpy(copy.bytes, bytes, size_t(size));
+  if (copy.landed) std::memcpy(destination, bytes, size_t(size));
   b.fibers[size_t(b.running)].open_group.push_back(copy);
+}
+}  // namespace
+
+void cp_async_16(uint32_t address, const void* source, const unsigned char (&bytes)[16]) {
+  cp_async_bytes(address, source, bytes, 16);
+}
+
+void cp_async_4(uint32_t address, const void* source, const unsigned char (&bytes)[4]) {
+  cp_async_bytes(address, source, bytes, 4);
 }
 
 void cp_async_commit() {
@@ -478,7 +494,9 @@ void cp_async_wait(int n) {
   Fiber& f = b.fibers[size_t(b.running)];
   while (f.committed.size() > size_t(std::max(n, 0))) {
     for (const PendingCopy& c : f.committed.front())
-      if (!c.landed) std::memcpy(shared_16(b, c.address, "cp.async destination"), c.bytes, 16);
+      if (!c.landed)
+        std::memcpy(shared_bytes(b, c.address, c.size, "cp.async destination"), c.bytes,
+                    size_t(c.size));
     f.committed.pop_front();
   }
 }

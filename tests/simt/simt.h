@@ -120,6 +120,9 @@ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool trans);
 // cp.async.wait_group lets them, so a read before the wait sees the poison
 // (in warp-serial blocks they land now: see the schedules above).
 void cp_async_16(uint32_t address, const void* source, const unsigned char (&bytes)[16]);
+// cp.async.ca.shared.global [address], [source], 4: the same for 4 bytes
+// (source and address 4-byte aligned).
+void cp_async_4(uint32_t address, const void* source, const unsigned char (&bytes)[4]);
 // cp.async.commit_group: the thread's copies since the last commit become a
 // group.
 void cp_async_commit();
@@ -241,6 +244,11 @@ inline void simt_cp_async_16(uint32_t address, const void* source) {
   unsigned char bytes[16];
   std::memcpy(bytes, source, 16);
   ::roformer::simt::cp_async_16(address, source, bytes);
+}
+inline void simt_cp_async_4(uint32_t address, const void* source) {
+  unsigned char bytes[4];
+  std::memcpy(bytes, source, 4);
+  ::roformer::simt::cp_async_4(address, source, bytes);
 }
 inline size_t __cvta_generic_to_shared(const void* p) {
   return ::roformer::simt::shared_address(p);

@@ -281,6 +281,31 @@ TEST(Simt, CpAsyncCopiesLandAtTheWaitThatCoversThem) {
       << "an unaligned source";
 }
 
+// Four-byte copies (cp.async.ca): thread t copies in[stride t + offset] to
+// s[t]; they land at the wait like the 16-byte ones, and need only 4-byte
+// alignment.
+__global__ void cp_async_4_kernel(const float* in, int stride, float* before, float* after) {
+  __shared__ float s[32];
+  const int tid = threadIdx.x;
+  simt_cp_async_4(uint32_t(__cvta_generic_to_shared(&s[tid])), in + stride * tid);
+  simt::cp_async_commit();
+  before[tid] = s[tid];
+  simt::cp_async_wait(0);
+  after[tid] = s[tid];
+}
+
+TEST(Simt, FourByteCpAsyncLandsAtItsWait) {
+  std::vector<float> in(32 * 12 + 1);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i);
+  std::vector<float> before(32), after(32);
+  // Source rows 12 floats apart, from an odd float: 4-byte aligned, not 16.
+  launch(cp_async_4_kernel, dim3(1), dim3(32), 0, in.data() + 1, 12, before.data(), after.data());
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_TRUE(std::isnan(before[size_t(t)])) << "no copy lands before its wait";
+    EXPECT_EQ(after[size_t(t)], float(12 * t + 1));
+  }
+}
+
 // The flash forward's pipeline in small: tiles of 64 chunks of 4 floats come
 // by cp.async into two buffers (thread i copies chunk i), the next tile's
 // copies in flight while each thread sums chunk i ^ 32 of the current tile

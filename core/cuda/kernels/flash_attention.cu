@@ -178,6 +178,16 @@ __device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(global) : "memory");
 #endif
 }
+// The same for 4 bytes (cp.async.ca: .cg takes 16 only): rows of lse, D and
+// keep words, which need not be 16-byte aligned.
+__device__ __forceinline__ void cp_async_4(void* shared, const void* global) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(shared));
+#if defined(ROFORMER_SIMT_EMULATION)
+  simt_cp_async_4(addr, global);
+#else
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(addr), "l"(global) : "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(ROFORMER_SIMT_EMULATION)
   ::roformer::simt::cp_async_commit();
@@ -852,9 +862,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
     key_tile_ready(kv, buffer, r, j0, a, sBias);
-    float s[1][8][4], dp[1][8][4];
-    mma_rows(s, qa, k_tile, lane);
-    mma_rows(dp, da, v_tile, lane);
+    // The keep words are loaded before the products, so their latency
+    // overlaps the tensor-core work rather than following it.
     uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
     if (a.drop.on) {
 #pragma unroll
@@ -867,6 +876,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
             bits[hf][w] = row_of<const uint32_t>(a.bits, r, i)[j0 / 32 + w];
       }
     }
+    float s[1][8][4], dp[1][8][4];
+    mma_rows(s, qa, k_tile, lane);
+    mma_rows(dp, da, v_tile, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -889,6 +901,51 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   store_rows(dq[0], a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
 }
 
+// What the dk/dv pass reads of each query row of a tile besides Q and dO:
+// lse, D and the keep words of the block's 128 keys, in two buffers like the
+// tiles. fetch queues them by cp.async (4-byte copies: token-stream rows are
+// H floats apart) into the open copy group, so the wait that covers a tile
+// covers its row data: no global load's latency before each tile's barrier.
+struct QueryRowData {
+  float* base;  // [2][kInnerTile] lse, [2][kInnerTile] D, [2][kInnerTile][4] keep words
+  static_assert(kThreadsPerBlock == 4 * kInnerTile, "a thread per keep word of a tile");
+
+  __device__ float* lse(int buffer) const { return base + buffer * kInnerTile; }
+  __device__ float* delta(int buffer) const { return base + (2 + buffer) * kInnerTile; }
+  __device__ uint32_t* bits(int buffer) const {
+    return reinterpret_cast<uint32_t*>(base + 4 * kInnerTile) + buffer * 4 * kInnerTile;
+  }
+  __device__ float* end() const { return base + 12 * kInnerTile; }
+
+  // Rows i0... into `buffer`: thread t < 64 copies row t's lse, 64 <= t < 128
+  // row t - 64's D, and thread t keep word t % 4 of row t / 4. Rows past Lq
+  // (and words past a row's end) get -inf, 0 and 0 by plain stores, seen
+  // after the barrier that follows the wait.
+  __device__ void fetch(int buffer, const FlashArgs& a, const Block& r, int64_t i0,
+                        int64_t first_word, int64_t row_words) const {
+    const int tid = threadIdx.x;
+    if (tid < 2 * kInnerTile) {
+      const bool is_delta = tid >= kInnerTile;
+      const int row = tid % kInnerTile;
+      const int64_t i = i0 + row;
+      float* d = (is_delta ? delta(buffer) : lse(buffer)) + row;
+      if (i < r.Lq)
+        cp_async_4(d, row_of<const float>(is_delta ? a.delta : a.lse, r, i));
+      else
+        *d = is_delta ? 0.0f : -INFINITY;
+    }
+    if (a.drop.on) {
+      const int qi = tid >> 2, w = tid & 3;
+      const int64_t i = i0 + qi;
+      uint32_t* d = bits(buffer) + tid;
+      if (i < r.Lq && first_word + w < row_words)
+        cp_async_4(d, row_of<const uint32_t>(a.bits, r, i) + first_word + w);
+      else
+        *d = 0u;
+    }
+  }
+};
+
 // dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64.
 __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a, int64_t tiles) {
   RF_DYNAMIC_SHARED(smem);
@@ -896,17 +953,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   bf16_t* sV = sK + kRowsPerBlock * kLd;
   bf16_t* sQ = sV + kRowsPerBlock * kLd;   // two tiles of kInnerTile rows
   bf16_t* sO = sQ + 2 * kInnerTile * kLd;  // dO, two tiles
-  float* sLse = reinterpret_cast<float*>(sO + 2 * kInnerTile * kLd);
-  float* sDelta = sLse + kInnerTile;
-  uint32_t* sBits = reinterpret_cast<uint32_t*>(sDelta + kInnerTile);  // [64][4]
-  float* sAngles = reinterpret_cast<float*>(sBits + 4 * kInnerTile);   // with RoPE only
+  const QueryRowData rows{reinterpret_cast<float*>(sO + 2 * kInnerTile * kLd)};  // two buffers
+  float* sAngles = rows.end();                                                   // with RoPE only
   const Block r = block_of(a, tiles);
   const int64_t j0 = r.tile * kRowsPerBlock;
   if (j0 >= r.Lk) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   // Q and dO tiles by cp.async into two buffers, as in the forward.
+  const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
   const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out, rope ? sAngles : nullptr};
+  if (r.Lq > 0) rows.fetch(0, a, r, 0, first_word, row_words);  // joins the first tile's group
   qo.fetch(0, r, 0, r.Lq, a);
   load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
   load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
@@ -914,25 +971,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
   bool kept[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
-  const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
   float dk[1][8][4] = {}, dv[1][8][4] = {};
   int buffer = 0;
   for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
     bf16_t* q_tile = qo.first(buffer);
     bf16_t* o_tile = qo.second(buffer);
+    // The next tile's row data joins the group arrive commits with its Q and dO.
+    if (i0 + kInnerTile < r.Lq)
+      rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words);
     qo.arrive(buffer, r, i0, r.Lq, a);
-    if (threadIdx.x < kInnerTile) {
-      const int64_t i = i0 + threadIdx.x;
-      sLse[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.lse, r, i) * kLog2e : -INFINITY;
-      sDelta[threadIdx.x] = i < r.Lq ? *row_of<const float>(a.delta, r, i) : 0.0f;
-    }
-    if (a.drop.on) {
-      const int qi = threadIdx.x >> 2, w = threadIdx.x & 3;  // 256 threads: 64 rows x 4 words
-      const int64_t i = i0 + qi;
-      sBits[threadIdx.x] = i < r.Lq && first_word + w < row_words
-                               ? row_of<const uint32_t>(a.bits, r, i)[first_word + w]
-                               : 0u;
-    }
+    const float* sLse = rows.lse(buffer);
+    const float* sDelta = rows.delta(buffer);
+    const uint32_t* sBits = rows.bits(buffer);
     __syncthreads();  // copies, rotations and row data visible (and sK, sV the first time)
     float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
     {
@@ -955,7 +1005,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a
         const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
         float pz = 0.0f, ds = 0.0f;
         if (kept[hf] && sLse[col] != -INFINITY) {
-          const float p = exp2f(st[0][nt][e] * a.scale_log2 - sLse[col]);
+          const float p = exp2f(st[0][nt][e] * a.scale_log2 - sLse[col] * kLog2e);
           const float z =
               a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
                         : 1.0f;
@@ -1159,8 +1209,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   const Grid gk = grid_of(params, q, k, segments, true);
   if (gk.sequences * gk.tiles > 0) {
     const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
-                          2 * kInnerTile * sizeof(float) + 4 * kInnerTile * sizeof(uint32_t) +
-                          angle_bytes(a);
+                          12 * kInnerTile * sizeof(float) + angle_bytes(a);
     allow_shared(flash_dkv_kernel, shared);
     RF_LAUNCH(flash_dkv_kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
               gk.tiles);
