@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cpu/onednn.h"
+#include "core/cpu/philox_simd.h"
 #include "core/cpu/strided_loop.h"
 #include "core/kernels/coalesce_dims.h"
 #include "core/ops.h"
@@ -349,6 +350,33 @@ TEST(KernelTensor, ATensorWithNoElementIsContiguousAsTheTensorSaysAndRandomFills
   EXPECT_TRUE(kernels::kernel_tensor(t).is_contiguous());
   Generator gen{5, 0};
   EXPECT_EQ(Tensor::randn({2, 3, 0, 4}, gen).numel(), 0);
+}
+
+// The CPU's vectorised Philox gives philox4x32's words block by block (16
+// blocks: AVX-512 where the build has it, the portable loop otherwise; 8
+// blocks: always the portable loop), and the dropout draws are their 16-bit
+// halves in the rule's order.
+TEST(PhiloxSimd, BlocksAndDrawsEqualTheScalarGenerator) {
+  const PhiloxKey key{{0x12345678u, 0x9ABCDEF0u}};
+  for (const uint32_t first : {0u, 5u, 0xFFFFFFF8u}) {
+    uint32_t words16[64], words8[32];
+    uint16_t draws[128];
+    kernels::cpu::philox_blocks<16>(first, 7u, 0xDEADBEEFu, 3u << 8, key, words16);
+    kernels::cpu::philox_blocks<8>(first, 7u, 0xDEADBEEFu, 3u << 8, key, words8);
+    kernels::cpu::dropout_draws_blocks<16>(first, 7u, 0xDEADBEEFu, 3u << 8, key, draws);
+    for (uint32_t i = 0; i < 16; ++i) {
+      const PhiloxCounter want =
+          philox4x32(PhiloxCounter{{first + i, 7u, 0xDEADBEEFu, 3u << 8}}, key);
+      for (int w = 0; w < 4; ++w) {
+        ASSERT_EQ(words16[4 * i + w], want[w]) << "block " << i << " word " << w;
+        if (i < 8) {
+          ASSERT_EQ(words8[4 * i + w], want[w]) << "block " << i << " word " << w;
+        }
+        ASSERT_EQ(draws[8 * i + 2 * w], want[w] & 0xFFFFu);
+        ASSERT_EQ(draws[8 * i + 2 * w + 1], want[w] >> 16);
+      }
+    }
+  }
 }
 
 }  // namespace
