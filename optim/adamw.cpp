@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "core/autograd.h"
 #include "core/precision.h"
@@ -73,7 +76,7 @@ const Tensor& AdamW::whole(const Tensor& moment) const {
   return moment;
 }
 
-void AdamW::step(double lr, double grad_scale) {
+double AdamW::step(double lr, double grad_scale, bool measure_update) {
   const FlatParameters& flat = *flat_;
   ++step_;
   const double bc1 = 1.0 - std::pow(options_.beta1, double(step_));
@@ -109,10 +112,12 @@ void AdamW::step(double lr, double grad_scale) {
       working_bf16_ = Tensor();
     else if (!working_bf16_.defined())
       working_bf16_ = Tensor::empty({flat.padded_numel()}, DType::bf16, flat.device());
+    double update_sq = std::numeric_limits<double>::quiet_NaN();
     device_passes::adamw(flat.data(), flat.grad(), m_, v_, spans,
-                         {b1, b2, eps, step_size, bc2_sqrt, scale, decay_factor}, working_bf16_);
+                         {b1, b2, eps, step_size, bc2_sqrt, scale, decay_factor}, working_bf16_,
+                         measure_update ? &update_sq : nullptr);
     if (working_bf16_.defined()) set_bf16_working_copy(flat.data(), working_bf16_);
-    return;
+    return update_sq;
   }
 
   float* p = flat.data().data_as<float>();
@@ -124,6 +129,28 @@ void AdamW::step(double lr, double grad_scale) {
   // walking the runs it overlaps: one pass, balanced whatever the parameter sizes.
   constexpr int64_t kChunk = 32768;
   const int64_t chunks = (end_ - begin_ + kChunk - 1) / kChunk;
+  // With measure_update: each chunk's sum of squared changes, summed in chunk
+  // order afterwards (the same for any thread count).
+  std::vector<double> chunk_update_sq(measure_update ? size_t(chunks) : 0, 0.0);
+  auto update_range = [&](auto measure, int64_t begin, int64_t end, float decay) {
+    double sq = 0.0;
+    // The same order of operations as torch.optim.AdamW (decay, moments, update).
+#pragma omp simd reduction(+ : sq)
+    for (int64_t j = begin; j < end; ++j) {
+      const float before = p[j];
+      const float gj = g[j] * scale;
+      float pj = before * decay;
+      m[j] = b1 * m[j] + (1.0f - b1) * gj;
+      v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
+      pj -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
+      p[j] = pj;
+      if constexpr (decltype(measure)::value) {
+        const double change = double(pj - before);
+        sq += change * change;
+      }
+    }
+    return sq;
+  };
 #pragma omp parallel for schedule(static) if (chunks > 2)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = begin_ + c * kChunk, hi = std::min(end_, lo + kChunk);
@@ -132,18 +159,17 @@ void AdamW::step(double lr, double grad_scale) {
     for (; it != spans.end() && it->begin < hi; ++it) {
       const int64_t begin = std::max(lo, it->begin), end = std::min(hi, it->end);
       const float decay = it->decay ? decay_factor : 1.0f;
-      // The same order of operations as torch.optim.AdamW (decay, moments, update).
-#pragma omp simd
-      for (int64_t j = begin; j < end; ++j) {
-        const float gj = g[j] * scale;
-        p[j] *= decay;
-        m[j] = b1 * m[j] + (1.0f - b1) * gj;
-        v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-        p[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
-      }
+      if (measure_update)
+        chunk_update_sq[size_t(c)] += update_range(std::true_type{}, begin, end, decay);
+      else
+        update_range(std::false_type{}, begin, end, decay);
     }
   }
   flat.data().bump_version();
+  if (!measure_update) return std::numeric_limits<double>::quiet_NaN();
+  double total = 0.0;
+  for (const double sq : chunk_update_sq) total += sq;
+  return total;
 }
 
 void AdamW::zero_grad() {

@@ -50,8 +50,11 @@ class AdamW {
   // `grad_scale` first (global-norm clipping). Parameters without a gradient
   // are left untouched, as torch.optim.AdamW does. Sharded: only the
   // parameters' elements in [shard_begin(), shard_end()) change (the caller
-  // gathers the rest from the other shards).
-  void step(double lr, double grad_scale = 1.0);
+  // gathers the rest from the other shards). With `measure_update` it returns
+  // sum((new - old)^2) over this process's share of the flat buffers (f64, in
+  // an order that depends only on the sizes: the update/weight ratio without
+  // a copy of the weights); NaN otherwise.
+  double step(double lr, double grad_scale = 1.0, bool measure_update = false);
 
   // `count` + 1 boundaries splitting a flat buffer of `padded_numel` floats
   // into contiguous shares: each starts on a multiple of kShardAlignment and

@@ -67,7 +67,8 @@ GradSummary grad_summary(const Tensor& flat_grad, const char* what) {
 }
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-           const std::vector<Run>& runs, const AdamWStep& step, const Tensor& working_bf16) {
+           const std::vector<Run>& runs, const AdamWStep& step, const Tensor& working_bf16,
+           double* update_sum_squares) {
   const int64_t n = param.numel();
   check_flat(param, n, "the parameters");
   check_flat(grad, n, "the gradient");
@@ -101,11 +102,22 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tenso
   a.grad_scale = step.grad_scale;
   a.decay = step.decay;
   const int64_t* starts = table.data_as<int64_t>();
+  // With a measured update: the partial sums, then the result, in one block
+  // of doubles.
+  Tensor work;
+  double* scratch = nullptr;
+  const int64_t partials = int64_t((cuda::adamw_update_scratch_bytes() + 7) / 8);
+  if (update_sum_squares) {
+    work = Tensor::empty({partials + 1}, DType::f64, device);
+    scratch = work.data_as<double>();
+  }
   cuda::adamw_step(param.data_as<float>(), grad.data_as<float>(), m.data_as<float>(),
                    v.data_as<float>(),
                    working_bf16.defined() ? static_cast<uint16_t*>(working_bf16.data()) : nullptr,
                    n, starts, reinterpret_cast<const uint8_t*>(starts + count + 1), int(count), a,
-                   cuda::native(current_stream(device)));
+                   cuda::native(current_stream(device)),
+                   update_sum_squares ? scratch + partials : nullptr, scratch);
+  if (update_sum_squares) *update_sum_squares = work.narrow(0, partials, 1).to_vector<double>()[0];
   param.bump_version();
   if (working_bf16.defined()) working_bf16.bump_version();
 }
@@ -123,7 +135,7 @@ GradSummary grad_summary(const Tensor& flat_grad, const char*) {
 }
 
 void adamw(const Tensor& param, const Tensor&, const Tensor&, const Tensor&,
-           const std::vector<Run>&, const AdamWStep&, const Tensor&) {
+           const std::vector<Run>&, const AdamWStep&, const Tensor&, double*) {
   no_cuda(param);
 }
 

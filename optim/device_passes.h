@@ -38,10 +38,12 @@ struct AdamWStep {
 // buffers of one length on one GPU), over `runs` (sorted, disjoint). When
 // `working_bf16` is defined (contiguous bf16 of that length, same GPU) the
 // same pass writes every element of the updated `param` into it rounded to
-// bf16, the ones outside the runs included.
+// bf16, the ones outside the runs included. With `update_sum_squares` the
+// pass also sums (new - old)^2 over the buffers in f64 (an order fixed by
+// the length) and returns it there: one wait for the device.
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
            const std::vector<Run>& runs, const AdamWStep& step,
-           const Tensor& working_bf16 = Tensor());
+           const Tensor& working_bf16 = Tensor(), double* update_sum_squares = nullptr);
 
 // The runs as the kernel's segments covering [0, n): starts (num_segments + 1
 // entries, the last n) and a mode per segment (0 no decay, 1 decay, 2 skip).

@@ -419,20 +419,19 @@ TrainerResult Trainer::run() {
       } else {
         state.nonfinite_in_a_row = 0;
         // The update/weight ratio is measured on the steps that are logged:
-        // a copy of the weights before the update (on their device; the
-        // caching allocator keeps its block for the next logged step).
-        Tensor before;
-        if (log_step) before = adamw.flat().data().clone();
-        adamw.step(lr, clip);
+        // the update pass sums its squared changes itself (no copy of the
+        // weights), over this rank's share when the moments are sharded.
+        double update_sq = adamw.step(lr, clip, log_step);
         if (adamw.sharded()) {
           const auto gather_start = Clock::now();
           distributed::all_gather_parameters(adamw, comm);
           param_gather_s += seconds_since(gather_start);
+          // Every rank logs alike, so every rank takes part.
+          if (log_step) comm.all_reduce_sum(std::span<double>(&update_sq, 1));
         }
-        if (before.defined()) {
+        if (log_step) {
           const double w = optim::l2_norm(adamw.flat().data());
-          const double u = optim::l2_norm(sub(adamw.flat().data(), before));
-          update_ratio = w > 0 ? u / w : NAN;
+          update_ratio = w > 0 ? std::sqrt(update_sq) / w : NAN;
         }
       }
       adamw.zero_grad();

@@ -45,9 +45,14 @@ enum SegmentMode : uint8_t {
 // `working_bf16` (may be null) receives every parameter (updated or skipped)
 // rounded to nearest-even bf16 in the same pass: the weights the bf16 matrix
 // products read (core/precision.h, set_bf16_working_copy).
+// With `update_sum_squares` (device memory, one double) the same pass also
+// queues sum((new - old)^2) over [0, n) into it, in f64 and in an order fixed
+// by n (the update/weight ratio's numerator without a copy of the weights);
+// `scratch` is then device memory of adamw_update_scratch_bytes().
+size_t adamw_update_scratch_bytes();
 void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq,
                 uint16_t* working_bf16, int64_t n, const int64_t* segment_starts,
                 const uint8_t* segment_decays, int num_segments, const AdamWArgs& args,
-                cudaStream_t stream);
+                cudaStream_t stream, double* update_sum_squares = nullptr, void* scratch = nullptr);
 
 }  // namespace roformer::cuda

@@ -23,7 +23,7 @@ TEST(AdamW, OneStepMatchesTheFormulaWorkedByHand) {
   w.set_grad(Tensor::from_vector<float>({0.1f, -0.3f}, {2}));
   b.set_grad(Tensor::from_vector<float>({2.0f}, {1}));
   AdamW opt({{"layer.weight", w, true}, {"layer.bias", b, false}}, {0.9, 0.999, 1e-8, 0.1});
-  opt.step(0.01);
+  EXPECT_TRUE(std::isnan(opt.step(0.01))) << "the update is measured only when asked";
   // Step 1: m = 0.1 g, v = 0.001 g^2, m_hat = g, v_hat = g^2, update = lr * g/(|g| + eps).
   auto expected = [](double p, double g, double decay) {
     p *= 1.0 - 0.01 * decay;
@@ -278,13 +278,26 @@ TEST(AdamW, ShardedMomentsGiveBitIdenticalUpdatesAndResumeFromWholeState) {
     };
     const bool skip_bias = seed % 2 == 1;  // parameters without a gradient stay put
     grads(whole_params, skip_bias);
-    whole.step(1e-2, 0.7);
+    // The measured update is sum((after - before)^2) of the f32 weights, and
+    // the shards' measures add up to the whole's.
+    const std::vector<float> before = whole.flat().data().to_vector<float>();
+    const double whole_sq = whole.step(1e-2, 0.7, true);
+    const std::vector<float> after = whole.flat().data().to_vector<float>();
+    double want = 0.0;
+    for (size_t i = 0; i < after.size(); ++i) {
+      const double change = double(after[i] - before[i]);
+      want += change * change;
+    }
+    EXPECT_GT(want, 0.0);
+    EXPECT_NEAR(whole_sq, want, 1e-12 * want);
     whole.zero_grad();
+    double shards_sq = 0.0;
     for (int r = 0; r < kShards; ++r) {
       grads(copies[r], skip_bias);
-      shards[r]->step(1e-2, 0.7);
+      shards_sq += shards[r]->step(1e-2, 0.7, true);
       shards[r]->zero_grad();
     }
+    EXPECT_NEAR(shards_sq, whole_sq, 1e-12 * whole_sq);
     for (int r = 0; r < kShards; ++r)
       for (int o = 0; o < kShards; ++o)
         std::copy(shards[r]->flat().data().data_as<float>() + bounds[r],

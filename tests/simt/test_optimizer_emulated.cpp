@@ -73,9 +73,15 @@ TEST(OptimizerEmulated, FusedAdamWMatchesTheCpuAdamWBitForBit) {
   a.grad_scale = float(grad_scale);
   a.decay = float(1.0 - lr * options.weight_decay);
   std::vector<uint16_t> working(size_t(n), 0xffff);
+  // The update's sum of squares, measured in the same pass (scratch poisoned).
+  std::vector<double> scratch(simt_cuda::adamw_update_scratch_bytes() / sizeof(double), NAN);
+  double update_sq = NAN;
   simt_cuda::adamw_step(p.data(), g.data(), m.data(), v.data(), working.data(), n,
-                        seg.starts.data(), seg.modes.data(), int(seg.modes.size()), a, nullptr);
-  adamw.step(lr, grad_scale);
+                        seg.starts.data(), seg.modes.data(), int(seg.modes.size()), a, nullptr,
+                        &update_sq, scratch.data());
+  const double cpu_update_sq = adamw.step(lr, grad_scale, true);
+  EXPECT_GT(cpu_update_sq, 0.0);
+  EXPECT_NEAR(update_sq, cpu_update_sq, 1e-12 * cpu_update_sq);
   EXPECT_EQ(p, floats(flat->data()));
   EXPECT_EQ(m, floats(adamw.exp_avg_shard()));
   EXPECT_EQ(v, floats(adamw.exp_avg_sq_shard()));
