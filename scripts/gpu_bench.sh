@@ -14,7 +14,8 @@
 #                                  PROFILE_SEQ (512) x PROFILE_BATCH (128) with
 #                                  every op synchronised (mlm_step_bench
 #                                  --profile): synchronised ms per op, in
-#                                  $OUT/profile.txt
+#                                  $OUT/profile.txt; then ncu on the flash
+#                                  kernels at 1536 ($OUT/flash_ncu.txt)
 #
 # The one device call (.gpu/ is ignored, so it must be carried):
 #
@@ -179,13 +180,18 @@ run_bench() {
   exit "$failed"
 }
 
-# Where a bf16 step's device time goes, op by op.
+# Where a bf16 step's device time goes, op by op; then the flash kernels'
+# hardware counters (bench/gpu/attention_table.sh kernels: ncu, when present).
 run_profile() {
   : "${OUT:?gpu_bench profile: \$OUT (the device tool output folder) is not set}"
   gpu_unpack "$pack_dir"
   mlm_step_bench --device cuda --size base --precision "${PROFILE_PRECISIONS:-bf16,bf16-f32act}" \
     --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
+  if [[ -f bench/gpu/attention_table.sh ]] && command -v attention_bench > /dev/null; then
+    ATTENTION_BENCH=attention_bench bench/gpu/attention_table.sh kernels "${PROFILE_ATTENTION_SEQ:-1536}" ||
+      echo "gpu_bench profile: the kernel counters failed (above)"
+  fi
 }
 
 case $mode in

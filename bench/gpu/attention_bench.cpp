@@ -21,6 +21,8 @@
 //   attention impl=ours-fused S=512 B=64 H=12 D=64 fwd_ms=... bwd_ms=... fwd_tflops=...
 //   bwd_tflops=...
 // bench/gpu/attention_table.sh runs it beside bench/gpu/attention_bench_torch.py.
+// `attention_bench --once S...` launches ours-plain and ours-fused-dropout
+// once each, untimed, for ncu (bench/gpu/attention_table.sh kernels).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -74,20 +76,63 @@ void print(const char* impl, int64_t S, int64_t B, double fwd_ms, double bwd_ms)
   std::fflush(stdout);
 }
 
-void bench(int64_t S, Device device) {
-  const int64_t B = std::max<int64_t>(1, kTokens / S);
+// The operands of one length: B x S = kTokens tokens, 12 heads of 64.
+struct Operands {
+  int64_t B;
+  Tensor q, k, v, grad_out, table, out, lse, dq, dk, dv, keep;
+  kernels::AttentionParams params;   // plain
+  kernels::AttentionParams dropped;  // attention dropout 0.1, as the model trains
+};
+
+Operands operands(int64_t S, Device device) {
+  Operands o;
+  o.B = std::max<int64_t>(1, kTokens / S);
+  const int64_t B = o.B;
   const DType bf16 = DType::bf16;
-  const Tensor q = heads(B, S, bf16, device, 1), k = heads(B, S, bf16, device, 2),
-               v = heads(B, S, bf16, device, 3), grad_out = heads(B, S, bf16, device, 4);
+  o.q = heads(B, S, bf16, device, 1);
+  o.k = heads(B, S, bf16, device, 2);
+  o.v = heads(B, S, bf16, device, 3);
+  o.grad_out = heads(B, S, bf16, device, 4);
   const Tensor positions = Tensor::arange(0, S, DType::i64).to(device);
-  const Tensor table = rope_table(positions, kDim, 10000.0, DType::f32);
-  kernels::AttentionParams params;
-  params.scale = 0.125;
-  const Tensor out = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const Tensor lse = Tensor::empty({B, kHeads, S}, DType::f32, device);
-  const Tensor dq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const Tensor dk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const Tensor dv = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  o.table = rope_table(positions, kDim, 10000.0, DType::f32);
+  o.params.scale = 0.125;
+  o.dropped = o.params;
+  o.dropped.dropout_p = 0.1;
+  o.dropped.dropout = {7, 0, 0, 0};
+  o.out = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  o.lse = Tensor::empty({B, kHeads, S}, DType::f32, device);
+  o.dq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  o.dk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  o.dv = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  o.keep = Tensor::empty({B, kHeads, S, (S + 31) / 32}, DType::i32, device);
+  return o;
+}
+
+// One launch each of our plain and our fused-dropout (RoPE inside, p = 0.1:
+// the model's) forward and backward, untimed: for a kernel profiler (ncu) to
+// measure exactly these (bench/gpu/attention_table.sh kernels).
+void launch_once(int64_t S, Device device) {
+  const Operands o = operands(S, device);
+  const Tensor none;
+  launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
+  launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none, o.grad_out,
+                             o.dq, o.dk, o.dv);
+  launch::rope_attention_forward(device, o.dropped, o.table, true, o.q, o.k, o.v, none, o.out,
+                                 o.lse, o.keep);
+  launch::rope_attention_backward(device, o.dropped, o.table, true, o.q, o.k, o.v, none, o.out,
+                                  o.lse, o.keep, o.grad_out, o.dq, o.dk, o.dv);
+  launch::synchronize(device);
+  std::printf("attention_bench: one launch each of ours-plain and ours-fused-dropout at S=%lld\n",
+              static_cast<long long>(S));
+}
+
+void bench(int64_t S, Device device) {
+  const Operands o = operands(S, device);
+  const int64_t B = o.B;
+  const DType bf16 = DType::bf16;
+  const Tensor &q = o.q, &k = o.k, &v = o.v, &grad_out = o.grad_out, &table = o.table;
+  const Tensor &out = o.out, &lse = o.lse, &dq = o.dq, &dk = o.dk, &dv = o.dv;
+  const kernels::AttentionParams& params = o.params;
   const Tensor none;
 
   // Plain attention, and RoPE inside, under both forward tilings (the
@@ -114,10 +159,8 @@ void bench(int64_t S, Device device) {
   kernels::cuda::set_flash_forward_rows_per_warp(16);
 
   // With attention dropout, as the model trains (p = 0.1).
-  kernels::AttentionParams dropped = params;
-  dropped.dropout_p = 0.1;
-  dropped.dropout = {7, 0, 0, 0};
-  const Tensor keep = Tensor::empty({B, kHeads, S, (S + 31) / 32}, DType::i32, device);
+  const kernels::AttentionParams& dropped = o.dropped;
+  const Tensor& keep = o.keep;
   const double dropout_fwd = time_ms(device, [&] {
     launch::rope_attention_forward(device, dropped, table, true, q, k, v, none, out, lse, keep);
   });
@@ -181,11 +224,12 @@ int main(int argc, char** argv) {
       return 0;
     }
     std::vector<int64_t> lengths{512, 1536, 4096, 16384};
-    if (argc > 1) {
+    const bool once = argc > 1 && std::string(argv[1]) == "--once";
+    if (argc > 1 + int(once)) {
       lengths.clear();
-      for (int i = 1; i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
+      for (int i = 1 + int(once); i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
     }
-    for (int64_t S : lengths) bench(S, Device::cuda(0));
+    for (int64_t S : lengths) once ? launch_once(S, Device::cuda(0)) : bench(S, Device::cuda(0));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());

@@ -23,6 +23,12 @@
 #   bench/gpu/attention_table.sh targets   the CMake targets to pack, one per line
 #   bench/gpu/attention_table.sh dry       exits 77 (skip): the kernels need a GPU
 #   ATTENTION_OUT=<dir>                     where attention_table.txt goes (else $OUT)
+#   bench/gpu/attention_table.sh kernels [S] on the GPU machine: Nsight Compute (ncu) on one
+#                                        launch each of our plain and fused-dropout kernels
+#                                        at S (1536): speed of light, tensor-pipe use, shared
+#                                        bank conflicts, occupancy, warp stalls, in
+#                                        $OUT/flash_ncu.txt (what the next kernel change
+#                                        needs: where the backward's time goes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -116,9 +122,37 @@ run() {
   rm -f "$log"
 }
 
+# Where the flash kernels' time goes, by the hardware counters (ncu; leaves
+# the clocks alone, as the device notes ask).
+kernels() {
+  local bench=${ATTENTION_BENCH:-}
+  if [[ -z $bench ]] && command -v attention_bench > /dev/null; then bench=attention_bench; fi
+  if [[ -z $bench && -f $pack_dir/bundle.tar.xz ]]; then
+    # shellcheck source=scripts/gpu_common.sh
+    source scripts/gpu_common.sh
+    set +e
+    gpu_unpack "$pack_dir"
+    set -e
+    bench=attention_bench
+  fi
+  [[ -n $bench ]] || { echo "attention_table: no attention_bench (run 'build' here and carry $pack_dir)" >&2; exit 1; }
+  if ! command -v ncu > /dev/null; then
+    echo "attention_table: no ncu on this machine: kernel counters skipped"
+    return 0
+  fi
+  local out=${ATTENTION_OUT:-${OUT:-.}}
+  local S=${1:-1536}
+  timeout 300 ncu --clock-control none --kernel-name regex:flash_ \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section Occupancy --section LaunchStats --section WarpStateStats \
+    --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum \
+    "$bench" --once "$S" 2>&1 | tee "$out/flash_ncu.txt"
+}
+
 case $mode in
   build) build ;;
   run) run "$@" ;;
+  kernels) kernels "$@" ;;
   targets) echo attention_bench ;;
   dry)
     echo "attention_table: the attention kernels need a GPU (dry run: skipped)"
@@ -126,7 +160,7 @@ case $mode in
     ;;
   table) table ;;  # the table of benchmark lines on stdin
   *)
-    sed -n '2,23p' "$0"
+    sed -n '2,29p' "$0"
     exit 2
     ;;
 esac
