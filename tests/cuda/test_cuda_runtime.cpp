@@ -2,6 +2,8 @@
 // the caching allocator and batch uploads.
 #include <cuda_runtime.h>
 
+#include <vector>
+
 #include "core/batch_upload.h"
 #include "core/cuda/check.h"
 #include "core/cuda/segment_arena.h"
@@ -166,6 +168,33 @@ TEST(CudaAllocator, CachesReusesPerStreamAndReleases) {
   // Out of memory names the device and the size.
   const std::string oom = error_of([&] { alloc.allocate(size_t(1) << 50); });
   EXPECT_NE(oom.find("cuda:0: out of memory allocating"), std::string::npos) << oom;
+}
+
+// A request the device can meet only once the cache lets go of its blocks:
+// the allocator frees what it caches and tries again rather than failing.
+TEST(CudaAllocator, OutOfMemoryReleasesTheCacheAndRetries) {
+  RF_REQUIRE_GPU();
+  cuda::CachingAllocator& alloc = cuda::caching_allocator(0);
+  alloc.release_cached();
+  size_t free_bytes = 0, total_bytes = 0;
+  RF_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Three blocks of a quarter of what is free, freed into the cache: about a
+  // quarter stays free on the device.
+  const size_t quarter = free_bytes / 4 / (size_t(1) << 20) * (size_t(1) << 20);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(alloc.allocate(quarter));
+  for (void* b : blocks) alloc.deallocate(b, quarter);
+  const size_t cached = alloc.stats().cached_bytes;
+  ASSERT_GE(cached, 3 * quarter);
+  // Half of what was free: too large for a cached block (more than a quarter
+  // above them) and for what the device has left, so only the retry meets it.
+  const size_t half = 2 * quarter;
+  void* big = nullptr;
+  ASSERT_NO_THROW(big = alloc.allocate(half));
+  ASSERT_NE(big, nullptr);
+  EXPECT_LT(alloc.stats().cached_bytes, cached) << "the cached blocks were released";
+  alloc.deallocate(big, half);
+  alloc.release_cached();
 }
 
 TEST(CudaUpload, BatchesArriveThroughPinnedBuffersOnASideStream) {
