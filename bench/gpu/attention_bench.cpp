@@ -7,6 +7,8 @@
 //                   their tiles load, gradients rotated back in the epilogue
 //   ours-*-r32      the same with the forward's 32 rows per warp (4 warps a
 //                   block) in place of 16 (8 warps): flash_attention.h
+//   ours-*-dq1      the same with the backward's dq pass at one block an SM
+//                   (fragments in registers) in place of two: flash_attention.h
 //   ours-fused-dropout  ours-fused with attention dropout 0.1 (the keep bits
 //                   written forward, read backward), as RoFormer-base trains
 //   ours-separate   the rope kernel writes rotated copies of q and k, then
@@ -157,6 +159,25 @@ void bench(int64_t S, Device device) {
     print(("ours-fused" + suffix).c_str(), S, B, fused_fwd, fused_bwd);
   }
   kernels::cuda::set_flash_forward_rows_per_warp(16);
+
+  // The backward's dq pass at one block an SM (its fragments in registers)
+  // in place of the default two (rows ours-*-dq1; the forward is the same).
+  kernels::cuda::set_flash_dq_blocks_per_sm(1);
+  const double plain_bwd_dq1 = time_ms(device, [&] {
+    launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk, dv);
+  });
+  const double fused_bwd_dq1 = time_ms(device, [&] {
+    launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
+                                    grad_out, dq, dk, dv);
+  });
+  kernels::cuda::set_flash_dq_blocks_per_sm(2);
+  const double plain_fwd = time_ms(
+      device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
+  const double fused_fwd = time_ms(device, [&] {
+    launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
+  });
+  print("ours-plain-dq1", S, B, plain_fwd, plain_bwd_dq1);
+  print("ours-fused-dq1", S, B, fused_fwd, fused_bwd_dq1);
 
   // With attention dropout, as the model trains (p = 0.1).
   const kernels::AttentionParams& dropped = o.dropped;

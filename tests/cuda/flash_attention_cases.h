@@ -222,10 +222,11 @@ inline void expect_match(const Case& c, const Problem& p, const Result& gpu, con
   }
 }
 
-// Two runs of the kernels under the forward's two tilings compute every row
-// the same way: out, lse and the keep bits must be the same bits (compared
-// as bit patterns, so elements no segment covers, still NaN, compare too).
-inline void expect_same_forward(const Result& a, const Result& b) {
+// Two runs of the kernels under the two variants (the forward's tilings, the
+// dq pass's blocks an SM) compute every row the same way: out, lse, the keep
+// bits and the gradients must be the same bits (compared as bit patterns, so
+// elements no segment covers, still NaN, compare too).
+inline void expect_same_results(const Result& a, const Result& b) {
   auto bits_of = [](const Tensor& t) {
     const std::vector<float> v = t.to(Device::cpu()).to_vector<float>();
     std::vector<uint32_t> w(v.size());
@@ -234,39 +235,48 @@ inline void expect_same_forward(const Result& a, const Result& b) {
   };
   EXPECT_EQ(bits_of(a.out), bits_of(b.out)) << "the tilings' outputs differ";
   EXPECT_EQ(bits_of(a.lse), bits_of(b.lse)) << "the tilings' lse differ";
+  EXPECT_EQ(bits_of(a.dq), bits_of(b.dq)) << "the variants' dq differ";
+  EXPECT_EQ(bits_of(a.dk), bits_of(b.dk)) << "the variants' dk differ";
+  EXPECT_EQ(bits_of(a.dv), bits_of(b.dv)) << "the variants' dv differ";
   if (a.bits.defined()) {  // with dropout
     EXPECT_EQ(a.bits.to(Device::cpu()).to_vector<int32_t>(),
               b.bits.to(Device::cpu()).to_vector<int32_t>());
   }
 }
 
-// The forward's rows per warp (a process-wide setting, read by Get and set
-// by Set) for one scope.
-template <int (*Get)(), void (*Set)(int)>
-class ScopedRowsPerWarp {
+// The flash kernels' process-wide variants for one scope (read by the Get
+// functions, set by the Set ones): variant 0 is the defaults (16 rows a
+// warp forward, 2 dq blocks an SM), variant 1 the others (32 rows, 1 block).
+template <int (*GetRows)(), void (*SetRows)(int), int (*GetDq)(), void (*SetDq)(int)>
+class ScopedFlashVariant {
  public:
-  explicit ScopedRowsPerWarp(int rows) : saved_(Get()) { Set(rows); }
-  ~ScopedRowsPerWarp() { Set(saved_); }
-  ScopedRowsPerWarp(const ScopedRowsPerWarp&) = delete;
-  ScopedRowsPerWarp& operator=(const ScopedRowsPerWarp&) = delete;
+  explicit ScopedFlashVariant(int variant) : rows_(GetRows()), dq_(GetDq()) {
+    SetRows(variant == 0 ? 16 : 32);
+    SetDq(variant == 0 ? 2 : 1);
+  }
+  ~ScopedFlashVariant() {
+    SetRows(rows_);
+    SetDq(dq_);
+  }
+  ScopedFlashVariant(const ScopedFlashVariant&) = delete;
+  ScopedFlashVariant& operator=(const ScopedFlashVariant&) = delete;
 
  private:
-  int saved_;
+  int rows_, dq_;
 };
 
-// Runs `run` under both forward tilings (a Scoped sets one for its scope),
-// and checks each result against the CPU's and the two against each other.
+// Runs `run` under both variants (a Scoped sets one for its scope), and
+// checks each result against the CPU's and the two against each other.
 template <class Scoped, class Run>
-void expect_both_tilings_match(const Case& c, const Problem& p, const Result& cpu, Run run) {
-  Result by_tiling[2];
+void expect_both_variants_match(const Case& c, const Problem& p, const Result& cpu, Run run) {
+  Result by_variant[2];
   for (int i = 0; i < 2; ++i) {
-    const int rows = 16 << i;
-    SCOPED_TRACE(std::to_string(rows) + " rows per warp");
-    const Scoped tiling(rows);
-    by_tiling[i] = run();
-    expect_match(c, p, by_tiling[i], cpu);
+    SCOPED_TRACE(i == 0 ? "16 rows per warp, dq 2 blocks an SM" : "32 rows, dq 1 block");
+    const Scoped variant(i);
+    by_variant[i] = run();
+    expect_match(c, p, by_variant[i], cpu);
   }
-  expect_same_forward(by_tiling[0], by_tiling[1]);
+  expect_same_results(by_variant[0], by_variant[1]);
 }
 
 inline std::vector<Case> cases() {

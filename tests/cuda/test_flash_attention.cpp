@@ -23,16 +23,18 @@ using testing::kGpu;
 
 class FlashAttention : public ::testing::TestWithParam<Case> {};
 
-using RowsPerWarp = ScopedRowsPerWarp<&kernels::cuda::flash_forward_rows_per_warp,
-                                      &kernels::cuda::set_flash_forward_rows_per_warp>;
+using Variant = ScopedFlashVariant<
+    &kernels::cuda::flash_forward_rows_per_warp, &kernels::cuda::set_flash_forward_rows_per_warp,
+    &kernels::cuda::flash_dq_blocks_per_sm, &kernels::cuda::set_flash_dq_blocks_per_sm>;
 
-// Both forward tilings against the CPU, and against each other.
+// Both variants (forward tilings, dq blocks an SM) against the CPU, and
+// against each other.
 TEST_P(FlashAttention, MatchesTheCpuForwardAndBackward) {
   RF_REQUIRE_GPU();
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  expect_both_tilings_match<RowsPerWarp>(c, p, run(c, p, Device::cpu(), DType::f32),
-                                         [&] { return run(c, p, kGpu, DType::bf16); });
+  expect_both_variants_match<Variant>(c, p, run(c, p, Device::cpu(), DType::f32),
+                                      [&] { return run(c, p, kGpu, DType::bf16); });
 }
 
 // The comparison itself, without a GPU: the CPU's f64 kernels against its f32

@@ -11,4 +11,6 @@
 #define flash_supported simt_flash_supported
 #define flash_forward_rows_per_warp simt_flash_forward_rows_per_warp
 #define set_flash_forward_rows_per_warp set_simt_flash_forward_rows_per_warp
+#define flash_dq_blocks_per_sm simt_flash_dq_blocks_per_sm
+#define set_flash_dq_blocks_per_sm set_simt_flash_dq_blocks_per_sm
 #include "core/cuda/kernels/flash_attention.h"

@@ -49,21 +49,27 @@ Result run_emulated(const Case& c, const Problem& p) {
 
 class FlashAttentionEmulated : public ::testing::TestWithParam<Case> {};
 
-using RowsPerWarp = ScopedRowsPerWarp<&kernels::cuda::simt_flash_forward_rows_per_warp,
-                                      &kernels::cuda::set_simt_flash_forward_rows_per_warp>;
+using Variant = ScopedFlashVariant<&kernels::cuda::simt_flash_forward_rows_per_warp,
+                                   &kernels::cuda::set_simt_flash_forward_rows_per_warp,
+                                   &kernels::cuda::simt_flash_dq_blocks_per_sm,
+                                   &kernels::cuda::set_simt_flash_dq_blocks_per_sm>;
 
-// Both forward tilings against the CPU, and against each other.
+// Both variants (forward tilings, dq blocks an SM) against the CPU, and
+// against each other.
 TEST_P(FlashAttentionEmulated, MatchesTheCpuForwardAndBackward) {
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  expect_both_tilings_match<RowsPerWarp>(c, p, run(c, p, Device::cpu(), DType::f32),
-                                         [&] { return run_emulated(c, p); });
+  expect_both_variants_match<Variant>(c, p, run(c, p, Device::cpu(), DType::f32),
+                                      [&] { return run_emulated(c, p); });
 }
 
-TEST(FlashAttentionEmulatedEdges, TheTilingIsSixteenOrThirtyTwoRows) {
+TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   EXPECT_EQ(kernels::cuda::simt_flash_forward_rows_per_warp(), 16);
   EXPECT_THROW(kernels::cuda::set_simt_flash_forward_rows_per_warp(8), Error);
   EXPECT_EQ(kernels::cuda::simt_flash_forward_rows_per_warp(), 16);
+  EXPECT_EQ(kernels::cuda::simt_flash_dq_blocks_per_sm(), 2);
+  EXPECT_THROW(kernels::cuda::set_simt_flash_dq_blocks_per_sm(3), Error);
+  EXPECT_EQ(kernels::cuda::simt_flash_dq_blocks_per_sm(), 2);
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in

@@ -808,7 +808,14 @@ __device__ __forceinline__ float out_at(const FlashArgs& a, const Block& r, int6
 }
 
 // dq for 128 query rows, and D = dO . O of those rows (for the dk/dv pass).
-__global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a, int64_t tiles) {
+// kBlocksPerSm 1: Q's and dO's fragments stay in registers (228 of them);
+// 2: they are read from shared memory for each key tile, which fits the
+// kernel in 128 registers (no spills, ptxas sm_90) so two blocks share an
+// SM -- 16 warps to hide each other's latency, for 8 more ldmatrix a warp
+// per tile (flash_dq_blocks_per_sm chooses; the same bits either way).
+template <int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
+    flash_dq_kernel(FlashArgs a, int64_t tiles) {
   RF_DYNAMIC_SHARED(smem);
   bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);
   bf16_t* sO = sQ + kRowsPerBlock * kLd;  // dO
@@ -827,10 +834,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
   __syncthreads();
-  uint32_t qa[1][4][4], da[1][4][4];  // one 16-row tile per warp
+  // One 16-row tile per warp (with two blocks an SM, qa is not kept and da
+  // serves D only).
+  uint32_t qa[1][4][4], da[1][4][4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
-    load_a(qa[0][ks], sQ, warp * 16, ks * 16, lane);
+    if constexpr (kBlocksPerSm == 1) load_a(qa[0][ks], sQ, warp * 16, ks * 16, lane);
     load_a(da[0][ks], sO, warp * 16, ks * 16, lane);
   }
   const int64_t row0 = i0 + warp * 16;
@@ -877,8 +886,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_dq_kernel(FlashArgs a,
       }
     }
     float s[1][8][4], dp[1][8][4];
-    mma_rows(s, qa, k_tile, lane);
-    mma_rows(dp, da, v_tile, lane);
+    if constexpr (kBlocksPerSm == 1) {
+      mma_rows(s, qa, k_tile, lane);
+      mma_rows(dp, da, v_tile, lane);
+    } else {
+      mma_rows_shared_a(s, sQ, warp * 16, k_tile, lane);
+      mma_rows_shared_a(dp, sO, warp * 16, v_tile, lane);
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -1126,11 +1140,23 @@ dim3 launch_grid(const Grid& g, int64_t heads) {
 
 // The forward's tiling, process-wide (flash_forward_rows_per_warp).
 std::atomic<int> forward_rows_per_warp{16};
+// The dq pass's blocks an SM, process-wide (flash_dq_blocks_per_sm).
+std::atomic<int> dq_blocks_per_sm{2};
 
 }  // namespace
 
 int flash_forward_rows_per_warp() {
   return forward_rows_per_warp.load();
+}
+
+int flash_dq_blocks_per_sm() {
+  return dq_blocks_per_sm.load();
+}
+
+void set_flash_dq_blocks_per_sm(int blocks) {
+  RF_CHECK(blocks == 1 || blocks == 2,
+           "flash attention: the dq pass runs 1 or 2 blocks an SM, got ", blocks);
+  dq_blocks_per_sm.store(blocks);
 }
 
 void set_flash_forward_rows_per_warp(int rows) {
@@ -1202,8 +1228,10 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   if (gq.sequences * gq.tiles > 0) {
     const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
                           kInnerTile * sizeof(float) + angle_bytes(a);
-    allow_shared(flash_dq_kernel, shared);
-    RF_LAUNCH(flash_dq_kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
+    const auto kernel = dq_blocks_per_sm.load(std::memory_order_relaxed) == 2 ? flash_dq_kernel<2>
+                                                                              : flash_dq_kernel<1>;
+    allow_shared(kernel, shared);
+    RF_LAUNCH(kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
               gq.tiles);
   }
   const Grid gk = grid_of(params, q, k, segments, true);

@@ -30,6 +30,14 @@ bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelT
 int flash_forward_rows_per_warp();
 void set_flash_forward_rows_per_warp(int rows);
 
+// Blocks an SM the backward's dq pass is compiled for: 2 (Q's and dO's
+// fragments read from shared memory each key tile, 128 registers: 16 warps
+// an SM; the default, not yet timed against 1) or 1 (they stay in
+// registers: 8 warps). The same bits either way; attention_bench measures
+// both. Process-wide; other values throw.
+int flash_dq_blocks_per_sm();
+void set_flash_dq_blocks_per_sm(int blocks);
+
 // q, k, v [B, H, S, D] with key_mask [B, Sk] (or undefined), or a token
 // stream [T, H, D] with segments [N, 4] i64 on the device (then
 // params.longest_segment is the longest length). Layouts as the list's
