@@ -44,9 +44,13 @@
 #define cudaMemcpy(dst, src, nbytes, kind) \
   ((void)(kind), ::roformer::simt::copy_bytes(dst, src, nbytes))
 #define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)
-// attention_common.cuh's allow_shared: the emulator's opt-in.
-#define cudaFuncSetAttribute(kernel, attribute, bytes) \
-  ((void)(attribute), ::roformer::simt::allow_dynamic_shared(kernel, size_t(bytes)), cudaSuccess)
+// attention_common.cuh's allow_shared: the emulator's opt-in (the shared
+// memory carveout, a preference on a GPU, means nothing here).
+#define cudaFuncSetAttribute(kernel, attribute, value)                 \
+  ((attribute) == cudaFuncAttributeMaxDynamicSharedMemorySize          \
+       ? ::roformer::simt::allow_dynamic_shared(kernel, size_t(value)) \
+       : (void)0,                                                      \
+   cudaSuccess)
 
 // CUB's radix sort of (key, value) pairs (gather.cu), which runs on a device
 // only: the same stable order by the key bits [begin_bit, end_bit), by a host

@@ -69,6 +69,17 @@ TEST(RopeAttentionEmulated, PaddedComposedAndFusedMatchTheCpu) {
         expect_attention_match(
             run(true, interleaved, b(q), b(k), b(v), mask, table, b(g), DType::f32, 2), ref, 2e-2,
             5e-3);
+        // A table off a 16-byte boundary (its angles cannot travel by 16-byte
+        // cp.async) takes the composed kernels, with the same results.
+        std::vector<float> padded{0.0f};
+        for (float x : table.to_vector<float>()) padded.push_back(x);
+        const Tensor shifted = Tensor::from_vector(padded, {int64_t(padded.size())})
+                                   .narrow(0, 1, table.numel())
+                                   .view(table.shape());
+        ASSERT_NE(reinterpret_cast<uintptr_t>(shifted.data()) % 16, 0u);
+        expect_attention_match(
+            run(true, interleaved, b(q), b(k), b(v), mask, shifted, b(g), DType::f32, 2), ref, 2e-2,
+            5e-3);
       } else {
         expect_attention_match(run(true, interleaved, q, k, v, mask, table, g, DType::f32, 2), ref,
                                1e-5, 1e-5);

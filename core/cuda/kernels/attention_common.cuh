@@ -57,9 +57,14 @@ __device__ __forceinline__ bool key_kept(const KernelTensor& mask, int64_t b, in
 // Sets a kernel's dynamic shared memory limit when it needs more than 48 KB.
 template <class Kernel>
 void allow_shared(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
+  if (bytes > 48 * 1024) {
     RF_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    // All of L1 as shared memory where it is asked for: two blocks of the
+    // flash kernels an SM need up to 226.5 of its 228 KB.
+    RF_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       int(cudaSharedmemCarveoutMaxShared)));
+  }
 }
 
 // bf16 operands with f32 outputs (autocast) outside the tensor-core kernel's

@@ -1118,6 +1118,24 @@ size_t angle_bytes(const FlashArgs& a) {
   return a.table ? kAngleFloats * sizeof(float) : 0;
 }
 
+// Each kernel's dynamic shared memory before the angles (the layouts at the
+// top of the kernels).
+constexpr size_t kForwardShared =
+    size_t(kRowsPerBlock + 4 * kInnerTile) * kLd * sizeof(bf16_t) + kInnerTile * sizeof(float);
+constexpr size_t kDqShared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
+                             kInnerTile * sizeof(float);
+constexpr size_t kDkvShared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
+                              12 * kInnerTile * sizeof(float);
+// Two blocks an SM (the forward, and the dq pass's default) must fit the
+// H100's 228 KB of shared memory an SM, 1 KB of it reserved per block, with
+// RoPE's angles too: a larger layout would silently halve the warps an SM.
+constexpr size_t kSharedPerSm = 228 * 1024, kReservedPerBlock = 1024;
+constexpr size_t kAngleBytes = kAngleFloats * sizeof(float);
+static_assert(2 * (kForwardShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
+              "two forward blocks no longer fit an SM");
+static_assert(2 * (kDqShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
+              "two dq blocks no longer fit an SM");
+
 // Sequences (batch rows or segments), tiles per sequence of `rows` rows.
 struct Grid {
   int64_t sequences, tiles;
@@ -1194,8 +1212,7 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   const auto kernel =
       wide ? (a.drop.on ? flash_forward_kernel<2, true> : flash_forward_kernel<2, false>)
            : (a.drop.on ? flash_forward_kernel<1, true> : flash_forward_kernel<1, false>);
-  const size_t shared = size_t(kRowsPerBlock + 4 * kInnerTile) * kLd * sizeof(bf16_t) +
-                        kInnerTile * sizeof(float) + angle_bytes(a);
+  const size_t shared = kForwardShared + angle_bytes(a);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, launch_grid(g, heads), threads, shared, native(stream), a, g.tiles);
 }
@@ -1226,8 +1243,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   a.delta = lse_operand(delta_t);
   const Grid gq = grid_of(params, q, k, segments, false);
   if (gq.sequences * gq.tiles > 0) {
-    const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
-                          kInnerTile * sizeof(float) + angle_bytes(a);
+    const size_t shared = kDqShared + angle_bytes(a);
     const auto kernel = dq_blocks_per_sm.load(std::memory_order_relaxed) == 2 ? flash_dq_kernel<2>
                                                                               : flash_dq_kernel<1>;
     allow_shared(kernel, shared);
@@ -1236,8 +1252,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   }
   const Grid gk = grid_of(params, q, k, segments, true);
   if (gk.sequences * gk.tiles > 0) {
-    const size_t shared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
-                          12 * kInnerTile * sizeof(float) + angle_bytes(a);
+    const size_t shared = kDkvShared + angle_bytes(a);
     allow_shared(flash_dkv_kernel, shared);
     RF_LAUNCH(flash_dkv_kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
               gk.tiles);

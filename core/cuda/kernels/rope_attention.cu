@@ -18,9 +18,13 @@ struct StreamScratch {
   void* get() const { return memory->as<void>(); }
 };
 
+// The tensor-core kernel takes the call: bf16 operands it supports, and an
+// f32 table on a 16-byte boundary (its angles travel by 16-byte cp.async);
+// anything else composes the rope and attention kernels.
 bool fused(const KernelTensor& table, const KernelTensor& q, const KernelTensor& k,
            const KernelTensor& v) {
-  return table.dtype == DType::f32 && flash_supported(q, k, v);
+  return table.dtype == DType::f32 && reinterpret_cast<uintptr_t>(table.data) % 16 == 0 &&
+         flash_supported(q, k, v);
 }
 
 // The fused kernel's rotation argument.
