@@ -93,8 +93,11 @@ table() {
     }'
 }
 
-run() {
-  local bench=${ATTENTION_BENCH:-}
+# Sets `bench` to the attention_bench to run: $ATTENTION_BENCH, one on the
+# PATH, or the carried bundle's (unpacked here: it puts it on the PATH of
+# this shell, so this runs in it, not in a subshell).
+locate_bench() {
+  bench=${ATTENTION_BENCH:-}
   if [[ -z $bench ]] && command -v attention_bench > /dev/null; then bench=attention_bench; fi
   if [[ -z $bench && -f $pack_dir/bundle.tar.xz ]]; then
     # shellcheck source=scripts/gpu_common.sh
@@ -106,6 +109,10 @@ run() {
     bench=attention_bench
   fi
   [[ -n $bench ]] || { echo "attention_table: no attention_bench (run 'build' here and carry $pack_dir)" >&2; exit 1; }
+}
+
+run() {
+  locate_bench
   local log
   log=$(mktemp)
   {
@@ -125,17 +132,7 @@ run() {
 # Where the flash kernels' time goes, by the hardware counters (ncu; leaves
 # the clocks alone, as the device notes ask).
 kernels() {
-  local bench=${ATTENTION_BENCH:-}
-  if [[ -z $bench ]] && command -v attention_bench > /dev/null; then bench=attention_bench; fi
-  if [[ -z $bench && -f $pack_dir/bundle.tar.xz ]]; then
-    # shellcheck source=scripts/gpu_common.sh
-    source scripts/gpu_common.sh
-    set +e
-    gpu_unpack "$pack_dir"
-    set -e
-    bench=attention_bench
-  fi
-  [[ -n $bench ]] || { echo "attention_table: no attention_bench (run 'build' here and carry $pack_dir)" >&2; exit 1; }
+  locate_bench
   if ! command -v ncu > /dev/null; then
     echo "attention_table: no ncu on this machine: kernel counters skipped"
     return 0
