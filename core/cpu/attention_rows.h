@@ -104,14 +104,8 @@ inline void run(const HeadGemm& g, const void* a, const void* b, void* c) {
 // row b, head h, query i of the padded layout.
 inline void draw_keep_row(const DropoutKey& site, uint32_t sequence, uint32_t position,
                           uint32_t head, int64_t n, uint32_t threshold, uint32_t* words) {
-  constexpr int64_t kPerCall = 16 * kDropoutDrawsPerBlock;
-  thread_local std::vector<uint16_t> draws;
-  const int64_t padded = (n + kPerCall - 1) / kPerCall * kPerCall;
-  if (int64_t(draws.size()) < padded) draws.resize(size_t(padded));
-  const PhiloxKey key = dropout_key(site.seed, site.step);
-  const PhiloxCounter block = dropout_block(0, position, sequence, site.site, head);
-  dropout_draws_row(block[1], block[2], block[3], key, n, draws.data());
-  const uint16_t* u = draws.data();
+  const uint16_t* u = dropout_draws_row(dropout_block(0, position, sequence, site.site, head),
+                                        dropout_key(site.seed, site.step), n);
   for (int64_t w = 0; w * 32 < n; ++w) {
     const int len = int(std::min<int64_t>(32, n - w * 32));
     const uint16_t* uw = u + w * 32;

@@ -3,8 +3,6 @@
 // site's key, never on the batch split, the padding or the thread count. The
 // mask is never stored: the backward applies the identical mask by calling
 // the kernel again on the gradient.
-#include <vector>
-
 #include "core/cpu/philox_simd.h"
 #include "core/cpu/strided_loop.h"
 #include "core/philox.h"
@@ -19,13 +17,8 @@ template <class T, class A>
 void drop_token(const T* __restrict xt, T* __restrict ot, int64_t features, uint32_t sequence,
                 uint32_t position, const DropoutKey& key, const PhiloxKey& pkey, uint32_t threshold,
                 A scale) {
-  constexpr int64_t kPerCall = 16 * kDropoutDrawsPerBlock;
-  thread_local std::vector<uint16_t> draws;
-  const int64_t padded = (features + kPerCall - 1) / kPerCall * kPerCall;
-  if (int64_t(draws.size()) < padded) draws.resize(size_t(padded));
-  const PhiloxCounter block = dropout_block(0, position, sequence, key.site, 0);
-  dropout_draws_row(block[1], block[2], block[3], pkey, features, draws.data());
-  const uint16_t* d = draws.data();
+  const uint16_t* d =
+      dropout_draws_row(dropout_block(0, position, sequence, key.site, 0), pkey, features);
 #pragma omp simd
   for (int64_t f = 0; f < features; ++f)
     ot[f] = uint32_t(d[f]) >= threshold ? T(A(xt[f]) * scale) : T(0.0f);

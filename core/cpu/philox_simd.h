@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -143,16 +144,22 @@ inline void dropout_draws_blocks(uint32_t first, uint32_t c1, uint32_t c2, uint3
   }
 }
 
-// The draws of inner indices [0, n) of one (position, sequence, site, head)
-// into out (room for n rounded up to 128), sixteen blocks per call. (Eight
-// blocks for a short row would cost as much: the portable loop vectorises
-// eight lanes worse than sixteen, and the AVX-512 call is 2.7x cheaper per
-// block than the portable sixteen.)
-inline void dropout_draws_row(uint32_t c1, uint32_t c2, uint32_t c3, const PhiloxKey& key,
-                              int64_t n, uint16_t* __restrict out) {
+// The draws of inner indices [0, n) of one row, whose counter blocks are
+// (j, row[1], row[2], row[3]) (dropout_block(0, position, sequence, site,
+// head)), sixteen blocks per call, in this thread's buffer: valid until the
+// thread's next call. (Eight blocks for a short row would cost as much: the
+// portable loop vectorises eight lanes worse than sixteen, and the AVX-512
+// call is 2.7x cheaper per block than the portable sixteen.)
+inline const uint16_t* dropout_draws_row(const PhiloxCounter& row, const PhiloxKey& key,
+                                         int64_t n) {
   constexpr int64_t kPerCall = 16 * kDropoutDrawsPerBlock;
+  thread_local std::vector<uint16_t> draws;
+  const int64_t padded = (n + kPerCall - 1) / kPerCall * kPerCall;
+  if (int64_t(draws.size()) < padded) draws.resize(size_t(padded));
   for (int64_t i = 0; i < n; i += kPerCall)
-    dropout_draws_blocks<16>(uint32_t(i / kDropoutDrawsPerBlock), c1, c2, c3, key, out + i);
+    dropout_draws_blocks<16>(uint32_t(i / kDropoutDrawsPerBlock), row[1], row[2], row[3], key,
+                             draws.data() + i);
+  return draws.data();
 }
 
 }  // namespace roformer::kernels::cpu

@@ -240,15 +240,17 @@ inline float __fdiv_rn(float a, float b) {
 inline float __fsqrt_rn(float a) {
   return std::sqrt(a);
 }
-inline void simt_cp_async_16(uint32_t address, const void* source) {
-  unsigned char bytes[16];
-  std::memcpy(bytes, source, 16);
-  ::roformer::simt::cp_async_16(address, source, bytes);
-}
-inline void simt_cp_async_4(uint32_t address, const void* source) {
-  unsigned char bytes[4];
-  std::memcpy(bytes, source, 4);
-  ::roformer::simt::cp_async_4(address, source, bytes);
+// cp.async of kBytes (16 or 4): the source is read here, in the kernel's
+// translation unit (see cp_async_16).
+template <int kBytes>
+inline void simt_cp_async(uint32_t address, const void* source) {
+  static_assert(kBytes == 16 || kBytes == 4, "cp.async copies 16 or 4 bytes here");
+  unsigned char bytes[kBytes];
+  std::memcpy(bytes, source, kBytes);
+  if constexpr (kBytes == 16)
+    ::roformer::simt::cp_async_16(address, source, bytes);
+  else
+    ::roformer::simt::cp_async_4(address, source, bytes);
 }
 inline size_t __cvta_generic_to_shared(const void* p) {
   return ::roformer::simt::shared_address(p);

@@ -242,9 +242,9 @@ __global__ void cp_async_kernel(const float* in, float* before, float* after_fir
                                 float* after_all, int groups_waited_last) {
   __shared__ __align__(16) float s[2][32 * 4];
   const int tid = threadIdx.x;
-  simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[0][4 * tid])), in + 4 * tid);
+  simt_cp_async<16>(uint32_t(__cvta_generic_to_shared(&s[0][4 * tid])), in + 4 * tid);
   simt::cp_async_commit();
-  simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[1][4 * tid])), in + 128 + 4 * tid);
+  simt_cp_async<16>(uint32_t(__cvta_generic_to_shared(&s[1][4 * tid])), in + 128 + 4 * tid);
   simt::cp_async_commit();
   before[tid] = s[0][4 * tid];
   simt::cp_async_wait(1);  // the first group has landed, the second may not have
@@ -287,7 +287,7 @@ TEST(Simt, CpAsyncCopiesLandAtTheWaitThatCoversThem) {
 __global__ void cp_async_4_kernel(const float* in, int stride, float* before, float* after) {
   __shared__ float s[32];
   const int tid = threadIdx.x;
-  simt_cp_async_4(uint32_t(__cvta_generic_to_shared(&s[tid])), in + stride * tid);
+  simt_cp_async<4>(uint32_t(__cvta_generic_to_shared(&s[tid])), in + stride * tid);
   simt::cp_async_commit();
   before[tid] = s[tid];
   simt::cp_async_wait(0);
@@ -315,13 +315,13 @@ __global__ void pipeline_kernel(const float* in, int tiles, float* out, bool mid
                                 bool trailing) {
   __shared__ __align__(16) float s[2][64 * 4];
   const int tid = threadIdx.x;
-  simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[0][4 * tid])), in + 4 * tid);
+  simt_cp_async<16>(uint32_t(__cvta_generic_to_shared(&s[0][4 * tid])), in + 4 * tid);
   simt::cp_async_commit();
   float sum = 0.0f;
   for (int j = 0; j < tiles; ++j) {
     if (j + 1 < tiles)
-      simt_cp_async_16(uint32_t(__cvta_generic_to_shared(&s[(j + 1) % 2][4 * tid])),
-                       in + 256 * (j + 1) + 4 * tid);
+      simt_cp_async<16>(uint32_t(__cvta_generic_to_shared(&s[(j + 1) % 2][4 * tid])),
+                        in + 256 * (j + 1) + 4 * tid);
     simt::cp_async_commit();
     simt::cp_async_wait(1);
     if (middle) __syncthreads();

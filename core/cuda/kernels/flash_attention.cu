@@ -167,25 +167,22 @@ __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], const bf16_t* s, 
 #endif
 }
 
-// Asynchronous 16-byte copies from global to shared memory (sm_80+): no
+// Asynchronous copies of kBytes from global to shared memory (sm_80+): no
 // registers hold the data on its way, and a thread's copies become visible
 // to itself at the wait_group that covers them (to others after a barrier).
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global) {
+// 16 bytes go by cp.async.cg (tiles, RoPE angles); 4 bytes by .ca, which
+// .cg does not take (rows of lse, D and keep words: not 16-byte aligned).
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* shared, const void* global) {
+  static_assert(kBytes == 16 || kBytes == 4, "cp.async of 16 or 4 bytes");
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(shared));
 #if defined(ROFORMER_SIMT_EMULATION)
-  simt_cp_async_16(addr, global);
+  simt_cp_async<kBytes>(addr, global);
 #else
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(global) : "memory");
-#endif
-}
-// The same for 4 bytes (cp.async.ca: .cg takes 16 only): rows of lse, D and
-// keep words, which need not be 16-byte aligned.
-__device__ __forceinline__ void cp_async_4(void* shared, const void* global) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(shared));
-#if defined(ROFORMER_SIMT_EMULATION)
-  simt_cp_async_4(addr, global);
-#else
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(addr), "l"(global) : "memory");
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(global) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(addr), "l"(global) : "memory");
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -322,13 +319,21 @@ __device__ __forceinline__ void rotate_pair(float& x0, float& x1, float c, float
   x1 = y1;
 }
 
+// Row `pos` of the RoPE table [2, P, 32]: its cosines and its sines.
+struct AngleRows {
+  const float* cos;
+  const float* sin;
+};
+__device__ __forceinline__ AngleRows angle_rows(const FlashArgs& a, int64_t pos) {
+  return {a.table + pos * (kD / 2), a.table + (a.table_rows + pos) * (kD / 2)};
+}
+
 // Rotates the pair (x0, x1) by pair k's angle at table row `pos`; inverse
 // rotates by minus the angle (the backward).
 __device__ __forceinline__ void rotate_by_table(float& x0, float& x1, const FlashArgs& a,
                                                 int64_t pos, int k, bool inverse) {
-  const float c = a.table[pos * (kD / 2) + k];
-  const float s0 = a.table[(a.table_rows + pos) * (kD / 2) + k];
-  rotate_pair(x0, x1, c, inverse ? -s0 : s0);
+  const AngleRows row = angle_rows(a, pos);
+  rotate_pair(x0, x1, row.cos[k], inverse ? -row.sin[k] : row.sin[k]);
 }
 
 // A thread moves dims [8c, 8c + 8) (lo) and [8c + 32, 8c + 40) (hi) of a row,
@@ -347,13 +352,12 @@ struct ChunkAngles {
 
 __device__ __forceinline__ ChunkAngles angles_from_table(const FlashArgs& a, int64_t pos, int c) {
   ChunkAngles r;
-  const float* cos_row = a.table + pos * (kD / 2);
-  const float* sin_row = a.table + (a.table_rows + pos) * (kD / 2);
+  const AngleRows row = angle_rows(a, pos);
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     const int k = chunk_pair(n, c, a.interleaved);
-    r.cos[n] = cos_row[k];
-    r.sin[n] = sin_row[k];
+    r.cos[n] = row.cos[k];
+    r.sin[n] = row.sin[k];
   }
   return r;
 }
@@ -444,8 +448,8 @@ __device__ __forceinline__ void copy_tile_async(bf16_t* s, const Operand& o, con
     bf16_t* d = s + row * kLd + 8 * c;
     if (i < limit) {
       const bf16_t* p = row_of<const bf16_t>(o, r, i);
-      cp_async_16(d, p + 8 * c);
-      cp_async_16(d + 32, p + 8 * c + 32);
+      cp_async<16>(d, p + 8 * c);
+      cp_async<16>(d + 32, p + 8 * c + 32);
     } else {
       *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(d + 32) = make_uint4(0, 0, 0, 0);
@@ -467,15 +471,13 @@ __device__ __forceinline__ void copy_angles_async(float* slots, const Block& r, 
     const int row = item >> 2, c = item & 3;
     const int64_t i = r0 + row;
     if (i >= limit) continue;
-    const int64_t pos = r.first + i;
-    const float* cos_row = a.table + pos * (kD / 2);
-    const float* sin_row = a.table + (a.table_rows + pos) * (kD / 2);
+    const AngleRows angles = angle_rows(a, r.first + i);
     const int k0 = chunk_pair(0, c, a.interleaved), k1 = chunk_pair(4, c, a.interleaved);
     float* slot = slots + item * kAngleSlot;
-    cp_async_16(slot, cos_row + k0);
-    cp_async_16(slot + 4, cos_row + k1);
-    cp_async_16(slot + 8, sin_row + k0);
-    cp_async_16(slot + 12, sin_row + k1);
+    cp_async<16>(slot, angles.cos + k0);
+    cp_async<16>(slot + 4, angles.cos + k1);
+    cp_async<16>(slot + 8, angles.sin + k0);
+    cp_async<16>(slot + 12, angles.sin + k1);
   }
 }
 
@@ -944,7 +946,7 @@ struct QueryRowData {
       const int64_t i = i0 + row;
       float* d = (is_delta ? delta(buffer) : lse(buffer)) + row;
       if (i < r.Lq)
-        cp_async_4(d, row_of<const float>(is_delta ? a.delta : a.lse, r, i));
+        cp_async<4>(d, row_of<const float>(is_delta ? a.delta : a.lse, r, i));
       else
         *d = is_delta ? 0.0f : -INFINITY;
     }
@@ -953,7 +955,7 @@ struct QueryRowData {
       const int64_t i = i0 + qi;
       uint32_t* d = bits(buffer) + tid;
       if (i < r.Lq && first_word + w < row_words)
-        cp_async_4(d, row_of<const uint32_t>(a.bits, r, i) + first_word + w);
+        cp_async<4>(d, row_of<const uint32_t>(a.bits, r, i) + first_word + w);
       else
         *d = 0u;
     }
@@ -1113,11 +1115,6 @@ FlashArgs make_args(const AttentionParams& params, const FlashRope& rope, const 
   return a;
 }
 
-// Shared bytes of the streamed tiles' RoPE angles: none without a table.
-size_t angle_bytes(const FlashArgs& a) {
-  return a.table ? kAngleFloats * sizeof(float) : 0;
-}
-
 // Each kernel's dynamic shared memory before the angles (the layouts at the
 // top of the kernels).
 constexpr size_t kForwardShared =
@@ -1135,6 +1132,11 @@ static_assert(2 * (kForwardShared + kAngleBytes + kReservedPerBlock) <= kSharedP
               "two forward blocks no longer fit an SM");
 static_assert(2 * (kDqShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
               "two dq blocks no longer fit an SM");
+
+// Shared bytes of the streamed tiles' RoPE angles: none without a table.
+size_t angle_bytes(const FlashArgs& a) {
+  return a.table ? kAngleBytes : 0;
+}
 
 // Sequences (batch rows or segments), tiles per sequence of `rows` rows.
 struct Grid {
