@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-# A lane-level model of core/cuda/kernels/flash_attention.cu (the forward, dq
-# and dk/dv kernels), runnable without a GPU: the kernels' index arithmetic
+# A lane-level model of core/cuda/kernels/flash_attention.cu and
+# flash_attention_backward.cu (the forward, dq and dk/dv kernels), runnable without a GPU: the kernels' index arithmetic
 # written again line by line in float64 -- tile loads with the RoPE chunks
 # (the streamed tiles' angles through their shared slots),
 # ldmatrix (.trans) and mma.m16n8k16 with the fragments of the PTX ISA, the

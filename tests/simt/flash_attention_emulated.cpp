@@ -1,7 +1,8 @@
-// core/cuda/kernels/flash_attention.cu as it is, compiled by g++ for the SIMT
-// emulator: its launches run through simt::launch, its scratch memory and
-// shared-memory opt-in are the emulator's, its public functions are renamed
-// (flash_attention_emulated.h) so they sit beside the real ones.
+// core/cuda/kernels/flash_attention.cu and flash_attention_backward.cu as
+// they are, compiled by g++ for the SIMT emulator: their launches run
+// through simt::launch, their scratch memory and shared-memory opt-in are the
+// emulator's, their public functions are renamed (flash_attention_emulated.h)
+// so they sit beside the real ones.
 #include "tests/simt/simt.h"
 //
 #include "core/cuda/kernels/attention_common.cuh"
@@ -15,3 +16,4 @@
 #include "tests/simt/flash_attention_emulated.h"
 //
 #include "core/cuda/kernels/flash_attention.cu"
+#include "core/cuda/kernels/flash_attention_backward.cu"

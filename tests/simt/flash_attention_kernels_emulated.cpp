@@ -1,7 +1,9 @@
-// core/cuda/kernels/flash_attention.cu for the SIMT emulator as the
-// attention kernels of the list call it (kernel_emulation.h:
-// kernels::simt_cuda::flash_forward...); flash_attention_emulated.cpp
-// builds it for its own tests under other names.
+// core/cuda/kernels/flash_attention.cu and flash_attention_backward.cu for
+// the SIMT emulator as the attention kernels of the list call them
+// (kernel_emulation.h: kernels::simt_cuda::flash_forward...);
+// flash_attention_emulated.cpp builds them for its own tests under other
+// names.
 #include "tests/simt/kernel_emulation.h"
 //
 #include "core/cuda/kernels/flash_attention.cu"
+#include "core/cuda/kernels/flash_attention_backward.cu"
