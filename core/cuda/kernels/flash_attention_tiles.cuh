@@ -105,6 +105,25 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
+// Four 8x8 bf16 matrices from shared memory by one ldmatrix (.trans when
+// kTrans): lanes 8m..8m+7 give the row addresses of matrix m, r[m] is it.
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16_t* p) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
+#if defined(ROFORMER_SIMT_EMULATION)
+  ::roformer::simt::ldmatrix_x4(r, addr, kTrans);
+#else
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+#endif
+}
+
 // A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a shared tile,
 // by one ldmatrix: a[0..3] are the 8x8 matrices (rows r0 / r0 + 8, columns
 // k0 / k0 + 8) in the order the mma takes them.
@@ -112,14 +131,7 @@ __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* s, int r0
                                        int lane) {
   const int m = lane >> 3, r = lane & 7;
   const bf16_t* p = s + (r0 + r + (m & 1) * 8) * kLd + k0 + (m >> 1) * 8;
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
-#if defined(ROFORMER_SIMT_EMULATION)
-  ::roformer::simt::ldmatrix_x4(a, addr, false);
-#else
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-               : "r"(addr));
-#endif
+  ldmatrix_x4<false>(a, p);
 }
 
 // B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
@@ -130,14 +142,7 @@ __device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16_t* s, i
                                             int lane) {
   const int m = lane >> 3, r = lane & 7;
   const bf16_t* p = s + (n0 + r + (m >> 1) * 8) * kLd + k0 + (m & 1) * 8;
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
-#if defined(ROFORMER_SIMT_EMULATION)
-  ::roformer::simt::ldmatrix_x4(b, addr, false);
-#else
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(addr));
-#endif
+  ldmatrix_x4<false>(b, p);
 }
 
 // B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
@@ -147,14 +152,7 @@ __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], const bf16_t* s, 
                                              int lane) {
   const int m = lane >> 3, r = lane & 7;
   const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + n0 + (m >> 1) * 8;
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(p));
-#if defined(ROFORMER_SIMT_EMULATION)
-  ::roformer::simt::ldmatrix_x4(b, addr, true);
-#else
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(addr));
-#endif
+  ldmatrix_x4<true>(b, p);
 }
 
 // Asynchronous copies of kBytes from global to shared memory (sm_80+): no
