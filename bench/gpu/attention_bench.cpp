@@ -7,8 +7,11 @@
 //                   their tiles load, gradients rotated back in the epilogue
 //   ours-*-r32      the same with the forward's 32 rows per warp (4 warps a
 //                   block) in place of 16 (8 warps): flash_attention.h
-//   ours-*-dq1      the same with the backward's dq pass at one block an SM
-//                   (fragments in registers) in place of two: flash_attention.h
+//   ours-*-2pass    the same with the two-pass backward (dq per query
+//                   tile, then dk/dv per key tile: seven products) in place
+//                   of the fused one (five): flash_attention.h
+//   ours-*-2pass-dq1  the two-pass backward with its dq pass at one block an
+//                   SM (fragments in registers) in place of two
 //   ours-fused-dropout  ours-fused with attention dropout 0.1 (the keep bits
 //                   written forward, read backward), as RoFormer-base trains
 //   ours-separate   the rope kernel writes rotated copies of q and k, then
@@ -17,8 +20,8 @@
 //   cudnn-separate  the rope kernels, then cuDNN's attention: what
 //                   model.attention_kernel: cudnn_sdpa runs
 // FLOPs as FlashAttention counts them: forward 4 B H S^2 D (two products),
-// backward 2.5 x that (five products; our backward recomputes S and dP in
-// both of its passes, seven products, but is credited with five).
+// backward 2.5 x that (five products; the two-pass backward recomputes S
+// and dP in both passes, seven products, but is credited with five).
 // Prints one line per (implementation, S):
 //   attention impl=ours-fused S=512 B=64 H=12 D=64 fwd_ms=... bwd_ms=... fwd_tflops=...
 //   bwd_tflops=...
@@ -166,20 +169,26 @@ void bench(int64_t S, Device device) {
   }
   kernels::cuda::set_flash_forward_rows_per_warp(16);
 
-  // The backward's dq pass at one block an SM (its fragments in registers)
-  // in place of the default two (rows ours-*-dq1; the forward is the same
-  // kernel, so its times are the default tiling's).
-  kernels::cuda::set_flash_dq_blocks_per_sm(1);
-  const double plain_bwd_dq1 = time_ms(device, [&] {
-    launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk, dv);
-  });
-  const double fused_bwd_dq1 = time_ms(device, [&] {
-    launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
-                                    grad_out, dq, dk, dv);
-  });
+  // The two-pass backward, its dq pass at two blocks an SM and at one (rows
+  // ours-*-2pass, ours-*-2pass-dq1; the forward is the same kernel, so its
+  // times are the default tiling's).
+  kernels::cuda::set_flash_backward_passes(2);
+  for (const int dq_blocks : {2, 1}) {
+    kernels::cuda::set_flash_dq_blocks_per_sm(dq_blocks);
+    const std::string suffix = dq_blocks == 2 ? "-2pass" : "-2pass-dq1";
+    const double plain_bwd = time_ms(device, [&] {
+      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
+                                 dv);
+    });
+    const double fused_bwd = time_ms(device, [&] {
+      launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
+                                      grad_out, dq, dk, dv);
+    });
+    print(("ours-plain" + suffix).c_str(), S, B, default_plain_fwd, plain_bwd);
+    print(("ours-fused" + suffix).c_str(), S, B, default_fused_fwd, fused_bwd);
+  }
   kernels::cuda::set_flash_dq_blocks_per_sm(2);
-  print("ours-plain-dq1", S, B, default_plain_fwd, plain_bwd_dq1);
-  print("ours-fused-dq1", S, B, default_fused_fwd, fused_bwd_dq1);
+  kernels::cuda::set_flash_backward_passes(1);
 
   // With attention dropout, as the model trains (p = 0.1).
   const kernels::AttentionParams& dropped = o.dropped;

@@ -3,7 +3,8 @@
 // padded batches with a key mask (one row fully masked), packed token
 // streams, dropout (the keep bits must equal the CPU's bit for bit), RoPE
 // inside in both pair layouts and none, forward and backward; and, at head
-// dim 32, the fallback (the simple kernels on f32 copies). The CPU
+// dim 32, the fallback (the simple kernels on f32 copies); every variant of
+// the kernels (flash_variants), and the fused backward's run-to-run bits. The CPU
 // reference runs in f32 on the same bf16-rounded values; device outputs
 // start as NaN (keep bits as all ones) so an unwritten element shows.
 #include <gtest/gtest.h>
@@ -23,18 +24,20 @@ using testing::kGpu;
 
 class FlashAttention : public ::testing::TestWithParam<Case> {};
 
-using Variant = ScopedFlashVariant<
+const FlashKnobs kKnobs{
     &kernels::cuda::flash_forward_rows_per_warp, &kernels::cuda::set_flash_forward_rows_per_warp,
-    &kernels::cuda::flash_dq_blocks_per_sm, &kernels::cuda::set_flash_dq_blocks_per_sm>;
+    &kernels::cuda::flash_dq_blocks_per_sm,      &kernels::cuda::set_flash_dq_blocks_per_sm,
+    &kernels::cuda::flash_backward_passes,       &kernels::cuda::set_flash_backward_passes,
+    &kernels::cuda::flash_backward_splits,       &kernels::cuda::set_flash_backward_splits};
 
-// Both variants (forward tilings, dq blocks an SM) against the CPU, and
-// against each other.
+// Every variant (forward tilings, backward schemes, dq blocks an SM, fused
+// splits: flash_variants) against the CPU, and against the defaults.
 TEST_P(FlashAttention, MatchesTheCpuForwardAndBackward) {
   RF_REQUIRE_GPU();
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  expect_both_variants_match<Variant>(c, p, run(c, p, Device::cpu(), DType::f32),
-                                      [&] { return run(c, p, kGpu, DType::bf16); });
+  expect_variants_match(kKnobs, c, p, run(c, p, Device::cpu(), DType::f32),
+                        [&] { return run(c, p, kGpu, DType::bf16); });
 }
 
 // The comparison itself, without a GPU: the CPU's f64 kernels against its f32
@@ -44,6 +47,24 @@ TEST_P(FlashAttention, TheReferenceAgreesWithItselfInF64) {
   if (c.S > 300) GTEST_SKIP() << "long case: GPU only";
   const Problem p = make_problem(c);
   expect_match(c, p, run(c, p, Device::cpu(), DType::f64), run(c, p, Device::cpu(), DType::f32));
+}
+
+// The fused backward sums dq in f32 without atomics: two runs give the same
+// bits, with the automatic split count and with three splits (a long
+// sequence: 8 key tiles).
+TEST(FlashAttentionEdges, TheFusedBackwardGivesTheSameBitsOnEveryRun) {
+  RF_REQUIRE_GPU();
+  const std::vector<Case> all = cases();
+  const auto it =
+      std::find_if(all.begin(), all.end(), [](const Case& c) { return c.name == "plain_long"; });
+  ASSERT_NE(it, all.end());
+  const Problem p = make_problem(*it);
+  for (const int splits : {0, 3}) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    const ScopedFlashSettings scoped(kKnobs, {16, 2, 1, splits, "fused"});
+    const Result a = run(*it, p, kGpu, DType::bf16), b = run(*it, p, kGpu, DType::bf16);
+    expect_same_results(a, b, true);
+  }
 }
 
 constexpr int64_t kH = 3;  // heads of the edge cases

@@ -12,6 +12,7 @@
   ((void)(stream), ::roformer::simt::launch(kernel, grid, block, shared, __VA_ARGS__))
 #define allow_shared ::roformer::simt::allow_dynamic_shared
 #define Scratch ::roformer::simt::HostScratch
+#define cudaDeviceGetAttribute ::roformer::simt::device_attribute
 
 #include "tests/simt/flash_attention_emulated.h"
 //

@@ -13,4 +13,8 @@
 #define set_flash_forward_rows_per_warp set_simt_flash_forward_rows_per_warp
 #define flash_dq_blocks_per_sm simt_flash_dq_blocks_per_sm
 #define set_flash_dq_blocks_per_sm set_simt_flash_dq_blocks_per_sm
+#define flash_backward_passes simt_flash_backward_passes
+#define set_flash_backward_passes set_simt_flash_backward_passes
+#define flash_backward_splits simt_flash_backward_splits
+#define set_flash_backward_splits set_simt_flash_backward_splits
 #include "core/cuda/kernels/flash_attention.h"

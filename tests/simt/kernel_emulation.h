@@ -44,6 +44,7 @@
 #define cudaMemcpy(dst, src, nbytes, kind) \
   ((void)(kind), ::roformer::simt::copy_bytes(dst, src, nbytes))
 #define cudaStreamSynchronize(stream) ((void)(stream), cudaSuccess)
+#define cudaDeviceGetAttribute ::roformer::simt::device_attribute
 // attention_common.cuh's allow_shared: the emulator's opt-in (the shared
 // memory carveout, a preference on a GPU, means nothing here).
 #define cudaFuncSetAttribute(kernel, attribute, value)                 \

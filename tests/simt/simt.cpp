@@ -592,4 +592,12 @@ cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes) {
   return cudaSuccess;
 }
 
+cudaError_t device_attribute(int* value, cudaDeviceAttr attribute, int device) {
+  RF_CHECK(device == 0, "simt: the emulated device is device 0, asked for ", device);
+  RF_CHECK(attribute == cudaDevAttrMultiProcessorCount,
+           "simt: the emulated device has no attribute ", int(attribute), " (only the SM count)");
+  *value = kEmulatedMultiprocessors;
+  return cudaSuccess;
+}
+
 }  // namespace roformer::simt

@@ -35,7 +35,8 @@
 //   uninterrupted between switch points, so a plain read-modify-write is atomic;
 // - the host side's stream-ordered memory calls (cudaMemsetAsync,
 //   cudaMemcpyAsync, cudaMemcpy, cudaStreamSynchronize) on host memory, for
-//   kernel files compiled through tests/simt/kernel_emulation.h; a copy between
+//   kernel files compiled through tests/simt/kernel_emulation.h, and the
+//   device's SM count (cudaDeviceGetAttribute: four); a copy between
 //   overlapping ranges is a fault (CUDA promises no memmove semantics).
 // What it cannot: memory races and the memory model beyond the two fixed
 // fiber orders, timing, bank conflicts, register or occupancy limits, partial
@@ -151,6 +152,11 @@ T shfl_generic(unsigned mask, T value, int arg, int width, bool xor_mode) {
 // and cudaMemcpy(Async) of any kind, which throws on overlapping ranges.
 cudaError_t memset_bytes(void* p, int value, size_t nbytes);
 cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes);
+
+// cudaDeviceGetAttribute on the emulated device: four SMs (host code that
+// sizes a grid from the SM count meets a small count); other attributes throw.
+constexpr int kEmulatedMultiprocessors = 4;
+cudaError_t device_attribute(int* value, cudaDeviceAttr attribute, int device);
 
 // Device memory of one call (the kernels' Scratch), here host memory filled
 // with 0xff bytes so an element read before it is written shows as NaN.

@@ -1,10 +1,11 @@
 // The bf16 tensor-core attention kernel's own source
 // (core/cuda/kernels/flash_attention.cu) run through the SIMT emulator:
-// forward, the dq pass and the dk/dv pass against the CPU kernels on the
-// cases of tests/cuda/test_flash_attention.cpp, made small (S = 130: a full
-// and a partial tile; 2 heads), at the same tolerances; and the edges: no
-// query rows, a short RoPE table, bf16 outputs, query and key lengths that
-// differ. No GPU needed.
+// the forward and both backward schemes (fused, with one and more splits;
+// two passes) against the CPU kernels on the cases of
+// tests/cuda/test_flash_attention.cpp, made small (S = 130: a full and a
+// partial tile; 2 heads), at the same tolerances; and the edges: no query
+// rows, no keys, a short RoPE table, bf16 outputs, query and key lengths
+// that differ. No GPU needed.
 #include <gtest/gtest.h>
 
 #include "tests/cuda/flash_attention_cases.h"
@@ -49,18 +50,22 @@ Result run_emulated(const Case& c, const Problem& p) {
 
 class FlashAttentionEmulated : public ::testing::TestWithParam<Case> {};
 
-using Variant = ScopedFlashVariant<&kernels::cuda::simt_flash_forward_rows_per_warp,
-                                   &kernels::cuda::set_simt_flash_forward_rows_per_warp,
-                                   &kernels::cuda::simt_flash_dq_blocks_per_sm,
-                                   &kernels::cuda::set_simt_flash_dq_blocks_per_sm>;
+const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
+                        &kernels::cuda::set_simt_flash_forward_rows_per_warp,
+                        &kernels::cuda::simt_flash_dq_blocks_per_sm,
+                        &kernels::cuda::set_simt_flash_dq_blocks_per_sm,
+                        &kernels::cuda::simt_flash_backward_passes,
+                        &kernels::cuda::set_simt_flash_backward_passes,
+                        &kernels::cuda::simt_flash_backward_splits,
+                        &kernels::cuda::set_simt_flash_backward_splits};
 
-// Both variants (forward tilings, dq blocks an SM) against the CPU, and
-// against each other.
+// Every variant (forward tilings, backward schemes, dq blocks an SM, fused
+// splits: flash_variants) against the CPU, and against the defaults.
 TEST_P(FlashAttentionEmulated, MatchesTheCpuForwardAndBackward) {
   const Case& c = GetParam();
   const Problem p = make_problem(c);
-  expect_both_variants_match<Variant>(c, p, run(c, p, Device::cpu(), DType::f32),
-                                      [&] { return run_emulated(c, p); });
+  expect_variants_match(kKnobs, c, p, run(c, p, Device::cpu(), DType::f32),
+                        [&] { return run_emulated(c, p); });
 }
 
 TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
@@ -70,6 +75,13 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   EXPECT_EQ(kernels::cuda::simt_flash_dq_blocks_per_sm(), 2);
   EXPECT_THROW(kernels::cuda::set_simt_flash_dq_blocks_per_sm(3), Error);
   EXPECT_EQ(kernels::cuda::simt_flash_dq_blocks_per_sm(), 2);
+  EXPECT_EQ(kernels::cuda::simt_flash_backward_passes(), 1);
+  EXPECT_THROW(kernels::cuda::set_simt_flash_backward_passes(3), Error);
+  EXPECT_EQ(kernels::cuda::simt_flash_backward_passes(), 1);
+  EXPECT_EQ(kernels::cuda::simt_flash_backward_splits(), 0);
+  EXPECT_THROW(kernels::cuda::set_simt_flash_backward_splits(-1), Error);
+  EXPECT_THROW(kernels::cuda::set_simt_flash_backward_splits(65), Error);
+  EXPECT_EQ(kernels::cuda::simt_flash_backward_splits(), 0);
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in
@@ -180,8 +192,39 @@ void expect_bf16_outputs_match(int64_t Sq, int64_t Sk) {
 }
 
 TEST(FlashAttentionEmulatedEdges, Bf16OutputsAndUnequalLengths) {
-  expect_bf16_outputs_match(70, 130);
-  expect_bf16_outputs_match(130, 70);
+  for (const FlashSettings& settings : flash_variants()) {
+    SCOPED_TRACE(settings.what);
+    const ScopedFlashSettings scoped(kKnobs, settings);
+    expect_bf16_outputs_match(70, 130);
+    expect_bf16_outputs_match(130, 70);
+  }
+}
+
+// Queries but no keys (Sk = 0): no key tile, so the fused scheme's dq comes
+// from its finalize kernel alone, and both schemes write zeros (dq starts as
+// NaN).
+TEST(FlashAttentionEmulatedEdges, NoKeysGiveZeroQueryGradients) {
+  const int64_t Sq = 70;
+  const Device cpu = Device::cpu();
+  const Tensor q = bf16_values({2, 2, Sq, 64}, 1).to(DType::bf16);
+  const Tensor grad_out = bf16_values({2, 2, Sq, 64}, 4).to(DType::bf16);
+  const Tensor k = Tensor::zeros({2, 2, 0, 64}, DType::bf16, cpu);
+  const Tensor out = Tensor::zeros({2, 2, Sq, 64}, DType::f32, cpu);
+  const Tensor lse = Tensor::full({2, 2, Sq}, -INFINITY, DType::f32, cpu);
+  const Tensor empty = Tensor::zeros({2, 2, 0, 64}, DType::f32, cpu);
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  for (const FlashSettings& settings : flash_variants()) {
+    SCOPED_TRACE(settings.what);
+    const ScopedFlashSettings scoped(kKnobs, settings);
+    const Tensor dq = Tensor::full({2, 2, Sq, 64}, NAN, DType::f32, cpu);
+    kernels::cuda::simt_flash_backward(
+        kernels::Stream{}, params, kernels::cuda::FlashRope{}, kernel_tensor(q), kernel_tensor(k),
+        kernel_tensor(k), KernelTensor{}, KernelTensor{}, kernel_tensor(out), kernel_tensor(lse),
+        KernelTensor{}, kernel_tensor(grad_out), kernel_tensor(dq), kernel_tensor(empty),
+        kernel_tensor(empty));
+    for (double x : host(dq)) ASSERT_EQ(x, 0.0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, FlashAttentionEmulated, ::testing::ValuesIn(emulated_cases()),

@@ -30,9 +30,27 @@ bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelT
 int flash_forward_rows_per_warp();
 void set_flash_forward_rows_per_warp(int rows);
 
-// Blocks an SM the backward's dq pass is compiled for: 2 (Q's and dO's
-// fragments read from shared memory each key tile, 128 registers: 16 warps
-// an SM; the default, not yet timed against 1) or 1 (they stay in
+// The backward's scheme: 1 pass (fused: a block streams the query tiles
+// past 128 keys and computes S and dP once for dV, dK and dQ, five products;
+// dQ summed in f32 per split of the key tiles; the default, not yet timed
+// against 2) or 2 passes (dq per query tile, then dk/dv per key tile: S and
+// dP twice, seven products). dk and dv are the same bits either way; dq
+// differs in f32 summation order. attention_bench measures both.
+// Process-wide; other values throw.
+int flash_backward_passes();
+void set_flash_backward_passes(int passes);
+
+// The fused backward's splits of each sequence's key tiles (each split sums
+// its dq into its own f32 slice, then one kernel adds the slices in order):
+// 0 (the default) chooses from the SM count and the grid (at most 8), n >= 1
+// takes n (at most the key tiles). The bits of dq follow the split count.
+// Process-wide; values outside 0..64 throw.
+int flash_backward_splits();
+void set_flash_backward_splits(int splits);
+
+// Blocks an SM the two-pass backward's dq pass is compiled for: 2 (Q's and
+// dO's fragments read from shared memory each key tile, 128 registers: 16
+// warps an SM; the default, not yet timed against 1) or 1 (they stay in
 // registers: 8 warps). The same bits either way; attention_bench measures
 // both. Process-wide; other values throw.
 int flash_dq_blocks_per_sm();

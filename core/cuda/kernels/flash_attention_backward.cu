@@ -1,5 +1,23 @@
 // The backward of the tensor-core attention (the forward and the scheme:
 // flash_attention.cu; the building blocks: flash_attention_tiles.cuh).
+//
+// D = dO . O per query row comes first (flash_delta_kernel). Then one of two
+// schemes (flash_backward_passes chooses; dk and dv are the same bits in
+// both):
+// - fused (the default): a block owns 128 keys at a time and streams the
+//   query tiles past them, computing S and dP once for five products (S, dP,
+//   dV += P^T dO, dK += dS^T Q, dQ += dS K). dQ is summed in f32 across key
+//   tiles without atomics: the grid splits each sequence's key tiles over
+//   `splits` blocks, and each split adds into its own slice of a scratch
+//   buffer by a plain load-add-store (each element has one owning thread, the
+//   key tiles come in order); flash_dq_finalize_kernel sums the slices in a
+//   fixed order. With one split the last key tile writes dq itself.
+// - two passes: dq per 128 query rows over the key tiles (flash_dq_kernel),
+//   then dk/dv per 128 keys (the fused kernel without dQ): S and dP are
+//   computed twice, seven products.
+// Either way the bits are the same on every run of the same shapes on the
+// same GPU (the fused dq's summation order follows the split count, which
+// follows the SM count).
 #include <atomic>
 
 #include "core/cuda/kernels/flash_attention_tiles.cuh"
@@ -8,18 +26,81 @@ namespace roformer::kernels::cuda {
 
 namespace {
 
-// Reads element (row, col) of the forward output (f32 or bf16).
-__device__ __forceinline__ float out_at(const FlashArgs& a, const Block& r, int64_t i, int col) {
-  if (a.out_dtype == DType::f32) return row_of<const float>(a.out, r, i)[col];
-  return __bfloat162float(row_of<const bf16_t>(a.out, r, i)[col]);
+// --- D = dO . O ---------------------------------------------------------------------
+
+// Eight consecutive values of a bf16 or f32 row at p, as floats: by 16-byte
+// loads where p is aligned (out may be any strided view; dO's rows are
+// aligned, flash_supported checks).
+__device__ __forceinline__ void load_eight(float (&x)[8], const void* p, DType dtype) {
+  const bool vector = reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (dtype == DType::f32) {
+    const float* f = static_cast<const float*>(p);
+    if (vector) {
+      const float4 u = reinterpret_cast<const float4*>(f)[0],
+                   w = reinterpret_cast<const float4*>(f)[1];
+      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w;
+      x[4] = w.x, x[5] = w.y, x[6] = w.z, x[7] = w.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = f[e];
+    }
+  } else {
+    const bf16_t* h = static_cast<const bf16_t*>(p);
+    if (vector) {
+      const uint4 u = *reinterpret_cast<const uint4*>(h);
+      const bf16_t* w = reinterpret_cast<const bf16_t*>(&u);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = __bfloat162float(w[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = __bfloat162float(h[e]);
+    }
+  }
 }
 
-// dq for 128 query rows, and D = dO . O of those rows (for the dk/dv pass).
-// kBlocksPerSm 1: Q's and dO's fragments stay in registers (228 of them);
-// 2: they are read from shared memory for each key tile, which fits the
-// kernel in 128 registers (no spills, ptxas sm_90) so two blocks share an
-// SM -- 16 warps to hide each other's latency, for 8 more ldmatrix a warp
-// per tile (flash_dq_blocks_per_sm chooses; the same bits either way).
+// Element `col` of row i of an operand of `dtype` (f32 or bf16).
+__device__ __forceinline__ const void* element_of(const Operand& o, DType dtype, const Block& r,
+                                                  int64_t i, int col) {
+  if (dtype == DType::f32) return row_of<const float>(o, r, i) + col;
+  return row_of<const bf16_t>(o, r, i) + col;
+}
+
+// D = dO . O for 128 query rows: a row's four chunks (dims 8c... and
+// 8c + 32...) are a quad's four lanes, summed by shuffles.
+__global__ void __launch_bounds__(kThreadsPerBlock) flash_delta_kernel(FlashArgs a, int64_t tiles) {
+  const Block r = block_of(a, tiles);
+  const int64_t i0 = r.tile * kRowsPerBlock;
+  if (i0 >= r.Lq) return;
+#pragma unroll
+  for (int n = 0; n < kRowsPerBlock * 4 / kThreadsPerBlock; ++n) {
+    const int item = threadIdx.x + n * kThreadsPerBlock;
+    const int64_t i = i0 + (item >> 2);
+    const int c = item & 3;
+    float partial = 0.0f;
+    if (i < r.Lq) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int col = 8 * c + 32 * half;
+        float d[8], o[8];
+        load_eight(d, element_of(a.grad_out, DType::bf16, r, i, col), DType::bf16);
+        load_eight(o, element_of(a.out, a.out_dtype, r, i, col), a.out_dtype);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) partial += d[e] * o[e];
+      }
+    }
+    const float delta = quad_sum(partial);  // every lane takes part, rows past Lq with 0
+    if (c == 0 && i < r.Lq) *row_of<float>(a.delta, r, i) = delta;
+  }
+}
+
+// --- the two-pass scheme's dq pass ------------------------------------------------------
+
+// dq for 128 query rows over all key tiles.
+// kBlocksPerSm 1: Q's and dO's fragments stay in registers; 2: they are
+// read from shared memory for each key tile, which fits the kernel in 128
+// registers (no spills, ptxas sm_90) so two blocks share an SM -- 16 warps
+// to hide each other's latency, for 8 more ldmatrix a warp per tile
+// (flash_dq_blocks_per_sm chooses; the same bits either way).
 template <int kBlocksPerSm>
 __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     flash_dq_kernel(FlashArgs a, int64_t tiles) {
@@ -41,36 +122,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
   __syncthreads();
-  // One 16-row tile per warp (with two blocks an SM, qa is not kept and da
-  // serves D only).
-  uint32_t qa[1][4][4], da[1][4][4];
+  // One 16-row tile per warp; with two blocks an SM the fragments are read
+  // from shared memory at each key tile instead.
+  [[maybe_unused]] uint32_t qa[1][4][4], da[1][4][4];
+  if constexpr (kBlocksPerSm == 1) {
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    if constexpr (kBlocksPerSm == 1) load_a(qa[0][ks], sQ, warp * 16, ks * 16, lane);
-    load_a(da[0][ks], sO, warp * 16, ks * 16, lane);
+    for (int ks = 0; ks < 4; ++ks) {
+      load_a(qa[0][ks], sQ, warp * 16, ks * 16, lane);
+      load_a(da[0][ks], sO, warp * 16, ks * 16, lane);
+    }
   }
   const int64_t row0 = i0 + warp * 16;
   float Di[2], lse2[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t i = row0 + g + 8 * hf;
-    float partial = 0.0f;
-    if (i < r.Lq) {
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = ks * 16 + 8 * e + 2 * t;  // registers hf + 2 e hold these
-          const __nv_bfloat162 d2 =
-              *reinterpret_cast<const __nv_bfloat162*>(&da[0][ks][hf + 2 * e]);
-          partial += __bfloat162float(d2.x) * out_at(a, r, i, col) +
-                     __bfloat162float(d2.y) * out_at(a, r, i, col + 1);
-        }
-    }
-    Di[hf] = quad_sum(partial);
-    const float row_lse = i < r.Lq ? *row_of<const float>(a.lse, r, i) : -INFINITY;
-    lse2[hf] = row_lse * kLog2e;
-    if (t == 0 && i < r.Lq) *row_of<float>(a.delta, r, i) = Di[hf];
+    Di[hf] = i < r.Lq ? *row_of<const float>(a.delta, r, i) : 0.0f;
+    lse2[hf] = (i < r.Lq ? *row_of<const float>(a.lse, r, i) : -INFINITY) * kLog2e;
   }
   float dq[1][8][4] = {};
   int buffer = 0;
@@ -122,11 +190,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   store_rows(dq[0], a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
 }
 
-// What the dk/dv pass reads of each query row of a tile besides Q and dO:
-// lse, D and the keep words of the block's 128 keys, in two buffers like the
-// tiles. fetch queues them by cp.async (4-byte copies: token-stream rows are
-// H floats apart) into the open copy group, so the wait that covers a tile
-// covers its row data: no global load's latency before each tile's barrier.
+// --- the key-tile kernel: dk, dv (and, fused, dq) ------------------------------------------
+
+// What the key-tile kernel reads of each query row of a tile besides Q and
+// dO: lse, D and the keep words of the block's 128 keys, in two buffers like
+// the tiles. fetch queues them by cp.async (4-byte copies: token-stream rows
+// are H floats apart) into the open copy group, so the wait that covers a
+// tile covers its row data: no global load's latency before each tile's
+// barrier.
 struct QueryRowData {
   float* base;  // [2][kInnerTile] lse, [2][kInnerTile] D, [2][kInnerTile][4] keep words
   static_assert(kThreadsPerBlock == 4 * kInnerTile, "a thread per keep word of a tile");
@@ -167,96 +238,288 @@ struct QueryRowData {
   }
 };
 
-// dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64.
-__global__ void __launch_bounds__(kThreadsPerBlock) flash_dkv_kernel(FlashArgs a, int64_t tiles) {
+// Where the fused scheme sums dq: slice s (s < splits) of an f32 scratch
+// laid out like q's rows ([rows][H][64]) belongs to the blocks of split s.
+struct DqPartials {
+  Operand rows;              // slice 0
+  int64_t split_stride = 0;  // floats from one slice to the next
+  int64_t splits = 1;
+};
+
+// Floats a row of a staged dq partial tile takes in shared memory: a quad's
+// float2 reads (rows g..g + 3 of a half warp, 72 floats apart) fall in
+// distinct banks.
+constexpr int kAccLd = kD + 8;
+
+// The running dq sums of query tiles, staged into two shared buffers of
+// kInnerTile x kAccLd floats by cp.async with the tiles (the fused kernel
+// adds a key tile's dQ to them): the wait that covers a Q tile covers its
+// sums.
+struct DqPartialTiles {
+  float* base;
+  static_assert(kInnerTile * 16 % kThreadsPerBlock == 0, "a tile's 16-byte chunks split evenly");
+
+  __device__ float* tile(int buffer) const { return base + buffer * kInnerTile * kAccLd; }
+  __device__ float* end() const { return base + 2 * kInnerTile * kAccLd; }
+
+  // Rows i0... of `slice` into `buffer`; rows past Lq are not read (in a
+  // token stream they are another sequence's).
+  __device__ void fetch(int buffer, const Operand& slice, const Block& r, int64_t i0) const {
+#pragma unroll
+    for (int n = 0; n < kInnerTile * 16 / kThreadsPerBlock; ++n) {
+      const int item = threadIdx.x + n * kThreadsPerBlock;
+      const int row = item >> 4, c = item & 15;
+      if (i0 + row < r.Lq)
+        cp_async<16>(tile(buffer) + row * kAccLd + 4 * c,
+                     row_of<const float>(slice, r, i0 + row) + 4 * c);
+    }
+  }
+};
+
+// dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64; the
+// block takes key tiles tile, tile + tiles, ... of its sequence (the grid's
+// `tiles` blocks a sequence). kDq (the fused scheme): each query tile's dS is
+// also staged in shared memory and dQ = dS K computed by the 8 warps as 4 x 2
+// (16 query rows x 4 column tiles each), added to the split's running sums.
+template <bool kDq>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    flash_key_tile_kernel(FlashArgs a, int64_t tiles, DqPartials partials) {
   RF_DYNAMIC_SHARED(smem);
   bf16_t* sK = reinterpret_cast<bf16_t*>(smem);
   bf16_t* sV = sK + kRowsPerBlock * kLd;
-  bf16_t* sQ = sV + kRowsPerBlock * kLd;   // two tiles of kInnerTile rows
-  bf16_t* sO = sQ + 2 * kInnerTile * kLd;  // dO, two tiles
-  const QueryRowData rows{reinterpret_cast<float*>(sO + 2 * kInnerTile * kLd)};  // two buffers
-  float* sAngles = rows.end();                                                   // with RoPE only
+  bf16_t* sQ = sV + kRowsPerBlock * kLd;    // two tiles of kInnerTile rows
+  bf16_t* sO = sQ + 2 * kInnerTile * kLd;   // dO, two tiles
+  bf16_t* sDs = sO + 2 * kInnerTile * kLd;  // dS^T [keys][queries] (kDq only)
+  const DqPartialTiles sums{reinterpret_cast<float*>(sDs + (kDq ? kRowsPerBlock * kLd : 0))};
+  const QueryRowData rows{kDq ? sums.end() : sums.base};  // two buffers
+  float* sAngles = rows.end();                            // with RoPE only
   const Block r = block_of(a, tiles);
-  const int64_t j0 = r.tile * kRowsPerBlock;
-  if (j0 >= r.Lk) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  // Q and dO tiles by cp.async into two buffers, as in the forward.
-  const int64_t first_word = j0 / 32, row_words = (r.Lk + 31) / 32;
+  const int wm = warp & 3, wn = warp >> 2;  // dQ's warp layout: rows 16 wm, column tiles wn + 2 n
+  const auto dq_tile_of = [wn](int n) { return wn + 2 * n; };
+  Operand slice = partials.rows;  // this split's running dq sums
+  slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  const int64_t row_words = (r.Lk + 31) / 32;
   const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out, rope ? sAngles : nullptr};
-  if (r.Lq > 0) rows.fetch(0, a, r, 0, first_word, row_words);  // joins the first tile's group
-  qo.fetch(0, r, 0, r.Lq, a);
-  load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
-  load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
-  const int64_t key0 = j0 + warp * 16;
-  bool kept[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
-  float dk[1][8][4] = {}, dv[1][8][4] = {};
-  int buffer = 0;
-  for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
-    bf16_t* q_tile = qo.first(buffer);
-    bf16_t* o_tile = qo.second(buffer);
-    // The next tile's row data joins the group arrive commits with its Q and dO.
-    if (i0 + kInnerTile < r.Lq)
-      rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words);
-    qo.arrive(buffer, r, i0, r.Lq, a);
-    const float* sLse = rows.lse(buffer);
-    const float* sDelta = rows.delta(buffer);
-    const uint32_t* sBits = rows.bits(buffer);
-    __syncthreads();  // copies, rotations and row data visible (and sK, sV the first time)
-    float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
-    {
-      uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) load_a(ka[0][ks], sK, warp * 16, ks * 16, lane);
-      mma_rows(st, ka, q_tile, lane);
+  for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
+    const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
+    const bool first = kt == r.tile;                            // no sums to add to yet
+    const bool last = (kt + tiles) * kRowsPerBlock >= r.Lk;     // the block's last key tile
+    const bool dq_final = kDq && last && partials.splits == 1;  // the sums are dq itself
+    // Q and dO tiles by cp.async into two buffers, as in the forward; the
+    // row data (and the running sums) join the first tile's group.
+    if (r.Lq > 0) {
+      rows.fetch(0, a, r, 0, first_word, row_words);
+      if (kDq && !first) sums.fetch(0, slice, r, 0);
     }
-    {
-      uint32_t va[1][4][4];
+    qo.fetch(0, r, 0, r.Lq, a);
+    load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
+    load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
+    const int64_t key0 = j0 + warp * 16;
+    bool kept[2];
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], sV, warp * 16, ks * 16, lane);
-      mma_rows(dpt, va, o_tile, lane);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
-        const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
-        float pz = 0.0f, ds = 0.0f;
-        if (kept[hf] && sLse[col] != -INFINITY) {
-          const float p = exp2f(st[0][nt][e] * a.scale_log2 - sLse[col] * kLog2e);
-          const float z =
-              a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
-                        : 1.0f;
-          pz = p * z;
-          ds = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
-        }
-        st[0][nt][e] = pz;
-        dpt[0][nt][e] = ds;
+    for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
+    float dk[1][8][4] = {}, dv[1][8][4] = {};
+    int buffer = 0;
+    for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
+      bf16_t* q_tile = qo.first(buffer);
+      bf16_t* o_tile = qo.second(buffer);
+      // The next tile's row data and sums join the group arrive commits with
+      // its Q and dO.
+      if (i0 + kInnerTile < r.Lq) {
+        rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words);
+        if (kDq && !first) sums.fetch(buffer ^ 1, slice, r, i0 + kInnerTile);
       }
-    mma_accumulator_tile(dv, st, o_tile, lane);
-    mma_accumulator_tile(dk, dpt, q_tile, lane);
-    __syncthreads();  // this buffer's and the row data's readers are done
+      qo.arrive(buffer, r, i0, r.Lq, a);
+      const float* sLse = rows.lse(buffer);
+      const float* sDelta = rows.delta(buffer);
+      const uint32_t* sBits = rows.bits(buffer);
+      __syncthreads();  // copies, rotations and row data visible (and sK, sV the first time)
+      float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
+      {
+        uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) load_a(ka[0][ks], sK, warp * 16, ks * 16, lane);
+        mma_rows(st, ka, q_tile, lane);
+      }
+      {
+        uint32_t va[1][4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], sV, warp * 16, ks * 16, lane);
+        mma_rows(dpt, va, o_tile, lane);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
+          const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
+          float pz = 0.0f, ds = 0.0f;
+          if (kept[hf] && sLse[col] != -INFINITY) {
+            const float p = exp2f(st[0][nt][e] * a.scale_log2 - sLse[col] * kLog2e);
+            const float z =
+                a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
+                          : 1.0f;
+            pz = p * z;
+            ds = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
+          }
+          st[0][nt][e] = pz;
+          dpt[0][nt][e] = ds;
+        }
+      if constexpr (kDq) {
+        // dS^T rounded to bf16 as the dK product rounds it: row key, pairs of
+        // query columns (a quad's stores fall in distinct banks).
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf)
+            *reinterpret_cast<uint32_t*>(sDs + (warp * 16 + g + 8 * hf) * kLd + nt * 8 + 2 * t) =
+                pack_bf16(dpt[0][nt][2 * hf], dpt[0][nt][2 * hf + 1]);
+      }
+      mma_accumulator_tile(dv, st, o_tile, lane);
+      mma_accumulator_tile(dk, dpt, q_tile, lane);
+      if constexpr (kDq) {
+        __syncthreads();  // every warp's dS^T rows are in sDs
+        // dQ of query rows 16 wm... , column tiles wn + 2 n: the sum over the
+        // block's 128 keys of dS K, K as B[key][dim] = sK[key][dim].
+        float acc[4][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < kRowsPerBlock / 16; ++ks) {
+          uint32_t afrag[4];
+          load_a_trans(afrag, sDs, wm * 16, ks * 16, lane);
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            uint32_t b[4];
+            load_b_trans_tiles(b, sK, ks * 16, dq_tile_of(2 * np) * 8, dq_tile_of(2 * np + 1) * 8,
+                               lane);
+            mma(acc[2 * np], afrag, b[0], b[1]);
+            mma(acc[2 * np + 1], afrag, b[2], b[3]);
+          }
+        }
+        if (!first) {  // add the sums of the split's earlier key tiles
+          const float* staged = sums.tile(buffer);
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int row = wm * 16 + g + 8 * hf;
+            if (i0 + row >= r.Lq) continue;
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+              const float2 s = *reinterpret_cast<const float2*>(staged + row * kAccLd +
+                                                                dq_tile_of(n) * 8 + 2 * t);
+              acc[n][2 * hf] += s.x;
+              acc[n][2 * hf + 1] += s.y;
+            }
+          }
+        }
+        const float one[2] = {1.0f, 1.0f};
+        if (dq_final)
+          store_row_tiles(acc, dq_tile_of, a.dq, a.grad_dtype, r, i0 + wm * 16, r.Lq, one, a, rope,
+                          g, t);
+        else
+          store_row_tiles(acc, dq_tile_of, slice, DType::f32, r, i0 + wm * 16, r.Lq, one, a, false,
+                          g, t);
+      }
+      __syncthreads();  // this buffer's, the row data's (and sDs's) readers are done
+    }
+    const float one[2] = {1.0f, 1.0f};
+    store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
+    store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
   }
   cp_async_wait<0>();  // a guard, as in the forward: nothing is in flight here
-  const float one[2] = {1.0f, 1.0f};
-  store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
-  store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
 }
 
-// Each pass's dynamic shared memory before the angles (the layouts at the
+// dq of 128 query rows from the splits' running sums (those of splits that
+// had a key tile of the sequence; none: zeros), rotated back by the RoPE
+// table and written in the gradients' dtype. A thread takes a row's dims
+// [8c, 8c + 8) and [8c + 32, 8c + 40): whole RoPE pairs in either layout.
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    flash_dq_finalize_kernel(FlashArgs a, int64_t tiles, DqPartials partials) {
+  const Block r = block_of(a, tiles);
+  const int64_t i0 = r.tile * kRowsPerBlock;
+  if (i0 >= r.Lq) return;
+  const int64_t key_tiles = (r.Lk + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t used = partials.splits < key_tiles ? partials.splits : key_tiles;
+#pragma unroll
+  for (int n = 0; n < kRowsPerBlock * 4 / kThreadsPerBlock; ++n) {
+    const int item = threadIdx.x + n * kThreadsPerBlock;
+    const int64_t i = i0 + (item >> 2);
+    const int c = item & 3;
+    if (i >= r.Lq) continue;
+    float x[8] = {}, y[8] = {};
+    for (int64_t s = 0; s < used; ++s) {
+      const float* p = row_of<const float>(partials.rows, r, i) + s * partials.split_stride;
+      float u[8], w[8];
+      load_eight(u, p + 8 * c, DType::f32);
+      load_eight(w, p + 8 * c + 32, DType::f32);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        x[e] += u[e];
+        y[e] += w[e];
+      }
+    }
+    if (a.table)
+      rotate_chunk_values(x, y, angles_from_table(a, r.first + i, c), a.interleaved, true);
+    if (a.grad_dtype == DType::f32) {
+      float* p = row_of<float>(a.dq, r, i);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        p[8 * c + e] = x[e];
+        p[8 * c + 32 + e] = y[e];
+      }
+    } else {
+      bf16_t* p = row_of<bf16_t>(a.dq, r, i);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        p[8 * c + e] = __float2bfloat16_rn(x[e]);
+        p[8 * c + 32 + e] = __float2bfloat16_rn(y[e]);
+      }
+    }
+  }
+}
+
+// Each kernel's dynamic shared memory before the angles (the layouts at the
 // top of the kernels); two dq blocks an SM must fit.
 constexpr size_t kDqShared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
                              kInnerTile * sizeof(float);
-constexpr size_t kDkvShared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
-                              12 * kInnerTile * sizeof(float);
+constexpr size_t kRowDataShared = 12 * kInnerTile * sizeof(float);
+constexpr size_t kDkvShared =
+    size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) + kRowDataShared;
+constexpr size_t kFusedShared = kDkvShared + size_t(kRowsPerBlock * kLd) * sizeof(bf16_t) +
+                                size_t(2 * kInnerTile * kAccLd) * sizeof(float);
 static_assert(2 * (kDqShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
               "two dq blocks no longer fit an SM");
+static_assert(kFusedShared + kAngleBytes + kReservedPerBlock <= kSharedPerSm,
+              "the fused backward no longer fits an SM");
 
-// The dq pass's blocks an SM, process-wide (flash_dq_blocks_per_sm).
+// The process-wide choices (flash_attention.h).
 std::atomic<int> dq_blocks_per_sm{2};
+std::atomic<int> backward_passes{1};
+std::atomic<int> backward_splits{0};
+
+// Splits at most, chosen automatically: each adds a slice of f32 sums the
+// size of dq in f32.
+constexpr int64_t kMaxAutoSplits = 8;
+
+int multiprocessor_count(const Stream& stream) {
+  int count = 0;
+  RF_CUDA_CHECK(
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, stream.device_index));
+  return count;
+}
+
+// The fused scheme's split count for `sequences` x `heads` blocks a split
+// and `key_tiles` key tiles in the longest sequence: enough blocks for two
+// per SM (one fits at a time: the tail of the last wave is then short),
+// no more than the key tiles; or the set count, capped by the key tiles.
+int64_t split_count(const Stream& stream, int64_t sequences, int64_t heads, int64_t key_tiles) {
+  const int64_t cap = std::max<int64_t>(key_tiles, 1);
+  const int64_t set = backward_splits.load(std::memory_order_relaxed);
+  if (set > 0) return std::min(set, cap);
+  const int64_t per_split = std::max<int64_t>(sequences * heads, 1);
+  const int64_t wanted = (2 * int64_t(multiprocessor_count(stream)) + per_split - 1) / per_split;
+  return std::clamp<int64_t>(wanted, 1, std::min(cap, kMaxAutoSplits));
+}
 
 }  // namespace
 
@@ -268,6 +531,26 @@ void set_flash_dq_blocks_per_sm(int blocks) {
   RF_CHECK(blocks == 1 || blocks == 2,
            "flash attention: the dq pass runs 1 or 2 blocks an SM, got ", blocks);
   dq_blocks_per_sm.store(blocks);
+}
+
+int flash_backward_passes() {
+  return backward_passes.load();
+}
+
+void set_flash_backward_passes(int passes) {
+  RF_CHECK(passes == 1 || passes == 2,
+           "flash attention: the backward runs in 1 (fused) or 2 passes, got ", passes);
+  backward_passes.store(passes);
+}
+
+int flash_backward_splits() {
+  return backward_splits.load();
+}
+
+void set_flash_backward_splits(int splits) {
+  RF_CHECK(splits >= 0 && splits <= 64,
+           "flash attention: backward splits must be 0 (automatic) to 64, got ", splits);
+  backward_splits.store(splits);
 }
 
 void flash_backward(Stream stream, const AttentionParams& params, const FlashRope& rope,
@@ -290,26 +573,61 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   const int64_t heads = q.sizes[1];  // [B, H, S, D] and [T, H, D] alike
   if (heads == 0) return;
   // D = dO . O per query row, laid out like lse. With no query rows (Sq = 0)
-  // there is none, but the dk/dv pass still runs: it writes their zeros.
+  // there is none, but the key-tile kernel still runs: it writes the zero dk, dv.
   Scratch delta(stream, size_t(std::max<int64_t>(lse.numel(), 1)) * sizeof(float));
   const KernelTensor delta_t = contiguous_like(lse, delta.as<void>(), DType::f32);
   a.delta = lse_operand(delta_t);
   const Grid gq = grid_of(params, q, k, segments, false);
-  if (gq.sequences * gq.tiles > 0) {
-    const size_t shared = kDqShared + angle_bytes(a);
-    const auto kernel = dq_blocks_per_sm.load(std::memory_order_relaxed) == 2 ? flash_dq_kernel<2>
-                                                                              : flash_dq_kernel<1>;
-    allow_shared(kernel, shared);
-    RF_LAUNCH(kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
-              gq.tiles);
-  }
   const Grid gk = grid_of(params, q, k, segments, true);
-  if (gk.sequences * gk.tiles > 0) {
-    const size_t shared = kDkvShared + angle_bytes(a);
-    allow_shared(flash_dkv_kernel, shared);
-    RF_LAUNCH(flash_dkv_kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
-              gk.tiles);
+  const bool queries = gq.sequences * gq.tiles > 0, keys = gk.sequences * gk.tiles > 0;
+  if (queries)
+    RF_LAUNCH(flash_delta_kernel, launch_grid(gq, heads), kThreadsPerBlock, 0, native(stream), a,
+              gq.tiles);
+  const size_t angles = angle_bytes(a);
+
+  if (backward_passes.load(std::memory_order_relaxed) == 2) {
+    if (queries) {
+      const size_t shared = kDqShared + angles;
+      const auto kernel = dq_blocks_per_sm.load(std::memory_order_relaxed) == 2
+                              ? flash_dq_kernel<2>
+                              : flash_dq_kernel<1>;
+      allow_shared(kernel, shared);
+      RF_LAUNCH(kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
+                gq.tiles);
+    }
+    if (keys) {
+      const size_t shared = kDkvShared + angles;
+      allow_shared(flash_key_tile_kernel<false>, shared);
+      RF_LAUNCH(flash_key_tile_kernel<false>, launch_grid(gk, heads), kThreadsPerBlock, shared,
+                native(stream), a, gk.tiles, DqPartials{});
+    }
+    return;
   }
+
+  // Fused: one split's blocks take every key tile of their sequences; the
+  // sums need a slice per split unless each block's one key tile is all.
+  const int64_t splits = split_count(stream, gk.sequences, heads, gk.tiles);
+  const bool finalize = splits > 1 || !keys;
+  const int64_t rows = q.ndim == 4 ? q.sizes[0] * q.sizes[2] : q.sizes[0];
+  const int64_t slice_floats = rows * heads * kD;
+  const bool sums = keys && queries && (splits > 1 || gk.tiles > 1);
+  Scratch partial(stream, sums ? size_t(splits * slice_floats) * sizeof(float) : 1);
+  DqPartials partials;
+  partials.splits = splits;
+  partials.split_stride = slice_floats;
+  if (q.ndim == 4)
+    partials.rows = {partial.as<void>(), q.sizes[2] * heads * kD, kD, heads * kD};
+  else
+    partials.rows = {partial.as<void>(), 0, kD, heads * kD};
+  if (keys) {
+    const size_t shared = kFusedShared + angles;
+    allow_shared(flash_key_tile_kernel<true>, shared);
+    RF_LAUNCH(flash_key_tile_kernel<true>, launch_grid(Grid{gk.sequences, splits}, heads),
+              kThreadsPerBlock, shared, native(stream), a, splits, partials);
+  }
+  if (finalize && queries)
+    RF_LAUNCH(flash_dq_finalize_kernel, launch_grid(gq, heads), kThreadsPerBlock, 0, native(stream),
+              a, gq.tiles, partials);
 }
 
 }  // namespace roformer::kernels::cuda

@@ -145,14 +145,31 @@ __device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16_t* s, i
   ldmatrix_x4<false>(b, p);
 }
 
-// B fragments of columns [n0, n0 + 8) (b[0], b[1]) and [n0 + 8, n0 + 16)
-// (b[2], b[3]), k [k0, k0 + 16), where B[k][n] = s[k][n] (V for P V): four
-// 8x8 matrices loaded transposed by ldmatrix.
+// B fragments of the 8-wide column tiles starting at n_a (b[0], b[1]) and
+// n_b (b[2], b[3]), k [k0, k0 + 16), where B[k][n] = s[k][n] (V for P V, K
+// for dS K): four 8x8 matrices loaded transposed by ldmatrix.
+__device__ __forceinline__ void load_b_trans_tiles(uint32_t (&b)[4], const bf16_t* s, int k0,
+                                                   int n_a, int n_b, int lane) {
+  const int m = lane >> 3, r = lane & 7;
+  const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + ((m >> 1) ? n_b : n_a);
+  ldmatrix_x4<true>(b, p);
+}
+
+// load_b_trans_tiles of the columns [n0, n0 + 16).
 __device__ __forceinline__ void load_b_trans(uint32_t (&b)[4], const bf16_t* s, int k0, int n0,
                                              int lane) {
+  load_b_trans_tiles(b, s, k0, n0, n0 + 8, lane);
+}
+
+// An A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of A = s^T,
+// whose columns are the shared tile's rows (dS for dQ = dS K, from the dS^T
+// the key-major warps wrote): four 8x8 matrices loaded transposed, matrix m
+// from rows k0 + 8 (m >> 1) of s at column r0 + 8 (m & 1).
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const bf16_t* s, int r0, int k0,
+                                             int lane) {
   const int m = lane >> 3, r = lane & 7;
-  const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + n0 + (m >> 1) * 8;
-  ldmatrix_x4<true>(b, p);
+  const bf16_t* p = s + (k0 + r + (m >> 1) * 8) * kLd + r0 + (m & 1) * 8;
+  ldmatrix_x4<true>(a, p);
 }
 
 // Asynchronous copies of kBytes from global to shared memory (sm_80+): no
@@ -367,6 +384,24 @@ __device__ __forceinline__ ChunkAngles angles_from_slot(const float* slot) {
   return r;
 }
 
+// Rotates the values of chunk c of a row (x: dims 8c..., y: 8c + 32...) by
+// its eight angles, or by minus them when `inverse` (a gradient rotated back).
+__device__ __forceinline__ void rotate_chunk_values(float (&x)[8], float (&y)[8],
+                                                    const ChunkAngles& w, bool interleaved,
+                                                    bool inverse) {
+  const float sign = inverse ? -1.0f : 1.0f;
+  if (interleaved) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      rotate_pair(x[2 * m], x[2 * m + 1], w.cos[m], sign * w.sin[m]);
+      rotate_pair(y[2 * m], y[2 * m + 1], w.cos[4 + m], sign * w.sin[4 + m]);
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) rotate_pair(x[e], y[e], w.cos[e], sign * w.sin[e]);
+  }
+}
+
 // Rotates chunk c of a row (lo, hi as above) by its eight angles.
 __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const ChunkAngles& w,
                                               bool interleaved) {
@@ -378,16 +413,7 @@ __device__ __forceinline__ void rotate_chunks(uint4& lo, uint4& hi, const ChunkA
     x[e] = __bfloat162float(pl[e]);
     y[e] = __bfloat162float(ph[e]);
   }
-  if (interleaved) {
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      rotate_pair(x[2 * m], x[2 * m + 1], w.cos[m], w.sin[m]);
-      rotate_pair(y[2 * m], y[2 * m + 1], w.cos[4 + m], w.sin[4 + m]);
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) rotate_pair(x[e], y[e], w.cos[e], w.sin[e]);
-  }
+  rotate_chunk_values(x, y, w, interleaved, false);
   uint32_t* wl = reinterpret_cast<uint32_t*>(&lo);
   uint32_t* wh = reinterpret_cast<uint32_t*>(&hi);
 #pragma unroll
@@ -535,53 +561,68 @@ struct StreamedPair {
   }
 };
 
-// Writes a 16 x 64 accumulator's rows (row0 + g, row0 + g + 8) to a gradient
-// or output operand, scaled per row, rotated back by the RoPE table when
-// `unrotate` (the gradient of the unrotated input).
-__device__ __forceinline__ void store_rows(float (&c)[8][4], const Operand& o, DType dtype,
-                                           const Block& r, int64_t row0, int64_t limit,
-                                           const float (&row_scale)[2], const FlashArgs& a,
-                                           bool unrotate, int g, int t) {
+// Writes kN 8-wide column tiles of a 16-row accumulator (rows row0 + g,
+// row0 + g + 8; local tile n is the operand's column tile tile_of(n)) to a
+// gradient or output operand, scaled per row, rotated back by the RoPE table
+// when `unrotate` (the gradient of the unrotated input). Rotating needs each
+// pair whole: in the half layout tile n's partner (32 columns on) must be
+// local tile n + kN / 2.
+template <int kN, class TileOf>
+__device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf tile_of,
+                                                const Operand& o, DType dtype, const Block& r,
+                                                int64_t row0, int64_t limit,
+                                                const float (&row_scale)[2], const FlashArgs& a,
+                                                bool unrotate, int g, int t) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t i = row0 + g + 8 * hf;
     if (i >= limit) continue;
-    float x[8][2];
+    float x[kN][2];
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      x[nt][0] = c[nt][2 * hf] * row_scale[hf];
-      x[nt][1] = c[nt][2 * hf + 1] * row_scale[hf];
+    for (int n = 0; n < kN; ++n) {
+      x[n][0] = c[n][2 * hf] * row_scale[hf];
+      x[n][1] = c[n][2 * hf + 1] * row_scale[hf];
     }
     if (unrotate) {
       const int64_t pos = r.first + i;
       if (a.interleaved) {
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          rotate_by_table(x[nt][0], x[nt][1], a, pos, nt * 4 + t, true);
+        for (int n = 0; n < kN; ++n)
+          rotate_by_table(x[n][0], x[n][1], a, pos, tile_of(n) * 4 + t, true);
       } else {
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int n = 0; n < kN / 2; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
-            rotate_by_table(x[nt][e], x[nt + 4][e], a, pos, nt * 8 + 2 * t + e, true);
+            rotate_by_table(x[n][e], x[n + kN / 2][e], a, pos, tile_of(n) * 8 + 2 * t + e, true);
       }
     }
     if (dtype == DType::f32) {
       float* p = row_of<float>(o, r, i);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        p[nt * 8 + 2 * t] = x[nt][0];
-        p[nt * 8 + 2 * t + 1] = x[nt][1];
+      for (int n = 0; n < kN; ++n) {
+        p[tile_of(n) * 8 + 2 * t] = x[n][0];
+        p[tile_of(n) * 8 + 2 * t + 1] = x[n][1];
       }
     } else {
       bf16_t* p = row_of<bf16_t>(o, r, i);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        p[nt * 8 + 2 * t] = __float2bfloat16_rn(x[nt][0]);
-        p[nt * 8 + 2 * t + 1] = __float2bfloat16_rn(x[nt][1]);
+      for (int n = 0; n < kN; ++n) {
+        p[tile_of(n) * 8 + 2 * t] = __float2bfloat16_rn(x[n][0]);
+        p[tile_of(n) * 8 + 2 * t + 1] = __float2bfloat16_rn(x[n][1]);
       }
     }
   }
+}
+
+// Writes a 16 x 64 accumulator's rows (row0 + g, row0 + g + 8): store_row_tiles
+// of all eight column tiles.
+__device__ __forceinline__ void store_rows(const float (&c)[8][4], const Operand& o, DType dtype,
+                                           const Block& r, int64_t row0, int64_t limit,
+                                           const float (&row_scale)[2], const FlashArgs& a,
+                                           bool unrotate, int g, int t) {
+  store_row_tiles(
+      c, [](int n) { return n; }, o, dtype, r, row0, limit, row_scale, a, unrotate, g, t);
 }
 
 // Additive bias of key j: 0, or -inf for a masked key or one past the end.
