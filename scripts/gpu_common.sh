@@ -45,11 +45,17 @@ gpu_build_and_pack() {
     done
   fi
   [[ -n $pack ]] || { echo "gpu-pack not found (set GPU_PACK)" >&2; exit 1; }
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
+  # ccache where the machine has it (a rebuild after a small change is then
+  # quick); a fresh machine builds without (and forgets a launcher an earlier
+  # configure of this directory recorded).
+  local launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER=)
+  if command -v ccache > /dev/null; then
+    export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_DIR=${CCACHE_DIR:-$HOME/.ccache}
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
   cmake -S . -B "$gpu_build_dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DROFORMER_WITH_CUDA=ON -DROFORMER_CUDA_KERNELS=ON -DROFORMER_BUILD_BENCH=ON \
-    -DROFORMER_NATIVE=OFF -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache
+    -DROFORMER_NATIVE=OFF "${launcher[@]}"
   grep -q 'ROFORMER_CUDA_KERNELS:BOOL=ON' "$gpu_build_dir/CMakeCache.txt"
   cmake --build "$gpu_build_dir" -j"${JOBS:-2}" --target "$@"
   local stage t

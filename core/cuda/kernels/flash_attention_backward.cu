@@ -58,11 +58,36 @@ __device__ __forceinline__ void load_eight(float (&x)[8], const void* p, DType d
   }
 }
 
+// Eight values stored as bf16 or f32 at p: by one 16-byte store (two for
+// f32) where p is aligned.
+__device__ __forceinline__ void store_eight(void* p, DType dtype, const float (&x)[8]) {
+  const bool vector = reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (dtype == DType::f32) {
+    float* f = static_cast<float*>(p);
+    if (vector) {
+      reinterpret_cast<float4*>(f)[0] = make_float4(x[0], x[1], x[2], x[3]);
+      reinterpret_cast<float4*>(f)[1] = make_float4(x[4], x[5], x[6], x[7]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = x[e];
+    }
+  } else {
+    bf16_t* h = static_cast<bf16_t*>(p);
+    if (vector) {
+      *reinterpret_cast<uint4*>(h) = make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]),
+                                                pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(x[e]);
+    }
+  }
+}
+
 // Element `col` of row i of an operand of `dtype` (f32 or bf16).
-__device__ __forceinline__ const void* element_of(const Operand& o, DType dtype, const Block& r,
-                                                  int64_t i, int col) {
-  if (dtype == DType::f32) return row_of<const float>(o, r, i) + col;
-  return row_of<const bf16_t>(o, r, i) + col;
+__device__ __forceinline__ void* element_of(const Operand& o, DType dtype, const Block& r,
+                                            int64_t i, int col) {
+  if (dtype == DType::f32) return row_of<float>(o, r, i) + col;
+  return row_of<bf16_t>(o, r, i) + col;
 }
 
 // D = dO . O for 128 query rows: a row's four chunks (dims 8c... and
@@ -298,13 +323,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int wm = warp & 3, wn = warp >> 2;  // dQ's warp layout: rows 16 wm, column tiles wn + 2 n
   const auto dq_tile_of = [wn](int n) { return wn + 2 * n; };
-  Operand slice = partials.rows;  // this split's running dq sums
-  slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  // This split's running dq sums. None (null) when the host sized the grid
+  // for one key tile a sequence: then a longer sequence (a longest_segment
+  // understated by the caller) is summed wrong, never written out of bounds.
+  Operand slice = partials.rows;
+  if (slice.ptr) slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  const bool sums_kept = slice.ptr != nullptr;
   const int64_t row_words = (r.Lk + 31) / 32;
   const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out, rope ? sAngles : nullptr};
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
-    const bool first = kt == r.tile;                            // no sums to add to yet
+    const bool first = kt == r.tile || !sums_kept;              // no sums to add to yet
     const bool last = (kt + tiles) * kRowsPerBlock >= r.Lk;     // the block's last key tile
     const bool dq_final = kDq && last && partials.splits == 1;  // the sums are dq itself
     // Q and dO tiles by cp.async into two buffers, as in the forward; the
@@ -416,7 +445,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         if (dq_final)
           store_row_tiles(acc, dq_tile_of, a.dq, a.grad_dtype, r, i0 + wm * 16, r.Lq, one, a, rope,
                           g, t);
-        else
+        else if (sums_kept)
           store_row_tiles(acc, dq_tile_of, slice, DType::f32, r, i0 + wm * 16, r.Lq, one, a, false,
                           g, t);
       }
@@ -460,21 +489,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
     if (a.table)
       rotate_chunk_values(x, y, angles_from_table(a, r.first + i, c), a.interleaved, true);
-    if (a.grad_dtype == DType::f32) {
-      float* p = row_of<float>(a.dq, r, i);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        p[8 * c + e] = x[e];
-        p[8 * c + 32 + e] = y[e];
-      }
-    } else {
-      bf16_t* p = row_of<bf16_t>(a.dq, r, i);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        p[8 * c + e] = __float2bfloat16_rn(x[e]);
-        p[8 * c + 32 + e] = __float2bfloat16_rn(y[e]);
-      }
-    }
+    store_eight(element_of(a.dq, a.grad_dtype, r, i, 8 * c), a.grad_dtype, x);
+    store_eight(element_of(a.dq, a.grad_dtype, r, i, 8 * c + 32), a.grad_dtype, y);
   }
 }
 
@@ -612,13 +628,14 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   const int64_t slice_floats = rows * heads * kD;
   const bool sums = keys && queries && (splits > 1 || gk.tiles > 1);
   Scratch partial(stream, sums ? size_t(splits * slice_floats) * sizeof(float) : 1);
+  void* const sums_base = sums ? partial.as<void>() : nullptr;
   DqPartials partials;
   partials.splits = splits;
   partials.split_stride = slice_floats;
   if (q.ndim == 4)
-    partials.rows = {partial.as<void>(), q.sizes[2] * heads * kD, kD, heads * kD};
+    partials.rows = {sums_base, q.sizes[2] * heads * kD, kD, heads * kD};
   else
-    partials.rows = {partial.as<void>(), 0, kD, heads * kD};
+    partials.rows = {sums_base, 0, kD, heads * kD};
   if (keys) {
     const size_t shared = kFusedShared + angles;
     allow_shared(flash_key_tile_kernel<true>, shared);

@@ -597,19 +597,33 @@ __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf 
             rotate_by_table(x[n][e], x[n + kN / 2][e], a, pos, tile_of(n) * 8 + 2 * t + e, true);
       }
     }
+    // A thread's two columns (an even one and the next) by one store where
+    // the row allows it (outputs may be views with any alignment).
     if (dtype == DType::f32) {
       float* p = row_of<float>(o, r, i);
+      const bool pairs = reinterpret_cast<uintptr_t>(p) % sizeof(float2) == 0;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
-        p[tile_of(n) * 8 + 2 * t] = x[n][0];
-        p[tile_of(n) * 8 + 2 * t + 1] = x[n][1];
+        float* q = p + tile_of(n) * 8 + 2 * t;
+        if (pairs) {
+          *reinterpret_cast<float2*>(q) = make_float2(x[n][0], x[n][1]);
+        } else {
+          q[0] = x[n][0];
+          q[1] = x[n][1];
+        }
       }
     } else {
       bf16_t* p = row_of<bf16_t>(o, r, i);
+      const bool pairs = reinterpret_cast<uintptr_t>(p) % sizeof(uint32_t) == 0;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
-        p[tile_of(n) * 8 + 2 * t] = __float2bfloat16_rn(x[n][0]);
-        p[tile_of(n) * 8 + 2 * t + 1] = __float2bfloat16_rn(x[n][1]);
+        bf16_t* q = p + tile_of(n) * 8 + 2 * t;
+        if (pairs) {
+          *reinterpret_cast<uint32_t*>(q) = pack_bf16(x[n][0], x[n][1]);
+        } else {
+          q[0] = __float2bfloat16_rn(x[n][0]);
+          q[1] = __float2bfloat16_rn(x[n][1]);
+        }
       }
     }
   }
