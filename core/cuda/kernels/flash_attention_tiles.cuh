@@ -21,8 +21,10 @@ constexpr int kD = 64;       // head dimension of this path
 constexpr int kLd = kD + 8;  // shared row stride in bf16: rows start 4 banks apart
 constexpr int kWarps = 8;
 constexpr int kThreadsPerBlock = kWarps * 32;
-constexpr int kRowsPerBlock = 16 * kWarps;  // query rows (forward, dq) or key rows (dk/dv)
-constexpr int kInnerTile = 64;              // keys (forward, dq) or queries (dk/dv) per step
+// Query rows (forward, dq pass) or key rows (key-tile kernel: dk/dv, fused) a block holds.
+constexpr int kRowsPerBlock = 16 * kWarps;
+// Keys (forward, dq pass) or queries (key-tile kernel) per streamed step.
+constexpr int kInnerTile = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
