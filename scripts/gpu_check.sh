@@ -61,7 +61,8 @@
 #                 by MPI through host memory) against e2e_f32's 1-rank GPU run
 #   memcheck      compute-sanitizer --tool memcheck over the op table, the flash
 #                 attention kernels and the CUDA op, optimizer, GEMM and upload
-#                 tests, then racecheck over one flash case; started after the
+#                 tests, then racecheck over one flash case (its first two
+#                 variants: the fused and the two-pass backward); started after the
 #                 op table, it runs beside the later steps and is reported last
 #
 # More checks (NCCL, ...): write a function and add a `step NAME SECONDS FUNC`
@@ -400,7 +401,11 @@ memcheck_step() {
     # allocator's own test, which checks that pool.
     local segments=0
     [[ $filter == *CudaAllocator* ]] && segments=1
-    ROFORMER_CUDA_ALLOC_SEGMENTS=$segments \
+    # racecheck: the flash tests' first two variants (the fused and the
+    # two-pass backward), not all five.
+    local variants=0
+    [[ $tool == racecheck ]] && variants=2
+    ROFORMER_CUDA_ALLOC_SEGMENTS=$segments ROFORMER_FLASH_VARIANTS=$variants \
       timeout --kill-after=5 "$limit" compute-sanitizer --tool "$tool" "${leaks[@]}" $extra \
       --error-exitcode 1 "$binary" --gtest_filter="$filter" > "$log" 2>&1 || rc=$?
     local result=clean
