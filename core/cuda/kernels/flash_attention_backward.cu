@@ -303,7 +303,10 @@ struct DqPartialTiles {
 
 // dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64; the
 // block takes key tiles tile, tile + tiles, ... of its sequence (the grid's
-// `tiles` blocks a sequence). kDq (the fused scheme): each query tile's dS is
+// `tiles` blocks a sequence). K and V come by cp.async with the first query
+// tile (rotated by their owners after its wait); with kDq a key tile after
+// the first comes early, copied into a second pair of buffers while the
+// tile before it starts. kDq (the fused scheme): each query tile's dS is
 // also staged in shared memory and dQ = dS K computed by the 8 warps as 4 x 2
 // (16 query rows x 4 column tiles each), added to the split's running sums.
 template <bool kDq>
@@ -317,7 +320,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   bf16_t* sDs = sO + 2 * kInnerTile * kLd;  // dS^T [keys][queries] (kDq only)
   const DqPartialTiles sums{reinterpret_cast<float*>(sDs + (kDq ? kRowsPerBlock * kLd : 0))};
   const QueryRowData rows{kDq ? sums.end() : sums.base};  // two buffers
-  float* sAngles = rows.end();                            // with RoPE only
+  // The next key tile's K and V (kDq only), then RoPE's angle slots.
+  bf16_t* sK2 = reinterpret_cast<bf16_t*>(rows.end());
+  bf16_t* sV2 = sK2 + kRowsPerBlock * kLd;
+  float* sAngles = kDq ? reinterpret_cast<float*>(sV2 + kRowsPerBlock * kLd) : rows.end();
   const Block r = block_of(a, tiles);
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
@@ -331,20 +337,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const bool sums_kept = slice.ptr != nullptr;
   const int64_t row_words = (r.Lk + 31) / 32;
   const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out, rope ? sAngles : nullptr};
+  bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
     const bool first = kt == r.tile || !sums_kept;              // no sums to add to yet
     const bool last = (kt + tiles) * kRowsPerBlock >= r.Lk;     // the block's last key tile
     const bool dq_final = kDq && last && partials.splits == 1;  // the sums are dq itself
+    // Copied while the tile before ran (its first query tile issued them).
+    const bool came_early = kDq && kt != r.tile && r.Lq > 0;
     // Q and dO tiles by cp.async into two buffers, as in the forward; the
-    // row data (and the running sums) join the first tile's group.
+    // row data (and the running sums, and K and V unless they came early)
+    // join the first tile's group.
     if (r.Lq > 0) {
       rows.fetch(0, a, r, 0, first_word, row_words);
       if (kDq && !first) sums.fetch(0, slice, r, 0);
     }
+    if (!came_early) {
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(k_tile, a.k, r, j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(v_tile, a.v, r, j0, r.Lk);
+    }
     qo.fetch(0, r, 0, r.Lq, a);
-    load_tile<kRowsPerBlock>(sK, a.k, r, j0, r.Lk, a, rope);
-    load_tile<kRowsPerBlock>(sV, a.v, r, j0, r.Lk, a, false);
     const int64_t key0 = j0 + warp * 16;
     bool kept[2];
 #pragma unroll
@@ -360,22 +372,34 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words);
         if (kDq && !first) sums.fetch(buffer ^ 1, slice, r, i0 + kInnerTile);
       }
+      // The block's next key tile, early: its copies join the group of query
+      // tile 1, so the wait before tile 1 (or the next key tile's first)
+      // covers them, a query tile's work after they were issued.
+      if (kDq && i0 == 0 && !last) {
+        const int64_t j_next = j0 + tiles * kRowsPerBlock;
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_k, a.k, r, j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_v, a.v, r, j_next, r.Lk);
+      }
       qo.arrive(buffer, r, i0, r.Lq, a);
+      // This key tile's K and V have landed (at this wait, or earlier when
+      // they came early): this thread rotates the K chunks it copied.
+      if (i0 == 0 && rope)
+        rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock>(k_tile, r, j0, r.Lk, a);
       const float* sLse = rows.lse(buffer);
       const float* sDelta = rows.delta(buffer);
       const uint32_t* sBits = rows.bits(buffer);
-      __syncthreads();  // copies, rotations and row data visible (and sK, sV the first time)
+      __syncthreads();  // copies, rotations and row data visible (and K, V the first time)
       float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
       {
         uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) load_a(ka[0][ks], sK, warp * 16, ks * 16, lane);
+        for (int ks = 0; ks < 4; ++ks) load_a(ka[0][ks], k_tile, warp * 16, ks * 16, lane);
         mma_rows(st, ka, q_tile, lane);
       }
       {
         uint32_t va[1][4][4];
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], sV, warp * 16, ks * 16, lane);
+        for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], v_tile, warp * 16, ks * 16, lane);
         mma_rows(dpt, va, o_tile, lane);
       }
 #pragma unroll
@@ -411,7 +435,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       if constexpr (kDq) {
         __syncthreads();  // every warp's dS^T rows are in sDs
         // dQ of query rows 16 wm... , column tiles wn + 2 n: the sum over the
-        // block's 128 keys of dS K, K as B[key][dim] = sK[key][dim].
+        // block's 128 keys of dS K, K as B[key][dim] = k_tile[key][dim].
         float acc[4][4] = {};
 #pragma unroll
         for (int ks = 0; ks < kRowsPerBlock / 16; ++ks) {
@@ -420,8 +444,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             uint32_t b[4];
-            load_b_trans_tiles(b, sK, ks * 16, dq_tile_of(2 * np) * 8, dq_tile_of(2 * np + 1) * 8,
-                               lane);
+            load_b_trans_tiles(b, k_tile, ks * 16, dq_tile_of(2 * np) * 8,
+                               dq_tile_of(2 * np + 1) * 8, lane);
             mma(acc[2 * np], afrag, b[0], b[1]);
             mma(acc[2 * np + 1], afrag, b[2], b[3]);
           }
@@ -454,6 +478,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const float one[2] = {1.0f, 1.0f};
     store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
     store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
+    if constexpr (kDq) {  // the early copies' buffers hold the next key tile
+      bf16_t* const k_done = k_tile;
+      bf16_t* const v_done = v_tile;
+      k_tile = next_k, v_tile = next_v;
+      next_k = k_done, next_v = v_done;
+    }
   }
   cp_async_wait<0>();  // a guard, as in the forward: nothing is in flight here
 }
@@ -501,7 +531,7 @@ constexpr size_t kDqShared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) 
 constexpr size_t kRowDataShared = 12 * kInnerTile * sizeof(float);
 constexpr size_t kDkvShared =
     size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) + kRowDataShared;
-constexpr size_t kFusedShared = kDkvShared + size_t(kRowsPerBlock * kLd) * sizeof(bf16_t) +
+constexpr size_t kFusedShared = kDkvShared + size_t(3 * kRowsPerBlock * kLd) * sizeof(bf16_t) +
                                 size_t(2 * kInnerTile * kAccLd) * sizeof(float);
 static_assert(2 * (kDqShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
               "two dq blocks no longer fit an SM");

@@ -517,6 +517,27 @@ __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots,
   }
 }
 
+// Rotates the chunks of a shared tile that this thread copied with
+// copy_tile_async, once its wait has covered them, by angles read from the
+// table in global memory (for the key tiles of the key-tile kernel, which
+// has no room for angle slots).
+template <int kRows, int kThreads>
+__device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Block& r, int64_t r0,
+                                                           int64_t limit, const FlashArgs& a) {
+#pragma unroll
+  for (int n = 0; n < kRows * 4 / kThreads; ++n) {
+    const int item = threadIdx.x + n * kThreads;
+    const int row = item >> 2, c = item & 3;
+    if (r0 + row >= limit) continue;
+    uint4* lo = reinterpret_cast<uint4*>(s + row * kLd + 8 * c);
+    uint4* hi = reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32);
+    uint4 x = *lo, y = *hi;
+    rotate_chunks(x, y, angles_from_table(a, r.first + r0 + row, c), a.interleaved);
+    *lo = x;
+    *hi = y;
+  }
+}
+
 // Floats of shared memory a StreamedPair's angle slots take (two buffers).
 constexpr size_t kAngleFloats = size_t(2) * kInnerTile * 4 * kAngleSlot;
 
