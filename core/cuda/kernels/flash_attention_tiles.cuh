@@ -153,7 +153,7 @@ __device__ __forceinline__ void load_b_pair(uint32_t (&b)[4], const bf16_t* s, i
 __device__ __forceinline__ void load_b_trans_tiles(uint32_t (&b)[4], const bf16_t* s, int k0,
                                                    int n_a, int n_b, int lane) {
   const int m = lane >> 3, r = lane & 7;
-  const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + ((m >> 1) ? n_b : n_a);
+  const bf16_t* p = s + (k0 + r + (m & 1) * 8) * kLd + n_a + (m >> 1) * (n_b - n_a);
   ldmatrix_x4<true>(b, p);
 }
 
@@ -498,11 +498,11 @@ __device__ __forceinline__ void copy_angles_async(float* slots, const Block& r, 
 }
 
 // Rotates the chunks of a shared tile that this thread copied with
-// copy_tile_async, by the angles copy_angles_async staged, once its wait has
-// covered both.
-template <int kRows, int kThreads>
-__device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots, int64_t r0,
-                                                  int64_t limit, bool interleaved) {
+// copy_tile_async (rows r0... below `limit`), once its wait has covered them,
+// by angles_of(item, row, c): the chunk's eight angles.
+template <int kRows, int kThreads, class AnglesOf>
+__device__ __forceinline__ void rotate_own_chunks_with(bf16_t* s, int64_t r0, int64_t limit,
+                                                       bool interleaved, AnglesOf angles_of) {
 #pragma unroll
   for (int n = 0; n < kRows * 4 / kThreads; ++n) {
     const int item = threadIdx.x + n * kThreads;
@@ -511,31 +511,30 @@ __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots,
     uint4* lo = reinterpret_cast<uint4*>(s + row * kLd + 8 * c);
     uint4* hi = reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32);
     uint4 x = *lo, y = *hi;
-    rotate_chunks(x, y, angles_from_slot(slots + item * kAngleSlot), interleaved);
+    rotate_chunks(x, y, angles_of(item, row, c), interleaved);
     *lo = x;
     *hi = y;
   }
 }
 
-// Rotates the chunks of a shared tile that this thread copied with
-// copy_tile_async, once its wait has covered them, by angles read from the
-// table in global memory (for the key tiles of the key-tile kernel, which
-// has no room for angle slots).
+// ... by the angles copy_angles_async staged in `slots` (its wait covers
+// both).
+template <int kRows, int kThreads>
+__device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots, int64_t r0,
+                                                  int64_t limit, bool interleaved) {
+  rotate_own_chunks_with<kRows, kThreads>(s, r0, limit, interleaved, [slots](int item, int, int) {
+    return angles_from_slot(slots + item * kAngleSlot);
+  });
+}
+
+// ... by angles read from the table in global memory (the key tiles of the
+// key-tile kernel, which has no room for angle slots).
 template <int kRows, int kThreads>
 __device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Block& r, int64_t r0,
                                                            int64_t limit, const FlashArgs& a) {
-#pragma unroll
-  for (int n = 0; n < kRows * 4 / kThreads; ++n) {
-    const int item = threadIdx.x + n * kThreads;
-    const int row = item >> 2, c = item & 3;
-    if (r0 + row >= limit) continue;
-    uint4* lo = reinterpret_cast<uint4*>(s + row * kLd + 8 * c);
-    uint4* hi = reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32);
-    uint4 x = *lo, y = *hi;
-    rotate_chunks(x, y, angles_from_table(a, r.first + r0 + row, c), a.interleaved);
-    *lo = x;
-    *hi = y;
-  }
+  rotate_own_chunks_with<kRows, kThreads>(s, r0, limit, a.interleaved, [&](int, int row, int c) {
+    return angles_from_table(a, r.first + r0 + row, c);
+  });
 }
 
 // Floats of shared memory a StreamedPair's angle slots take (two buffers).
