@@ -93,26 +93,34 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& 
 }
 
 // One key tile of the online softmax for a warp's 16 query rows: s holds
-// the tile's raw scores Q K^T (keys j0...), becomes the probabilities
-// exp2(scaled score + bias - running max); the running max m, the sum l and
-// the output rows o are rescaled to the new max.
+// the tile's raw scores Q K^T (keys j0...) and becomes the probabilities
+// exp2(scale_log2 (score - running max)); the running max m (of raw scores),
+// the sum l and the output rows o are rescaled to the new max. Only a tile
+// with a key to leave out (`masked`) adds the key biases (0 or -inf). The
+// scale is applied inside the exponent's FFMA (max(scale x) = scale max(x)
+// for scale > 0, rounding being monotonic), and a row with no key so far
+// shifts by 0 so that its -inf scores give 0 without a test per element.
 __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)[8][4],
                                                     float (&m)[2], float (&l)[2], const float* bias,
-                                                    float scale_log2, int t) {
+                                                    bool masked, float scale_log2, int t) {
+  if (masked) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += bias[nt * 8 + 2 * t + (e & 1)];
+  }
   float mx[2] = {m[0], m[1]};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float x = s[nt][e] * scale_log2 + bias[nt * 8 + 2 * t + (e & 1)];
-      s[nt][e] = x;
-      mx[e >> 1] = fmaxf(mx[e >> 1], x);
-    }
-  float corr[2];
+    for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+  float corr[2], shift[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     mx[hf] = quad_max(mx[hf]);
-    corr[hf] = mx[hf] == -INFINITY ? 1.0f : exp2f(m[hf] - mx[hf]);
+    const bool none = mx[hf] == -INFINITY;
+    corr[hf] = none ? 1.0f : exp2_approx((m[hf] - mx[hf]) * scale_log2);
+    shift[hf] = none ? 0.0f : mx[hf] * scale_log2;
     m[hf] = mx[hf];
     l[hf] *= corr[hf];
   }
@@ -121,7 +129,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hf = e >> 1;
-      const float p = m[hf] == -INFINITY ? 0.0f : exp2f(s[nt][e] - m[hf]);
+      const float p = exp2_approx(fmaf(s[nt][e], scale_log2, -shift[hf]));
       s[nt][e] = p;
       l[hf] += p;  // the softmax sums every probability; dropout acts after
       o[nt][e] *= corr[hf];
@@ -175,6 +183,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
     key_tile_ready(kv, buffer, r, j0, a, sBias);
+    const bool masked = key_tile_masked(a, r, j0);
     float s[kM][8][4];
     if constexpr (kM == 1)
       mma_rows(s, qa, k_tile, lane);
@@ -182,7 +191,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
       mma_rows_shared_a(s, sQ, warp * kM * 16, k_tile, lane);
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
-      online_softmax_tile(s[mt], o[mt], m[mt], l[mt], sBias, a.scale_log2, t);
+      online_softmax_tile(s[mt], o[mt], m[mt], l[mt], sBias, masked, a.scale_log2, t);
       if constexpr (kDropout) dropout_tile(s[mt], a, r, row0 + 16 * mt, j0, g, t);
     }
     mma_accumulator_tile(o, s, v_tile, lane);
@@ -203,7 +212,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
       inv[hf] = empty ? 0.0f : 1.0f / l[mt][hf];
       const int64_t i = tile_row0 + g + 8 * hf;
       if (t == 0 && i < r.Lq)
-        *row_of<float>(a.lse, r, i) = empty ? -INFINITY : (m[mt][hf] + log2f(l[mt][hf])) * kLn2;
+        *row_of<float>(a.lse, r, i) =
+            empty ? -INFINITY : (m[mt][hf] * a.scale_log2 + log2f(l[mt][hf])) * kLn2;
     }
     store_rows(o[mt], a.out, a.out_dtype, r, tile_row0, r.Lq, inv, a, false, g, t);
   }

@@ -163,7 +163,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t i = row0 + g + 8 * hf;
     Di[hf] = i < r.Lq ? *row_of<const float>(a.delta, r, i) : 0.0f;
-    lse2[hf] = (i < r.Lq ? *row_of<const float>(a.lse, r, i) : -INFINITY) * kLog2e;
+    // A row with no key (lse -inf, or past the end) gets +inf: its
+    // probabilities come out 0 without a test per element.
+    const float lse = i < r.Lq ? *row_of<const float>(a.lse, r, i) : -INFINITY;
+    lse2[hf] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
   float dq[1][8][4] = {};
   int buffer = 0;
@@ -171,6 +174,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     bf16_t* k_tile = kv.first(buffer);
     bf16_t* v_tile = kv.second(buffer);
     key_tile_ready(kv, buffer, r, j0, a, sBias);
+    const bool masked = key_tile_masked(a, r, j0);
     // The keep words are loaded before the products, so their latency
     // overlaps the tensor-core work rather than following it.
     uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
@@ -193,19 +197,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
       mma_rows_shared_a(s, sQ, warp * 16, k_tile, lane);
       mma_rows_shared_a(dp, sO, warp * 16, v_tile, lane);
     }
+    if (masked) {
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[0][nt][e] += sBias[nt * 8 + 2 * t + (e & 1)];
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
-        float ds = 0.0f;
-        if (lse2[hf] != -INFINITY) {
-          const float p = exp2f(s[0][nt][e] * a.scale_log2 + sBias[col] - lse2[hf]);
-          const float z =
-              a.drop.on ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
-          ds = p * (dp[0][nt][e] * z - Di[hf]) * a.scale;
-        }
-        s[0][nt][e] = ds;
+        const float p = exp2_approx(fmaf(s[0][nt][e], a.scale_log2, -lse2[hf]));
+        const float z =
+            a.drop.on ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
+        s[0][nt][e] = p * (dp[0][nt][e] * z - Di[hf]) * a.scale;
       }
     mma_accumulator_tile(dq, s, k_tile, lane);
     __syncthreads();  // this buffer's readers are done before it is refilled
@@ -389,6 +395,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       const float* sDelta = rows.delta(buffer);
       const uint32_t* sBits = rows.bits(buffer);
       __syncthreads();  // copies, rotations and row data visible (and K, V the first time)
+      // The log2 lse of this thread's 16 query columns; +inf for a row with
+      // no key (lse -inf) or past the end, whose probabilities then come out
+      // 0 without a test per element.
+      float lse2[8][2];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float lse = sLse[nt * 8 + 2 * t + c];
+          lse2[nt][c] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        }
       float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
       {
         uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
@@ -408,17 +425,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         for (int e = 0; e < 4; ++e) {
           const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
           const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
-          float pz = 0.0f, ds = 0.0f;
-          if (kept[hf] && sLse[col] != -INFINITY) {
-            const float p = exp2f(st[0][nt][e] * a.scale_log2 - sLse[col] * kLog2e);
-            const float z =
-                a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
-                          : 1.0f;
-            pz = p * z;
-            ds = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
-          }
-          st[0][nt][e] = pz;
-          dpt[0][nt][e] = ds;
+          const float p =
+              kept[hf] ? exp2_approx(fmaf(st[0][nt][e], a.scale_log2, -lse2[nt][e & 1])) : 0.0f;
+          const float z =
+              a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
+                        : 1.0f;
+          st[0][nt][e] = p * z;
+          dpt[0][nt][e] = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
         }
       if constexpr (kDq) {
         // dS^T rounded to bf16 as the dK product rounds it: row key, pairs of

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/cuda/kernels/attention_common.cuh"
 #include "core/cuda/kernels/flash_attention.h"
@@ -301,6 +302,22 @@ __device__ __forceinline__ void mma_rows_shared_a(float (&c)[kM][8][4], const bf
         for (int m = 0; m < kM; ++m) load_a(frag[m], sa, a_row0 + 16 * m, ks * 16, lane);
       },
       s, lane);
+}
+
+// 2^x by one MUFU.EX2 (ex2.approx.ftz): results under 2^-126 flush to 0,
+// which no probability here can tell. exp2f as compiled without fast-math
+// also checks the range and scales twice to keep subnormal results; in the
+// softmax loops those checks' predicates ran out and spilled into bit masks
+// (ptxas sm_90: ~8 instructions an element, a third of the forward's loop).
+__device__ __forceinline__ float exp2_approx(float x) {
+#if defined(ROFORMER_SIMT_EMULATION)
+  const float y = std::exp2(x);
+  return y < 0x1p-126f ? 0.0f : y;
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
 }
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -666,6 +683,12 @@ __device__ __forceinline__ float key_bias(const FlashArgs& a, const Block& r, in
   if (j >= r.Lk) return -INFINITY;
   if (!a.varlen && !key_kept(a.mask, r.b, j)) return -INFINITY;
   return 0.0f;
+}
+
+// Whether key tile j0 has a key to leave out (one past the end, or a padded
+// batch's mask): only such tiles need the key biases.
+__device__ __forceinline__ bool key_tile_masked(const FlashArgs& a, const Block& r, int64_t j0) {
+  return j0 + kInnerTile > r.Lk || (!a.varlen && a.mask.defined());
 }
 
 // Key tile j0 (K and V in `buffer` of kv) made ready for the whole block:
