@@ -125,8 +125,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock) flash_delta_kernel(FlashArgs
 // read from shared memory for each key tile, which fits the kernel in 128
 // registers (no spills, ptxas sm_90) so two blocks share an SM -- 16 warps
 // to hide each other's latency, for 8 more ldmatrix a warp per tile
-// (flash_dq_blocks_per_sm chooses; the same bits either way).
-template <int kBlocksPerSm>
+// (flash_dq_blocks_per_sm chooses; the same bits either way). kDropout:
+// compiled with and without dropout, as the forward, so a run without it
+// issues none of the keep bits' instructions (predicated off, they still
+// take issue slots).
+template <int kBlocksPerSm, bool kDropout>
 __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     flash_dq_kernel(FlashArgs a, int64_t tiles) {
   RF_DYNAMIC_SHARED(smem);
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     // The keep words are loaded before the products, so their latency
     // overlaps the tensor-core work rather than following it.
     uint32_t bits[2][2] = {{0u, 0u}, {0u, 0u}};
-    if (a.drop.on) {
+    if constexpr (kDropout) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int64_t i = row0 + g + 8 * hf;
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
         const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
         const float p = exp2_approx(fmaf(s[0][nt][e], a.scale_log2, -lse2[hf]));
         const float z =
-            a.drop.on ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
+            kDropout ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
         s[0][nt][e] = p * (dp[0][nt][e] * z - Di[hf]) * a.scale;
       }
     mma_accumulator_tile(dq, s, k_tile, lane);
@@ -245,7 +248,7 @@ struct QueryRowData {
   // (and words past a row's end) get -inf, 0 and 0 by plain stores, seen
   // after the barrier that follows the wait.
   __device__ void fetch(int buffer, const FlashArgs& a, const Block& r, int64_t i0,
-                        int64_t first_word, int64_t row_words) const {
+                        int64_t first_word, int64_t row_words, bool keep_words) const {
     const int tid = threadIdx.x;
     if (tid < 2 * kInnerTile) {
       const bool is_delta = tid >= kInnerTile;
@@ -257,7 +260,7 @@ struct QueryRowData {
       else
         *d = is_delta ? 0.0f : -INFINITY;
     }
-    if (a.drop.on) {
+    if (keep_words) {
       const int qi = tid >> 2, w = tid & 3;
       const int64_t i = i0 + qi;
       uint32_t* d = bits(buffer) + tid;
@@ -315,7 +318,7 @@ struct DqPartialTiles {
 // tile before it starts. kDq (the fused scheme): each query tile's dS is
 // also staged in shared memory and dQ = dS K computed by the 8 warps as 4 x 2
 // (16 query rows x 4 column tiles each), added to the split's running sums.
-template <bool kDq>
+template <bool kDq, bool kDropout>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     flash_key_tile_kernel(FlashArgs a, int64_t tiles, DqPartials partials) {
   RF_DYNAMIC_SHARED(smem);
@@ -355,7 +358,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     // row data (and the running sums, and K and V unless they came early)
     // join the first tile's group.
     if (r.Lq > 0) {
-      rows.fetch(0, a, r, 0, first_word, row_words);
+      rows.fetch(0, a, r, 0, first_word, row_words, kDropout);
       if (kDq && !first) sums.fetch(0, slice, r, 0);
     }
     if (!came_early) {
@@ -363,10 +366,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(v_tile, a.v, r, j0, r.Lk);
     }
     qo.fetch(0, r, 0, r.Lq, a);
+    // This thread's two keys' biases (0, or -inf: masked or past the end),
+    // added to their scores only in a key tile with such a key.
     const int64_t key0 = j0 + warp * 16;
-    bool kept[2];
+    const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
+    float key_bias_of[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) kept[hf] = key_bias(a, r, key0 + g + 8 * hf) == 0.0f;
+    for (int hf = 0; hf < 2; ++hf) key_bias_of[hf] = key_bias(a, r, key0 + g + 8 * hf);
     float dk[1][8][4] = {}, dv[1][8][4] = {};
     int buffer = 0;
     for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
@@ -375,7 +381,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       // The next tile's row data and sums join the group arrive commits with
       // its Q and dO.
       if (i0 + kInnerTile < r.Lq) {
-        rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words);
+        rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words, kDropout);
         if (kDq && !first) sums.fetch(buffer ^ 1, slice, r, i0 + kInnerTile);
       }
       // The block's next key tile, early: its copies join the group of query
@@ -419,17 +425,22 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], v_tile, warp * 16, ks * 16, lane);
         mma_rows(dpt, va, o_tile, lane);
       }
+      if (masked) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) st[0][nt][e] += key_bias_of[e >> 1];
+      }
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
           const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
-          const float p =
-              kept[hf] ? exp2_approx(fmaf(st[0][nt][e], a.scale_log2, -lse2[nt][e & 1])) : 0.0f;
+          const float p = exp2_approx(fmaf(st[0][nt][e], a.scale_log2, -lse2[nt][e & 1]));
           const float z =
-              a.drop.on ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
-                        : 1.0f;
+              kDropout ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
+                       : 1.0f;
           st[0][nt][e] = p * z;
           dpt[0][nt][e] = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
         }
@@ -647,18 +658,20 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   if (backward_passes.load(std::memory_order_relaxed) == 2) {
     if (queries) {
       const size_t shared = kDqShared + angles;
-      const auto kernel = dq_blocks_per_sm.load(std::memory_order_relaxed) == 2
-                              ? flash_dq_kernel<2>
-                              : flash_dq_kernel<1>;
+      const bool two = dq_blocks_per_sm.load(std::memory_order_relaxed) == 2;
+      const auto kernel = a.drop.on ? (two ? flash_dq_kernel<2, true> : flash_dq_kernel<1, true>)
+                                    : (two ? flash_dq_kernel<2, false> : flash_dq_kernel<1, false>);
       allow_shared(kernel, shared);
       RF_LAUNCH(kernel, launch_grid(gq, heads), kThreadsPerBlock, shared, native(stream), a,
                 gq.tiles);
     }
     if (keys) {
       const size_t shared = kDkvShared + angles;
-      allow_shared(flash_key_tile_kernel<false>, shared);
-      RF_LAUNCH(flash_key_tile_kernel<false>, launch_grid(gk, heads), kThreadsPerBlock, shared,
-                native(stream), a, gk.tiles, DqPartials{});
+      const auto kernel =
+          a.drop.on ? flash_key_tile_kernel<false, true> : flash_key_tile_kernel<false, false>;
+      allow_shared(kernel, shared);
+      RF_LAUNCH(kernel, launch_grid(gk, heads), kThreadsPerBlock, shared, native(stream), a,
+                gk.tiles, DqPartials{});
     }
     return;
   }
@@ -681,9 +694,11 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
     partials.rows = {sums_base, 0, kD, heads * kD};
   if (keys) {
     const size_t shared = kFusedShared + angles;
-    allow_shared(flash_key_tile_kernel<true>, shared);
-    RF_LAUNCH(flash_key_tile_kernel<true>, launch_grid(Grid{gk.sequences, splits}, heads),
-              kThreadsPerBlock, shared, native(stream), a, splits, partials);
+    const auto kernel =
+        a.drop.on ? flash_key_tile_kernel<true, true> : flash_key_tile_kernel<true, false>;
+    allow_shared(kernel, shared);
+    RF_LAUNCH(kernel, launch_grid(Grid{gk.sequences, splits}, heads), kThreadsPerBlock, shared,
+              native(stream), a, splits, partials);
   }
   if (finalize && queries)
     RF_LAUNCH(flash_dq_finalize_kernel, launch_grid(gq, heads), kThreadsPerBlock, 0, native(stream),

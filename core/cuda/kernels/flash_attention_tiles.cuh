@@ -685,10 +685,11 @@ __device__ __forceinline__ float key_bias(const FlashArgs& a, const Block& r, in
   return 0.0f;
 }
 
-// Whether key tile j0 has a key to leave out (one past the end, or a padded
-// batch's mask): only such tiles need the key biases.
-__device__ __forceinline__ bool key_tile_masked(const FlashArgs& a, const Block& r, int64_t j0) {
-  return j0 + kInnerTile > r.Lk || (!a.varlen && a.mask.defined());
+// Whether the key tile of `keys` keys at j0 has a key to leave out (one past
+// the end, or a padded batch's mask): only such tiles need the key biases.
+__device__ __forceinline__ bool key_tile_masked(const FlashArgs& a, const Block& r, int64_t j0,
+                                                int64_t keys = kInnerTile) {
+  return j0 + keys > r.Lk || (!a.varlen && a.mask.defined());
 }
 
 // Key tile j0 (K and V in `buffer` of kv) made ready for the whole block:
