@@ -167,6 +167,26 @@ TEST(FlashAttentionEmulatedEdges, ATableShorterThanTheSequenceIsAnError) {
   EXPECT_NE(msg.find("RoPE table"), std::string::npos) << msg;
 }
 
+// The kernels address rows by 32-bit row strides (RowStream): a stride of
+// 2 GiB or more is refused before any launch, naming the operand.
+TEST(FlashAttentionEmulatedEdges, ARowStrideOf2GiBIsAnError) {
+  const int64_t S = 40;
+  const Tensor x = bf16_values({1, 2, S, 64}, 5).to(DType::bf16);
+  KernelTensor wide = kernel_tensor(x);
+  wide.strides[2] = int64_t(1) << 30;  // 2 GiB of bf16 between rows; never read
+  const Tensor out = Tensor::empty({1, 2, S, 64}, DType::f32, Device::cpu());
+  const Tensor lse = Tensor::empty({1, 2, S}, DType::f32, Device::cpu());
+  const std::string msg = testing::error_of([&] {
+    kernels::cuda::simt_flash_forward(kernels::Stream{}, kernels::AttentionParams{},
+                                      kernels::cuda::FlashRope{}, kernel_tensor(x), wide,
+                                      kernel_tensor(x), KernelTensor{}, KernelTensor{},
+                                      kernel_tensor(out), kernel_tensor(lse), KernelTensor{});
+  });
+  EXPECT_NE(msg.find("flash attention: k has 40 rows of stride 2147483648 bytes"),
+            std::string::npos)
+      << msg;
+}
+
 // bf16 outputs (out and the gradients) and padded batches with more keys
 // than queries or fewer: the kernel's other store and read paths, and query
 // and key tile counts that differ, against the CPU in f32, under every

@@ -152,12 +152,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   bf16_t* sV = sK + 2 * kInnerTile * kLd;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
   float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
+  __shared__ RowStream streams[2];      // K's and V's rows
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;  // the whole block: a shorter segment
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const StreamedPair<kThreads> kv{sK, sV, a.k, a.v, rope ? sAngles : nullptr};
+  if (threadIdx.x == 0) {
+    streams[0] = row_stream<const bf16_t>(a.k, r);
+    streams[1] = row_stream<const bf16_t>(a.v, r);
+  }
+  __syncthreads();
+  const StreamedPair<kThreads> kv{sK, sV, streams[0], streams[1], rope ? sAngles : nullptr};
   kv.fetch(0, r, 0, r.Lk, a);
   load_tile<kRowsPerBlock, kThreads>(sQ, a.q, r, i0, r.Lq, a, rope);
   __syncthreads();
@@ -223,7 +229,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
 // top of the kernel); two blocks an SM must fit.
 constexpr size_t kForwardShared =
     size_t(kRowsPerBlock + 4 * kInnerTile) * kLd * sizeof(bf16_t) + kInnerTile * sizeof(float);
-static_assert(2 * (kForwardShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
+static_assert(2 * (kForwardShared + kAngleBytes + kStreamBytes + kReservedPerBlock) <= kSharedPerSm,
               "two forward blocks no longer fit an SM");
 
 // The forward's tiling, process-wide (flash_forward_rows_per_warp).

@@ -139,13 +139,20 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   bf16_t* sV = sK + 2 * kInnerTile * kLd;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
   float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
+  __shared__ RowStream streams[3];      // K's, V's and (dropout) the keep bits' rows
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  if (threadIdx.x == 0) {
+    streams[0] = row_stream<const bf16_t>(a.k, r);
+    streams[1] = row_stream<const bf16_t>(a.v, r);
+    if (kDropout) streams[2] = row_stream<const uint32_t>(a.bits, r);
+  }
+  __syncthreads();
   // K and V tiles by cp.async into two buffers, as in the forward.
-  const StreamedPair<kThreadsPerBlock> kv{sK, sV, a.k, a.v, rope ? sAngles : nullptr};
+  const StreamedPair<kThreadsPerBlock> kv{sK, sV, streams[0], streams[1], rope ? sAngles : nullptr};
   kv.fetch(0, r, 0, r.Lk, a);
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
 #pragma unroll
         for (int w = 0; w < 2; ++w)
           if (i < r.Lq && j0 / 32 + w < row_words)
-            bits[hf][w] = row_of<const uint32_t>(a.bits, r, i)[j0 / 32 + w];
+            bits[hf][w] = streams[2].row<const uint32_t>(i)[j0 / 32 + w];
       }
     }
     float s[1][8][4], dp[1][8][4];
@@ -247,16 +254,19 @@ struct QueryRowData {
   // row t - 64's D, and thread t keep word t % 4 of row t / 4. Rows past Lq
   // (and words past a row's end) get -inf, 0 and 0 by plain stores, seen
   // after the barrier that follows the wait.
-  __device__ void fetch(int buffer, const FlashArgs& a, const Block& r, int64_t i0,
-                        int64_t first_word, int64_t row_words, bool keep_words) const {
+  // lse, delta and bits: the rows' streams (RowStream).
+  __device__ void fetch(int buffer, const RowStream& lse_rows, const RowStream& delta_rows,
+                        const RowStream& bits_rows, int64_t Lq, int64_t i0, int64_t first_word,
+                        int64_t row_words, bool keep_words) const {
     const int tid = threadIdx.x;
     if (tid < 2 * kInnerTile) {
       const bool is_delta = tid >= kInnerTile;
       const int row = tid % kInnerTile;
       const int64_t i = i0 + row;
       float* d = (is_delta ? delta(buffer) : lse(buffer)) + row;
-      if (i < r.Lq)
-        cp_async<4>(d, row_of<const float>(is_delta ? a.delta : a.lse, r, i));
+      const RowStream from = is_delta ? delta_rows : lse_rows;
+      if (i < Lq)
+        cp_async<4>(d, from.row<const float>(i));
       else
         *d = is_delta ? 0.0f : -INFINITY;
     }
@@ -264,8 +274,8 @@ struct QueryRowData {
       const int qi = tid >> 2, w = tid & 3;
       const int64_t i = i0 + qi;
       uint32_t* d = bits(buffer) + tid;
-      if (i < r.Lq && first_word + w < row_words)
-        cp_async<4>(d, row_of<const uint32_t>(a.bits, r, i) + first_word + w);
+      if (i < Lq && first_word + w < row_words)
+        cp_async<4>(d, bits_rows.row<const uint32_t>(i) + first_word + w);
       else
         *d = 0u;
     }
@@ -298,14 +308,14 @@ struct DqPartialTiles {
 
   // Rows i0... of `slice` into `buffer`; rows past Lq are not read (in a
   // token stream they are another sequence's).
-  __device__ void fetch(int buffer, const Operand& slice, const Block& r, int64_t i0) const {
+  __device__ void fetch(int buffer, const RowStream& slice_rows, int64_t Lq, int64_t i0) const {
+    const RowStream slice = slice_rows;  // one shared load for the block's rows
 #pragma unroll
     for (int n = 0; n < kInnerTile * 16 / kThreadsPerBlock; ++n) {
       const int item = threadIdx.x + n * kThreadsPerBlock;
       const int row = item >> 4, c = item & 15;
-      if (i0 + row < r.Lq)
-        cp_async<16>(tile(buffer) + row * kAccLd + 4 * c,
-                     row_of<const float>(slice, r, i0 + row) + 4 * c);
+      if (i0 + row < Lq)
+        cp_async<16>(tile(buffer) + row * kAccLd + 4 * c, slice.row<const float>(i0 + row) + 4 * c);
     }
   }
 };
@@ -345,7 +355,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   if (slice.ptr) slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
   const bool sums_kept = slice.ptr != nullptr;
   const int64_t row_words = (r.Lk + 31) / 32;
-  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, a.q, a.grad_out, rope ? sAngles : nullptr};
+  // The rows of what the loops copy (RowStream).
+  enum { kK, kV, kQ, kO, kLse, kDelta, kBits, kSums, kStreamCount };
+  __shared__ RowStream streams[kStreamCount];
+  static_assert(kStreamCount * sizeof(RowStream) <= kStreamBytes, "kStreamBytes too small");
+  if (threadIdx.x == 0) {
+    streams[kK] = row_stream<const bf16_t>(a.k, r);
+    streams[kV] = row_stream<const bf16_t>(a.v, r);
+    streams[kQ] = row_stream<const bf16_t>(a.q, r);
+    streams[kO] = row_stream<const bf16_t>(a.grad_out, r);
+    streams[kLse] = row_stream<const float>(a.lse, r);
+    streams[kDelta] = row_stream<const float>(a.delta, r);
+    streams[kBits] = kDropout ? row_stream<const uint32_t>(a.bits, r) : RowStream{nullptr, 0};
+    streams[kSums] = sums_kept ? row_stream<float>(slice, r) : RowStream{nullptr, 0};
+  }
+  __syncthreads();
+  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, streams[kQ], streams[kO],
+                                          rope ? sAngles : nullptr};
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
@@ -358,12 +384,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     // row data (and the running sums, and K and V unless they came early)
     // join the first tile's group.
     if (r.Lq > 0) {
-      rows.fetch(0, a, r, 0, first_word, row_words, kDropout);
-      if (kDq && !first) sums.fetch(0, slice, r, 0);
+      rows.fetch(0, streams[kLse], streams[kDelta], streams[kBits], r.Lq, 0, first_word, row_words,
+                 kDropout);
+      if (kDq && !first) sums.fetch(0, streams[kSums], r.Lq, 0);
     }
     if (!came_early) {
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(k_tile, a.k, r, j0, r.Lk);
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(v_tile, a.v, r, j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(k_tile, streams[kK], j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(v_tile, streams[kV], j0, r.Lk);
     }
     qo.fetch(0, r, 0, r.Lq, a);
     // This thread's two keys' biases (0, or -inf: masked or past the end),
@@ -381,16 +408,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       // The next tile's row data and sums join the group arrive commits with
       // its Q and dO.
       if (i0 + kInnerTile < r.Lq) {
-        rows.fetch(buffer ^ 1, a, r, i0 + kInnerTile, first_word, row_words, kDropout);
-        if (kDq && !first) sums.fetch(buffer ^ 1, slice, r, i0 + kInnerTile);
+        rows.fetch(buffer ^ 1, streams[kLse], streams[kDelta], streams[kBits], r.Lq,
+                   i0 + kInnerTile, first_word, row_words, kDropout);
+        if (kDq && !first) sums.fetch(buffer ^ 1, streams[kSums], r.Lq, i0 + kInnerTile);
       }
       // The block's next key tile, early: its copies join the group of query
       // tile 1, so the wait before tile 1 (or the next key tile's first)
       // covers them, a query tile's work after they were issued.
       if (kDq && i0 == 0 && !last) {
         const int64_t j_next = j0 + tiles * kRowsPerBlock;
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_k, a.k, r, j_next, r.Lk);
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_v, a.v, r, j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_k, streams[kK], j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_v, streams[kV], j_next, r.Lk);
       }
       qo.arrive(buffer, r, i0, r.Lq, a);
       // This key tile's K and V have landed (at this wait, or earlier when
@@ -491,11 +519,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         }
         const float one[2] = {1.0f, 1.0f};
         if (dq_final)
-          store_row_tiles(acc, dq_tile_of, a.dq, a.grad_dtype, r, i0 + wm * 16, r.Lq, one, a, rope,
-                          g, t);
+          store_row_tiles(acc, dq_tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, i0 + wm * 16,
+                          r.Lq, one, a, rope, g, t);
         else if (sums_kept)
-          store_row_tiles(acc, dq_tile_of, slice, DType::f32, r, i0 + wm * 16, r.Lq, one, a, false,
-                          g, t);
+          store_row_tiles(acc, dq_tile_of, StreamRows{streams[kSums]}, DType::f32, r, i0 + wm * 16,
+                          r.Lq, one, a, false, g, t);
       }
       __syncthreads();  // this buffer's, the row data's (and sDs's) readers are done
     }
@@ -557,9 +585,9 @@ constexpr size_t kDkvShared =
     size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) + kRowDataShared;
 constexpr size_t kFusedShared = kDkvShared + size_t(3 * kRowsPerBlock * kLd) * sizeof(bf16_t) +
                                 size_t(2 * kInnerTile * kAccLd) * sizeof(float);
-static_assert(2 * (kDqShared + kAngleBytes + kReservedPerBlock) <= kSharedPerSm,
+static_assert(2 * (kDqShared + kAngleBytes + kStreamBytes + kReservedPerBlock) <= kSharedPerSm,
               "two dq blocks no longer fit an SM");
-static_assert(kFusedShared + kAngleBytes + kReservedPerBlock <= kSharedPerSm,
+static_assert(kFusedShared + kAngleBytes + kStreamBytes + kReservedPerBlock <= kSharedPerSm,
               "the fused backward no longer fits an SM");
 
 // The process-wide choices (flash_attention.h).
@@ -636,6 +664,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
            "flash attention: out and the gradients must be f32 or bf16 (one dtype)");
   FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
   a.grad_out = operand_of(grad_out);
+  check_row_streams(grad_out, "grad_out");
   a.dq = operand_of(grad_q);
   a.dk = operand_of(grad_k);
   a.dv = operand_of(grad_v);

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/cuda/kernels/attention_common.cuh"
 #include "core/cuda/kernels/flash_attention.h"
@@ -84,6 +85,60 @@ template <class T>
 __device__ __forceinline__ T* row_of(const Operand& o, const Block& r, int64_t i) {
   return static_cast<T*>(o.ptr) + r.b * o.sb + r.h * o.sh + (r.first + i) * o.sr;
 }
+
+// Row i of an operand in a block's sequence and head at base + i * stride
+// (bytes). row_of's three 64-bit products took ~14 instructions a row
+// address, redone at every streamed copy (the tile loops have no registers
+// left to keep an address). A block makes the streams of the operands it
+// copies in its loops once, into shared memory (`__shared__ RowStream
+// streams[...]`, filled by block_streams), so a row costs a shared load and
+// one 32 x 32 -> 64-bit multiply-add: make_args checks that rows and row
+// strides fit 32 bits.
+struct alignas(16) RowStream {
+  char* base;
+  int64_t stride;
+
+  template <class T>
+  __device__ T* row(int64_t i) const {
+    return reinterpret_cast<T*>(base + mul_wide(int32_t(i), int32_t(stride)));
+  }
+
+  // a b in 64 bits by one mul.wide.s32 (IMAD.WIDE): written as a 64-bit
+  // product of sign-extended values, nvcc emits a full 64 x 64 multiply.
+  __device__ static int64_t mul_wide(int32_t a, int32_t b) {
+#if defined(ROFORMER_SIMT_EMULATION)
+    return int64_t(a) * int64_t(b);
+#else
+    int64_t d;
+    asm("mul.wide.s32 %0, %1, %2;\n" : "=l"(d) : "r"(a), "r"(b));
+    return d;
+#endif
+  }
+};
+
+template <class T>
+__device__ __forceinline__ RowStream row_stream(const Operand& o, const Block& r) {
+  return {reinterpret_cast<char*>(const_cast<std::remove_const_t<T>*>(row_of<T>(o, r, 0))),
+          o.sr * int64_t(sizeof(T))};
+}
+
+// Row addresses by a RowStream, or by an operand and its block: what
+// store_row_tiles writes through.
+struct StreamRows {
+  const RowStream& s;
+  template <class T>
+  __device__ T* row(int64_t i) const {
+    return s.row<T>(i);
+  }
+};
+struct OperandRows {
+  const Operand& o;
+  const Block& r;
+  template <class T>
+  __device__ T* row(int64_t i) const {
+    return row_of<T>(o, r, i);
+  }
+};
 
 // --- tensor-core fragments --------------------------------------------------------
 
@@ -471,8 +526,9 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Blo
 // cp.async, split over kThreads threads as load_tile splits them (the chunks
 // rotate_own_chunks rotates); rows past `limit` are zeros, stored at once.
 template <int kRows, int kThreads>
-__device__ __forceinline__ void copy_tile_async(bf16_t* s, const Operand& o, const Block& r,
-                                                int64_t r0, int64_t limit) {
+__device__ __forceinline__ void copy_tile_async(bf16_t* s, const RowStream& rows, int64_t r0,
+                                                int64_t limit) {
+  const RowStream o = rows;  // one shared load: cp.async's memory clobber would reload it per row
 #pragma unroll
   for (int n = 0; n < kRows * 4 / kThreads; ++n) {
     const int item = threadIdx.x + n * kThreads;
@@ -480,7 +536,7 @@ __device__ __forceinline__ void copy_tile_async(bf16_t* s, const Operand& o, con
     const int64_t i = r0 + row;
     bf16_t* d = s + row * kLd + 8 * c;
     if (i < limit) {
-      const bf16_t* p = row_of<const bf16_t>(o, r, i);
+      const bf16_t* p = o.row<const bf16_t>(i);
       cp_async<16>(d, p + 8 * c);
       cp_async<16>(d + 32, p + 8 * c + 32);
     } else {
@@ -565,8 +621,8 @@ template <int kThreads>
 struct StreamedPair {
   bf16_t* shared0;
   bf16_t* shared1;
-  const Operand& operand0;
-  const Operand& operand1;
+  const RowStream& operand0;  // in shared memory (RowStream)
+  const RowStream& operand1;
   float* angles = nullptr;  // kAngleFloats, or null: no rotation
 
   __device__ bf16_t* first(int buffer) const { return shared0 + buffer * kInnerTile * kLd; }
@@ -580,8 +636,8 @@ struct StreamedPair {
   __device__ void fetch(int buffer, const Block& r, int64_t r0, int64_t limit,
                         const FlashArgs& a) const {
     if (r0 < limit) {
-      copy_tile_async<kInnerTile, kThreads>(first(buffer), operand0, r, r0, limit);
-      copy_tile_async<kInnerTile, kThreads>(second(buffer), operand1, r, r0, limit);
+      copy_tile_async<kInnerTile, kThreads>(first(buffer), operand0, r0, limit);
+      copy_tile_async<kInnerTile, kThreads>(second(buffer), operand1, r0, limit);
       if (angles) copy_angles_async<kInnerTile, kThreads>(slots(buffer), r, r0, limit, a);
     }
     cp_async_commit();
@@ -602,13 +658,14 @@ struct StreamedPair {
 
 // Writes kN 8-wide column tiles of a 16-row accumulator (rows row0 + g,
 // row0 + g + 8; local tile n is the operand's column tile tile_of(n)) to a
-// gradient or output operand, scaled per row, rotated back by the RoPE table
-// when `unrotate` (the gradient of the unrotated input). Rotating needs each
+// gradient or output operand (its rows: OperandRows or StreamRows), scaled
+// per row, rotated back by the RoPE table when `unrotate` (the gradient of
+// the unrotated input). Rotating needs each
 // pair whole: in the half layout tile n's partner (32 columns on) must be
 // local tile n + kN / 2.
-template <int kN, class TileOf>
+template <int kN, class TileOf, class Rows>
 __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf tile_of,
-                                                const Operand& o, DType dtype, const Block& r,
+                                                const Rows& rows, DType dtype, const Block& r,
                                                 int64_t row0, int64_t limit,
                                                 const float (&row_scale)[2], const FlashArgs& a,
                                                 bool unrotate, int g, int t) {
@@ -639,7 +696,7 @@ __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf 
     // A thread's two columns (an even one and the next) by one store where
     // the row allows it (outputs may be views with any alignment).
     if (dtype == DType::f32) {
-      float* p = row_of<float>(o, r, i);
+      float* p = rows.template row<float>(i);
       const bool pairs = reinterpret_cast<uintptr_t>(p) % sizeof(float2) == 0;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
@@ -652,7 +709,7 @@ __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf 
         }
       }
     } else {
-      bf16_t* p = row_of<bf16_t>(o, r, i);
+      bf16_t* p = rows.template row<bf16_t>(i);
       const bool pairs = reinterpret_cast<uintptr_t>(p) % sizeof(uint32_t) == 0;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
@@ -675,7 +732,8 @@ __device__ __forceinline__ void store_rows(const float (&c)[8][4], const Operand
                                            const float (&row_scale)[2], const FlashArgs& a,
                                            bool unrotate, int g, int t) {
   store_row_tiles(
-      c, [](int n) { return n; }, o, dtype, r, row0, limit, row_scale, a, unrotate, g, t);
+      c, [](int n) { return n; }, OperandRows{o, r}, dtype, r, row0, limit, row_scale, a, unrotate,
+      g, t);
 }
 
 // Additive bias of key j: 0, or -inf for a masked key or one past the end.
@@ -727,6 +785,18 @@ inline Operand lse_operand(const KernelTensor& lse) {
   return {lse.data, 0, lse.strides[1], lse.strides[0]};
 }
 
+// The tile loops address rows by RowStream: a row index and a row stride in
+// bytes must fit 32 bits. Rows: dim -2 ([B, H, S, D], keep bits [B, H, S,
+// W]) or 0 ([T, H, D], [T, H, W]).
+inline void check_row_streams(const KernelTensor& t, const char* name) {
+  if (!t.defined()) return;
+  const int32_t row_dim = t.ndim == 4 ? 2 : 0;
+  const int64_t bytes = t.strides[row_dim] * int64_t(dtype_size(t.dtype));
+  RF_CHECK(t.sizes[row_dim] <= INT32_MAX && bytes <= INT32_MAX && bytes >= INT32_MIN,
+           "flash attention: ", name, " has ", t.sizes[row_dim], " rows of stride ", bytes,
+           " bytes; the kernels take at most 2^31 - 1 rows and row strides under 2 GiB");
+}
+
 inline FlashArgs make_args(const AttentionParams& params, const FlashRope& rope,
                            const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
                            const KernelTensor& key_mask, const KernelTensor& segments,
@@ -754,6 +824,10 @@ inline FlashArgs make_args(const AttentionParams& params, const FlashRope& rope,
   }
   a.lse = lse_operand(lse);
   a.bits = operand_of(keep_bits);
+  check_row_streams(q, "q");
+  check_row_streams(k, "k");
+  check_row_streams(v, "v");
+  check_row_streams(keep_bits, "keep_bits");
   a.scale = float(params.scale);
   a.scale_log2 = float(params.scale) * kLog2e;
   a.drop = dropout_rule(params);
@@ -784,6 +858,8 @@ inline FlashArgs make_args(const AttentionParams& params, const FlashRope& rope,
 // RoPE's angles too: a larger layout would silently halve the warps an SM.
 constexpr size_t kSharedPerSm = 228 * 1024, kReservedPerBlock = 1024;
 constexpr size_t kAngleBytes = kAngleFloats * sizeof(float);
+// The static shared memory of a kernel's RowStreams, at most.
+constexpr size_t kStreamBytes = 8 * sizeof(RowStream);
 
 // Shared bytes of the streamed tiles' RoPE angles: none without a table.
 inline size_t angle_bytes(const FlashArgs& a) {
