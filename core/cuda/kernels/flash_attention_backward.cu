@@ -168,11 +168,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
     }
   }
   const int64_t row0 = i0 + warp * 16;
-  float Di[2], lse2[2];
+  float Ds[2], lse2[2];  // D times the softmax scale; lse in log2 units
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t i = row0 + g + 8 * hf;
-    Di[hf] = i < r.Lq ? *row_of<const float>(a.delta, r, i) : 0.0f;
+    Ds[hf] = i < r.Lq ? *row_of<const float>(a.delta, r, i) * a.scale : 0.0f;
     // A row with no key (lse -inf, or past the end) gets +inf: its
     // probabilities come out 0 without a test per element.
     const float lse = i < r.Lq ? *row_of<const float>(a.lse, r, i) : -INFINITY;
@@ -219,9 +219,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
       for (int e = 0; e < 4; ++e) {
         const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
         const float p = exp2_approx(fmaf(s[0][nt][e], a.scale_log2, -lse2[hf]));
-        const float z =
-            kDropout ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep : 0.0f) : 1.0f;
-        s[0][nt][e] = p * (dp[0][nt][e] * z - Di[hf]) * a.scale;
+        // dS = P (dP z - D) scale, with the scale inside: P (dP z scale - D scale).
+        const float zs =
+            kDropout ? (((bits[hf][col >> 5] >> (col & 31)) & 1u) ? a.inv_keep * a.scale : 0.0f)
+                     : a.scale;
+        s[0][nt][e] = p * fmaf(dp[0][nt][e], zs, -Ds[hf]);
       }
     mma_accumulator_tile(dq, s, k_tile, lane);
     __syncthreads();  // this buffer's readers are done before it is refilled
@@ -254,6 +256,21 @@ struct QueryRowData {
   // row t - 64's D, and thread t keep word t % 4 of row t / 4. Rows past Lq
   // (and words past a row's end) get -inf, 0 and 0 by plain stores, seen
   // after the barrier that follows the wait.
+  // After this thread's wait: the lse it copied in log2 units (+inf for a
+  // row with no key, lse -inf, or past the end: its probabilities then come
+  // out 0 with no test per element), the D it copied times the softmax
+  // scale. Each element is its copier's, so no barrier comes before; the
+  // one after the wait publishes them.
+  __device__ void prepare(int buffer, float scale) const {
+    const int tid = threadIdx.x;
+    if (tid < kInnerTile) {
+      float& x = lse(buffer)[tid];
+      x = x == -INFINITY ? INFINITY : x * kLog2e;
+    } else if (tid < 2 * kInnerTile) {
+      delta(buffer)[tid - kInnerTile] *= scale;
+    }
+  }
+
   // lse, delta and bits: the rows' streams (RowStream).
   __device__ void fetch(int buffer, const RowStream& lse_rows, const RowStream& delta_rows,
                         const RowStream& bits_rows, int64_t Lq, int64_t i0, int64_t first_word,
@@ -425,21 +442,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       // they came early): this thread rotates the K chunks it copied.
       if (i0 == 0 && rope)
         rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock>(k_tile, r, j0, r.Lk, a);
-      const float* sLse = rows.lse(buffer);
-      const float* sDelta = rows.delta(buffer);
+      rows.prepare(buffer, a.scale);
+      const float* sLse2 = rows.lse(buffer);       // log2 units, +inf for rows with no key
+      const float* sDScaled = rows.delta(buffer);  // D times the scale
       const uint32_t* sBits = rows.bits(buffer);
       __syncthreads();  // copies, rotations and row data visible (and K, V the first time)
-      // The log2 lse of this thread's 16 query columns; +inf for a row with
-      // no key (lse -inf) or past the end, whose probabilities then come out
-      // 0 without a test per element.
-      float lse2[8][2];
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float lse = sLse[nt * 8 + 2 * t + c];
-          lse2[nt][c] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        }
       float st[1][8][4], dpt[1][8][4];  // S^T and dP^T: rows keys, columns queries
       {
         uint32_t ka[1][4][4];  // read from the shared tile each step: registers are short here
@@ -465,12 +472,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         for (int e = 0; e < 4; ++e) {
           const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
           const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
-          const float p = exp2_approx(fmaf(st[0][nt][e], a.scale_log2, -lse2[nt][e & 1]));
-          const float z =
-              kDropout ? (((sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u) ? a.inv_keep : 0.0f)
-                       : 1.0f;
-          st[0][nt][e] = p * z;
-          dpt[0][nt][e] = p * (dpt[0][nt][e] * z - sDelta[col]) * a.scale;
+          const float p = exp2_approx(fmaf(st[0][nt][e], a.scale_log2, -sLse2[col]));
+          // dS = P (dP z - D) scale, with the scale inside: P (dP z scale - D scale).
+          if constexpr (kDropout) {
+            const bool kept = (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u;
+            st[0][nt][e] = kept ? p * a.inv_keep : 0.0f;
+            dpt[0][nt][e] =
+                p * fmaf(dpt[0][nt][e], kept ? a.inv_keep * a.scale : 0.0f, -sDScaled[col]);
+          } else {
+            st[0][nt][e] = p;
+            dpt[0][nt][e] = p * fmaf(dpt[0][nt][e], a.scale, -sDScaled[col]);
+          }
         }
       if constexpr (kDq) {
         // dS^T rounded to bf16 as the dK product rounds it: row key, pairs of

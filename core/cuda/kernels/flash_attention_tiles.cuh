@@ -752,13 +752,15 @@ __device__ __forceinline__ bool key_tile_masked(const FlashArgs& a, const Block&
 
 // Key tile j0 (K and V in `buffer` of kv) made ready for the whole block:
 // this thread's copies landed and its K chunks rotated, the tile's key biases
-// in sBias, then a barrier. The forward and the dq pass open each key tile so.
+// in sBias (a tile with a key to leave out: the others read none), then a
+// barrier. The forward and the dq pass open each key tile so.
 template <int kThreads>
 __device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads>& kv, int buffer,
                                                const Block& r, int64_t j0, const FlashArgs& a,
                                                float* sBias) {
   kv.arrive(buffer, r, j0, r.Lk, a);
-  if (threadIdx.x < kInnerTile) sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+  if (threadIdx.x < kInnerTile && key_tile_masked(a, r, j0))  // others read no bias
+    sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
   __syncthreads();  // every thread's copies, rotations and biases are visible
 }
 
