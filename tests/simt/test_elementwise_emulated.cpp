@@ -136,6 +136,34 @@ TEST(ElementwiseEmulated, WhereAndGeluOverLayouts) {
   }
 }
 
+// GELU over contiguous operands: eight elements a thread as 16-byte words
+// (2100 = 262 packs and a tail of 4 through the strided kernel), and the
+// same operands one element off a 16-byte boundary (no packs at all).
+TEST(ElementwiseEmulated, GeluOverContiguousOperandsInPacksOfEight) {
+  for (DType t : {DType::f32, DType::bf16, DType::f64}) {
+    for (int64_t skew : {0, 1}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (skew ? ", skewed by one element" : ""));
+      const int64_t n = 2100;
+      auto flat = [&](uint64_t seed) {
+        return random({n + skew}, seed, t, 2.0).narrow(0, skew, n).reshape(kShape);
+      };
+      const Tensor x = flat(7), dy = flat(8);
+      const Tensor y = poisoned({n + skew}, t).narrow(0, skew, n).reshape(kShape);
+      const Tensor dx = poisoned({n + skew}, t).narrow(0, skew, n).reshape(kShape);
+      const Tensor ref_y = result(false, t), ref_dx = result(false, t);
+      const Tensor xc = x.contiguous(), dyc = dy.contiguous();
+      cpu::gelu_forward(cpu_stream(), kernel_tensor(xc), kernel_tensor(ref_y));
+      cpu::gelu_backward(cpu_stream(), kernel_tensor(xc), kernel_tensor(dyc),
+                         kernel_tensor(ref_dx));
+      EmulatedStream s;
+      emu::gelu_forward(s.get(), kernel_tensor(x), kernel_tensor(y));
+      emu::gelu_backward(s.get(), kernel_tensor(x), kernel_tensor(dy), kernel_tensor(dx));
+      expect_close(y, ref_y, tolerance(t), "gelu");
+      expect_close(dx, ref_dx, tolerance(t), "gelu_backward");
+    }
+  }
+}
+
 // Dropout: the CPU's mask bit for bit (the shared Philox rule), the kept
 // values scaled as there.
 TEST(ElementwiseEmulated, DropoutKeepsTheCpusElements) {

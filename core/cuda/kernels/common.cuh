@@ -99,6 +99,27 @@ Strided<N> strided(const KernelTensor& shape, const KernelTensor* const (&operan
   return s;
 }
 
+// Eight consecutive elements, moved as whole 16-byte words (16 B of bf16,
+// 32 of f32, 64 of f64): a warp's lanes then read and write adjacent words,
+// where one 2- or 4-byte access a lane needs 4-8x the instructions per byte.
+template <class T>
+struct alignas(16) Pack8 {
+  T v[8];
+};
+
+// Whether every operand of `geo` is contiguous (coalesced to one dim of unit
+// stride) and starts on a Pack8 boundary: then a kernel may take eight
+// elements a thread as one Pack8.
+template <class T, int N>
+bool packs_of_eight(const Strided<N>& geo, const void* const (&data)[N]) {
+  // Types under 2 bytes would pad a Pack8 past their eight elements.
+  if (sizeof(Pack8<T>) != 8 * sizeof(T) || geo.ndim != 1) return false;
+  for (int k = 0; k < N; ++k)
+    if (geo.strides[k][0] != 1 || reinterpret_cast<uintptr_t>(data[k]) % alignof(Pack8<T>) != 0)
+      return false;
+  return true;
+}
+
 // Offset of linear index i (row-major) in t.
 __device__ __forceinline__ int64_t offset_of(const KernelTensor& t, int64_t i) {
   int64_t off = 0;

@@ -11,17 +11,10 @@
 
 namespace roformer::kernels::cuda {
 
-// Eight consecutive elements, moved as whole 16-byte words (16 B of bf16,
-// 32 of f32, 64 of f64): a warp's lanes then read and write adjacent
-// words, where eight scalar accesses a lane 16-64 B apart would touch 8x
-// the sectors.
-template <class T>
-struct alignas(16) Pack8 {
-  T v[8];
-};
-
 // Features [8 group, 8 group + 8) of one token (row `sequence` of the global
-// batch, `position`), x and out pointing at the token's first feature.
+// batch, `position`), x and out pointing at the token's first feature; as
+// one Pack8 each way where the group is whole and aligned (eight scalar
+// accesses a lane, 16-64 B apart, would touch 8x the sectors).
 template <class T>
 __device__ __forceinline__ void drop_feature_group(const T* x, T* out, int64_t features,
                                                    int64_t group, uint32_t sequence,

@@ -1,5 +1,7 @@
 // Elementwise kernels: binary (operands expanded to the result's shape),
-// unary with a scalar, where, GELU (erf form) and dropout.
+// unary with a scalar, where, GELU (erf form) and dropout. Binary and GELU
+// over contiguous, aligned operands take eight elements a thread as whole
+// 16-byte words (packs_of_eight), the n % 8 left by the strided kernel.
 #include "core/cuda/kernels/common.cuh"
 #include "core/cuda/kernels/dropout.cuh"
 #include "core/philox.h"
@@ -12,29 +14,41 @@ template <class T>
 using arith_t = std::conditional_t<std::is_integral_v<T>, T, acc_t<T>>;
 
 template <class T>
+__device__ __forceinline__ T binary_value(BinaryOp op, T a, T b) {
+  using A = arith_t<T>;
+  const A x = convert<A>(a), y = convert<A>(b);
+  switch (op) {
+    case BinaryOp::add:
+      return convert<T>(x + y);
+    case BinaryOp::sub:
+      return convert<T>(x - y);
+    case BinaryOp::mul:
+      return convert<T>(x * y);
+    default:
+      return convert<T>(x / y);
+  }
+}
+
+template <class T>
 __global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, Strided<3> geo,
                               int64_t n) {
-  using A = arith_t<T>;
   RF_GRID_LOOP(i, n) {
     int64_t off[3];
     geo.offsets(i, off);
-    const A x = convert<A>(a[off[1]]), y = convert<A>(b[off[2]]);
-    A r;
-    switch (op) {
-      case BinaryOp::add:
-        r = x + y;
-        break;
-      case BinaryOp::sub:
-        r = x - y;
-        break;
-      case BinaryOp::mul:
-        r = x * y;
-        break;
-      default:
-        r = x / y;
-        break;
-    }
-    out[off[0]] = convert<T>(r);
+    out[off[0]] = binary_value(op, a[off[1]], b[off[2]]);
+  }
+}
+
+// Contiguous, aligned operands: eight elements a thread (packs_of_eight).
+template <class T>
+__global__ void binary_packed_kernel(BinaryOp op, const Pack8<T>* a, const Pack8<T>* b,
+                                     Pack8<T>* out, int64_t packs) {
+  RF_GRID_LOOP(i, packs) {
+    const Pack8<T> x = a[i], y = b[i];
+    Pack8<T> r;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r.v[e] = binary_value(op, x.v[e], y.v[e]);
+    out[i] = r;
   }
 }
 
@@ -91,27 +105,61 @@ __global__ void where_kernel(const C* cond, const T* a, const T* b, T* out, Stri
   }
 }
 
+// GELU (erf form) and its gradient at x, dy.
+template <class T>
+__device__ __forceinline__ T gelu_value(T x) {
+  using A = acc_t<T>;
+  const A v = convert<A>(x);
+  return convert<T>(A(0.5) * v * (A(1) + erf(v * A(0.70710678118654752440))));
+}
+
+template <class T>
+__device__ __forceinline__ T gelu_gradient(T x, T dy) {
+  using A = acc_t<T>;
+  const A v = convert<A>(x);
+  const A cdf = A(0.5) * (A(1) + erf(v * A(0.70710678118654752440)));
+  const A pdf = exp(A(-0.5) * v * v) * A(0.39894228040143267794);
+  return convert<T>(convert<A>(dy) * (cdf + v * pdf));
+}
+
 template <class T>
 __global__ void gelu_forward_kernel(const T* x, T* y, Strided<2> geo, int64_t n) {
-  using A = acc_t<T>;
   RF_GRID_LOOP(i, n) {
     int64_t off[2];
     geo.offsets(i, off);
-    const A v = convert<A>(x[off[1]]);
-    y[off[0]] = convert<T>(A(0.5) * v * (A(1) + erf(v * A(0.70710678118654752440))));
+    y[off[0]] = gelu_value(x[off[1]]);
+  }
+}
+
+template <class T>
+__global__ void gelu_forward_packed_kernel(const Pack8<T>* x, Pack8<T>* y, int64_t packs) {
+  RF_GRID_LOOP(i, packs) {
+    const Pack8<T> in = x[i];
+    Pack8<T> out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out.v[e] = gelu_value(in.v[e]);
+    y[i] = out;
   }
 }
 
 template <class T>
 __global__ void gelu_backward_kernel(const T* x, const T* dy, T* dx, Strided<3> geo, int64_t n) {
-  using A = acc_t<T>;
   RF_GRID_LOOP(i, n) {
     int64_t off[3];
     geo.offsets(i, off);
-    const A v = convert<A>(x[off[1]]);
-    const A cdf = A(0.5) * (A(1) + erf(v * A(0.70710678118654752440)));
-    const A pdf = exp(A(-0.5) * v * v) * A(0.39894228040143267794);
-    dx[off[0]] = convert<T>(convert<A>(dy[off[2]]) * (cdf + v * pdf));
+    dx[off[0]] = gelu_gradient(x[off[1]], dy[off[2]]);
+  }
+}
+
+template <class T>
+__global__ void gelu_backward_packed_kernel(const Pack8<T>* x, const Pack8<T>* dy, Pack8<T>* dx,
+                                            int64_t packs) {
+  RF_GRID_LOOP(i, packs) {
+    const Pack8<T> v = x[i], g = dy[i];
+    Pack8<T> out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out.v[e] = gelu_gradient(v.v[e], g.v[e]);
+    dx[i] = out;
   }
 }
 
@@ -143,8 +191,14 @@ void binary(Stream stream, BinaryOp op, const KernelTensor& a, const KernelTenso
   const Strided<3> geo = strided(out, ops);
   on_any_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);
-    RF_LAUNCH((binary_kernel<T>), grid_for(n), kThreads, 0, native(stream), op, a.as<const T>(),
-              b.as<const T>(), out.as<T>(), geo, n);
+    const void* const data[3] = {out.data, a.data, b.data};
+    const int64_t packs = packs_of_eight<T>(geo, data) ? n / 8 : 0, done = packs * 8;
+    if (packs > 0)
+      RF_LAUNCH((binary_packed_kernel<T>), grid_for(packs), kThreads, 0, native(stream), op,
+                a.as<const Pack8<T>>(), b.as<const Pack8<T>>(), out.as<Pack8<T>>(), packs);
+    if (done < n)  // the rest (all of it unless packed): contiguous from `done` when packed
+      RF_LAUNCH((binary_kernel<T>), grid_for(n - done), kThreads, 0, native(stream), op,
+                a.as<const T>() + done, b.as<const T>() + done, out.as<T>() + done, geo, n - done);
   });
 }
 
@@ -184,8 +238,14 @@ void gelu_forward(Stream stream, const KernelTensor& x, const KernelTensor& y) {
   const Strided<2> geo = strided(y, ops);
   on_floating_dtype(x.dtype, "gelu", [&](auto tag) {
     using T = decltype(tag);
-    RF_LAUNCH((gelu_forward_kernel<T>), grid_for(n), kThreads, 0, native(stream), x.as<const T>(),
-              y.as<T>(), geo, n);
+    const void* const data[2] = {y.data, x.data};
+    const int64_t packs = packs_of_eight<T>(geo, data) ? n / 8 : 0, done = packs * 8;
+    if (packs > 0)
+      RF_LAUNCH((gelu_forward_packed_kernel<T>), grid_for(packs), kThreads, 0, native(stream),
+                x.as<const Pack8<T>>(), y.as<Pack8<T>>(), packs);
+    if (done < n)
+      RF_LAUNCH((gelu_forward_kernel<T>), grid_for(n - done), kThreads, 0, native(stream),
+                x.as<const T>() + done, y.as<T>() + done, geo, n - done);
   });
 }
 
@@ -197,8 +257,14 @@ void gelu_backward(Stream stream, const KernelTensor& x, const KernelTensor& dy,
   const Strided<3> geo = strided(dx, ops);
   on_floating_dtype(x.dtype, "gelu", [&](auto tag) {
     using T = decltype(tag);
-    RF_LAUNCH((gelu_backward_kernel<T>), grid_for(n), kThreads, 0, native(stream), x.as<const T>(),
-              dy.as<const T>(), dx.as<T>(), geo, n);
+    const void* const data[3] = {dx.data, x.data, dy.data};
+    const int64_t packs = packs_of_eight<T>(geo, data) ? n / 8 : 0, done = packs * 8;
+    if (packs > 0)
+      RF_LAUNCH((gelu_backward_packed_kernel<T>), grid_for(packs), kThreads, 0, native(stream),
+                x.as<const Pack8<T>>(), dy.as<const Pack8<T>>(), dx.as<Pack8<T>>(), packs);
+    if (done < n)
+      RF_LAUNCH((gelu_backward_kernel<T>), grid_for(n - done), kThreads, 0, native(stream),
+                x.as<const T>() + done, dy.as<const T>() + done, dx.as<T>() + done, geo, n - done);
   });
 }
 
