@@ -194,6 +194,20 @@ TEST(LayerNormEmulated, ForwardAndBackwardMatchTheCpu) {
   expect_layer_norm_matches({5, 13}, DType::f32, false, false, false, true, true);
 }
 
+// Rows in whole 16-byte words of at most 1,024 columns take a warp each
+// (1 to 4 packs of eight a lane; 768 is RoFormer-base's hidden size, 1,032
+// one pack past the limit, which takes a block again).
+TEST(LayerNormEmulated, WarpPerRowShapesMatchTheCpu) {
+  for (DType t : kFloats) {
+    for (int64_t cols : {8, 256, 264, 768, 1024, 1032}) {
+      expect_layer_norm_matches({t == DType::f64 ? 3 : 11, cols}, t, true, true, true);
+      expect_layer_norm_matches({5, cols}, t, cols != 768, false, false, true);
+    }
+  }
+  expect_layer_norm_matches({9, 768}, DType::f32, true, true, true, true, true);
+  expect_layer_norm_matches({9, 1024}, DType::f32, false, false, false, true, true);
+}
+
 TEST(LayerNormEmulated, NoRowsGiveZeroParameterGradients) {
   expect_layer_norm_matches({0, 40}, DType::f32, true, true, true);
 }

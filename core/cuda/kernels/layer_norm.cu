@@ -1,9 +1,13 @@
-// Layer norm over the last dim of contiguous rows. Forward: one block per row
-// (mean, then the biased variance, in A = f32 for f32/bf16, f64 for f64).
-// Backward: dx per row block; dweight and dbias as column sums in two passes
+// Layer norm over the last dim of contiguous rows. Forward: mean, then the
+// biased variance, in A = f32 for f32/bf16, f64 for f64. Rows of up to 1,024
+// columns in whole 16-byte words (a multiple of 8, every operand aligned)
+// take a warp each, held in registers; other rows a block each. Backward:
+// dx per row the same way; dweight and dbias as column sums in two passes
 // (fixed row chunks, then the chunks in order): deterministic, no atomics.
 // The chunks are gridDim.y (at most 65535): chunks grow past kRowChunk rows
 // when there are more than 65535 of them.
+#include <initializer_list>
+
 #include "core/cuda/kernels/common.cuh"
 #include "core/kernels/layer_norm_dtypes.h"
 
@@ -58,6 +62,147 @@ __global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const 
   if (threadIdx.x == 0) {
     mean[r] = m;
     var[r] = v;
+  }
+}
+
+// --- a warp per row ---------------------------------------------------------------------
+// A block's 256 threads on a row of 768 columns took 3 columns each, with two
+// barriers (and a shared-memory round) per reduction; a warp per row holds
+// kPacks packs of eight a lane in registers, reduces by shuffles, and moves
+// whole 16-byte words (Pack8).
+constexpr int kWarpRowMaxPacks = 4;  // packs of eight a lane: rows of up to 1,024 columns
+constexpr int kRowsPerWarpBlock = kRowThreads / 32;
+
+template <class T, class TX, int kPacks>
+__global__ void __launch_bounds__(kRowThreads)
+    layer_norm_forward_warp_kernel(const TX* x, const T* residual, const T* w, const T* b, T* y,
+                                   T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t rows,
+                                   int64_t cols, acc_t<T> eps) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
+  if (r >= rows) return;  // a whole warp
+  const int64_t packs = cols / 8, first = r * packs;
+  A v[kPacks][8];
+  A s = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    const Pack8<TX> in = reinterpret_cast<const Pack8<TX>*>(x)[first + p];
+    if (residual) {
+      // Rounded to T, as add() leaves it, and written for the backward.
+      const Pack8<T> res = reinterpret_cast<const Pack8<T>*>(residual)[first + p];
+      Pack8<T> total;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        total.v[e] = convert<T>(convert<A>(in.v[e]) + convert<A>(res.v[e]));
+        v[k][e] = convert<A>(total.v[e]);
+      }
+      reinterpret_cast<Pack8<T>*>(sum)[first + p] = total;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[k][e] = convert<A>(in.v[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += v[k][e];
+  }
+  const A m = warp_reduce(s, SumOp{}) / A(cols);
+  A q = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (lane + 32 * k >= packs) continue;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q += (v[k][e] - m) * (v[k][e] - m);
+  }
+  const A variance = warp_reduce(q, SumOp{}) / A(cols);
+  const A rstd = A(1) / sqrt(variance + eps);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    Pack8<T> wp{}, bp{}, out;
+    if (w) wp = reinterpret_cast<const Pack8<T>*>(w)[p];
+    if (b) bp = reinterpret_cast<const Pack8<T>*>(b)[p];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      A o = (v[k][e] - m) * rstd;
+      if (w) o *= convert<A>(wp.v[e]);
+      if (b) o += convert<A>(bp.v[e]);
+      out.v[e] = convert<T>(o);
+    }
+    reinterpret_cast<Pack8<T>*>(y)[first + p] = out;
+  }
+  if (lane == 0) {
+    mean[r] = m;
+    var[r] = variance;
+  }
+}
+
+template <class T, int kPacks>
+__global__ void __launch_bounds__(kRowThreads)
+    layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
+                              const T* dy, T* dx, int64_t rows, int64_t cols, acc_t<T> eps) {
+  using A = acc_t<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t packs = cols / 8, first = r * packs;
+  const A m = mean[r], rstd = A(1) / sqrt(var[r] + eps);
+  A gw[kPacks][8], xhat[kPacks][8];
+  A sg = 0, sgx = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    const Pack8<T> xp = reinterpret_cast<const Pack8<T>*>(x)[first + p];
+    const Pack8<T> gp = reinterpret_cast<const Pack8<T>*>(dy)[first + p];
+    Pack8<T> wp{};
+    if (w) wp = reinterpret_cast<const Pack8<T>*>(w)[p];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      gw[k][e] = convert<A>(gp.v[e]) * (w ? convert<A>(wp.v[e]) : A(1));
+      xhat[k][e] = (convert<A>(xp.v[e]) - m) * rstd;
+      sg += gw[k][e];
+      sgx += gw[k][e] * xhat[k][e];
+    }
+  }
+  sg = warp_reduce(sg, SumOp{}) / A(cols);
+  sgx = warp_reduce(sgx, SumOp{}) / A(cols);
+  // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * weight.
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    Pack8<T> out;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
+    reinterpret_cast<Pack8<T>*>(dx)[first + p] = out;
+  }
+}
+
+// Packs of eight a lane for a warp per row, or 0: the row goes to a block
+// (columns not a multiple of 8, more than 1,024, or an operand off a
+// 16-byte boundary).
+inline int warp_row_packs(int64_t cols, std::initializer_list<const void*> data) {
+  if (cols % 8 != 0 || cols > 8 * 32 * kWarpRowMaxPacks) return 0;
+  for (const void* p : data)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  return int((cols / 8 + 31) / 32);
+}
+
+// fn(std::integral_constant<int, kPacks>{}) for packs in 1..kWarpRowMaxPacks.
+template <class Fn>
+void with_packs(int packs, Fn&& fn) {
+  switch (packs) {
+    case 1:
+      return fn(std::integral_constant<int, 1>{});
+    case 2:
+      return fn(std::integral_constant<int, 2>{});
+    case 3:
+      return fn(std::integral_constant<int, 3>{});
+    default:
+      return fn(std::integral_constant<int, 4>{});
   }
 }
 
@@ -148,12 +293,22 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
   on_floating_dtype(y.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
+    T* const sum_rows = sum.defined() ? sum.as<T>() : nullptr;
+    const int packs = warp_row_packs(cols, {x.data, optional<T>(residual), optional<T>(weight),
+                                            optional<T>(bias), y.data, sum_rows});
     const auto run = [&](auto x_tag) {
       using TX = decltype(x_tag);
+      if (packs > 0)
+        return with_packs(packs, [&](auto k) {
+          RF_LAUNCH((layer_norm_forward_warp_kernel<T, TX, decltype(k)::value>),
+                    unsigned((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), kRowThreads, 0,
+                    native(stream), x.as<const TX>(), optional<T>(residual), optional<T>(weight),
+                    optional<T>(bias), y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), rows, cols,
+                    A(eps));
+        });
       RF_LAUNCH((layer_norm_forward_kernel<T, TX>), unsigned(rows), kRowThreads, 0, native(stream),
                 x.as<const TX>(), optional<T>(residual), optional<T>(weight), optional<T>(bias),
-                y.as<T>(), sum.defined() ? sum.as<T>() : nullptr, mean.as<A>(), var.as<A>(), cols,
-                A(eps));
+                y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), cols, A(eps));
     };
     if constexpr (std::is_same_v<T, float>) {
       if (layer_norm_mixed_residual(x, residual)) return run(bf16_t{});
@@ -173,7 +328,15 @@ void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTenso
   on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    if (rows > 0)
+    const int packs = warp_row_packs(cols, {x.data, optional<T>(weight), dy.data, dx.data});
+    if (rows > 0 && packs > 0)
+      with_packs(packs, [&](auto k) {
+        RF_LAUNCH((layer_norm_dx_warp_kernel<T, decltype(k)::value>),
+                  unsigned((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), kRowThreads, 0,
+                  native(stream), x.as<const T>(), optional<T>(weight), mean.as<const A>(),
+                  var.as<const A>(), dy.as<const T>(), dx.as<T>(), rows, cols, A(eps));
+      });
+    else if (rows > 0)
       RF_LAUNCH((layer_norm_dx_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
                 x.as<const T>(), optional<T>(weight), mean.as<const A>(), var.as<const A>(),
                 dy.as<const T>(), dx.as<T>(), cols, A(eps));
