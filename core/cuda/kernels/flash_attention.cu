@@ -32,7 +32,7 @@ namespace {
 // sixteen blocks (tiles 2 t and 2 t + 1 of both rows) and hands each word to
 // its owner by a shuffle within the quad. One block is drawn at a time: its
 // ten rounds need few registers, and the eight warps of a block hide their
-// latency.
+// latency. Keys past the end are cleared once, in a tile that has them.
 __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r, int64_t row0,
                                               int64_t j0, int g, int t) {
   uint32_t keep = 0u;
@@ -45,20 +45,40 @@ __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r
         philox4x32(dropout_block(uint32_t(first_key / kDropoutDrawsPerBlock), position,
                                  r.drop_sequence, a.drop.site, uint32_t(r.h)),
                    a.drop.key);
+    // send[x] = word t ^ x, the one lane t ^ x owns: two layers of
+    // conditional swaps rather than a select among four words per x.
+    uint32_t send[4] = {w[0], w[1], w[2], w[3]};
+    if (t & 1) {
+      const uint32_t s0 = send[0], s2 = send[2];
+      send[0] = send[1];
+      send[1] = s0;
+      send[2] = send[3];
+      send[3] = s2;
+    }
+    if (t & 2) {
+      const uint32_t s0 = send[0], s1 = send[1];
+      send[0] = send[2];
+      send[1] = send[3];
+      send[2] = s0;
+      send[3] = s1;
+    }
 #pragma unroll
     for (int x = 0; x < 4; ++x) {
-      // Lane t ^ x owns word t ^ x of this block; this lane gets word t of
-      // lane (t ^ x)'s block, which is tile 2 (t ^ x) + c of row hf.
-      const uint32_t sent = w.word(uint32_t(t ^ x));
-      const uint32_t got = x == 0 ? sent : __shfl_xor_sync(0xffffffffu, sent, x);
-      const int nt = 2 * (t ^ x) + c;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t key = j0 + nt * 8 + 2 * t + e;
-        const bool kept = key < r.Lk && dropout_draw_in_word(got, uint32_t(e)) >= a.drop.threshold;
-        keep |= uint32_t(kept) << (hf * 16 + 2 * nt + e);
-      }
+      // This lane gets word t of lane (t ^ x)'s block: tile 2 (t ^ x) + c of row hf.
+      const uint32_t got = x == 0 ? send[0] : __shfl_xor_sync(0xffffffffu, send[x], x);
+      const int bit = hf * 16 + 4 * (t ^ x) + 2 * c;
+      keep |= uint32_t(dropout_draw_in_word(got, 0u) >= a.drop.threshold) << bit;
+      keep |= uint32_t(dropout_draw_in_word(got, 1u) >= a.drop.threshold) << (bit + 1);
     }
+  }
+  if (j0 + kInnerTile > r.Lk) {
+    uint32_t valid = 0u;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (j0 + nt * 8 + 2 * t + e < r.Lk) valid |= 0x10001u << (2 * nt + e);
+    keep &= valid;
   }
   return keep;
 }
