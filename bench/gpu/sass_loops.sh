@@ -88,7 +88,11 @@ PY
     exit 1
   }
   cubin=$PWD/$out/$name.cubin
-  (eval "$cmd -arch=sm_90 -cubin -Xptxas -v -o $cubin $PWD/$src") 2>"$out/$name.ptxas"
+  if ! (eval "$cmd -arch=sm_90 -cubin -Xptxas -v -o $cubin $PWD/$src") 2>"$out/$name.ptxas"; then
+    cat "$out/$name.ptxas" >&2
+    echo "sass_loops: $src did not compile" >&2
+    exit 1
+  fi
   python3 - "$cubin" <<'PY'
 import struct, sys
 b = bytearray(open(sys.argv[1], 'rb').read())

@@ -72,13 +72,17 @@ __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r
     }
   }
   if (j0 + kInnerTile > r.Lk) {
+    // Key 8 nt + 2 t + e of the tile is kept for nt < count_e tiles: bits
+    // 2 nt + e of each row's half-word.
+    const int left = int(r.Lk - j0);  // 1..63 here
     uint32_t valid = 0u;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (j0 + nt * 8 + 2 * t + e < r.Lk) valid |= 0x10001u << (2 * nt + e);
-    keep &= valid;
+    for (int e = 0; e < 2; ++e) {
+      const int n = (left - 2 * t - e + 7) / 8;  // at most 8: left < 64
+      const int count = n < 0 ? 0 : n;
+      valid |= (((1u << (2 * count)) - 1u) & 0x5555u) << e;
+    }
+    keep &= valid | (valid << 16);
   }
   return keep;
 }
@@ -89,7 +93,6 @@ __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r
 __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& a, const Block& r,
                                              int64_t row0, int64_t j0, int g, int t) {
   const uint32_t keep = keep_mask(a, r, row0, j0, g, t);
-  uint32_t words[2][2] = {{0u, 0u}, {0u, 0u}};
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
@@ -98,14 +101,19 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& 
       for (int e = 0; e < 2; ++e) {
         const uint32_t bit = (keep >> (hf * 16 + 2 * nt + e)) & 1u;
         p[nt][2 * hf + e] = bit ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
-        words[hf][nt >> 2] |= bit << ((nt & 3) * 8 + 2 * t + e);
       }
   const int64_t row_words = (r.Lk + 31) / 32;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
-      const uint32_t word = quad_or(words[hf][w]);
+      // Word w of row hf holds tiles nt = 4w..4w+3, this lane's two keys of
+      // tile nt at bits (nt & 3) * 8 + 2t: keep's byte of those tiles with
+      // its four bit pairs spread a byte apart, then moved to 2t.
+      const uint32_t b = (keep >> (hf * 16 + 8 * w)) & 0xFFu;
+      uint32_t spread = (b & 0x0Fu) | ((b & 0xF0u) << 12);              // pairs at 0, 2, 16, 18
+      spread = (spread & 0x00030003u) | ((spread & 0x000C000Cu) << 6);  // pairs at 0, 8, 16, 24
+      const uint32_t word = quad_or(spread << (2 * t));
       const int64_t i = row0 + g + 8 * hf, index = j0 / 32 + w;
       if (t == 2 * hf + w && i < r.Lq && index < row_words)
         row_of<uint32_t>(a.bits, r, i)[index] = word;
