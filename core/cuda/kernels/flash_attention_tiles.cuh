@@ -89,11 +89,11 @@ __device__ __forceinline__ T* row_of(const Operand& o, const Block& r, int64_t i
 // Row i of an operand in a block's sequence and head at base + i * stride
 // (bytes). row_of's three 64-bit products took ~14 instructions a row
 // address, redone at every streamed copy (the tile loops have no registers
-// left to keep an address). A block makes the streams of the operands it
-// copies in its loops once, into shared memory (`__shared__ RowStream
-// streams[...]`, filled by block_streams), so a row costs a shared load and
-// one 32 x 32 -> 64-bit multiply-add: make_args checks that rows and row
-// strides fit 32 bits.
+// left to keep an address). A block's thread 0 makes the streams of the
+// operands its loops copy once, into a `__shared__ RowStream` table (before
+// a barrier), so a row costs a shared load and one 32 x 32 -> 64-bit
+// multiply-add: check_row_streams makes sure rows and row strides fit 32
+// bits.
 struct alignas(16) RowStream {
   char* base;
   int64_t stride;
@@ -660,9 +660,8 @@ struct StreamedPair {
 // row0 + g + 8; local tile n is the operand's column tile tile_of(n)) to a
 // gradient or output operand (its rows: OperandRows or StreamRows), scaled
 // per row, rotated back by the RoPE table when `unrotate` (the gradient of
-// the unrotated input). Rotating needs each
-// pair whole: in the half layout tile n's partner (32 columns on) must be
-// local tile n + kN / 2.
+// the unrotated input). Rotating needs each pair whole: in the half layout
+// tile n's partner (32 columns on) must be local tile n + kN / 2.
 template <int kN, class TileOf, class Rows>
 __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf tile_of,
                                                 const Rows& rows, DType dtype, const Block& r,
