@@ -268,6 +268,10 @@ def key_bias(a, blk, j):
     return 0.0
 
 
+def key_tile_masked(a, blk, j0, keys):
+    return j0 + keys > blk.Lk or blk.mask is not None
+
+
 def keep_mask(a, blk, row0, j0):
     # keep_mask: each lane draws the blocks of tiles 2t + c of its rows and
     # hands word t' of each to lane t' of its quad by __shfl_xor_sync.
@@ -280,17 +284,29 @@ def keep_mask(a, blk, row0, j0):
             position = blk.drop_position + row0 + g + 8 * hf
             first_key = j0 + (2 * t + c) * 8
             drawn.append(philox(dropout_block(first_key // 8, position, blk.drop_sequence, a.site, blk.h), a.key))
+        # send[x] = word t ^ x: two conditional swaps on t's bits.
+        send = []
+        for lane in range(32):
+            t, w = lane & 3, list(drawn[lane])
+            if t & 1:
+                w = [w[1], w[0], w[3], w[2]]
+            if t & 2:
+                w = [w[2], w[3], w[0], w[1]]
+            send.append(w)
         for x in range(4):
-            sent = [drawn[lane][(lane & 3) ^ x] for lane in range(32)]
             for lane in range(32):
                 t = lane & 3
-                got = sent[lane ^ x]
-                nt = 2 * (t ^ x) + c
-                for e in range(2):
-                    key = j0 + nt * 8 + 2 * t + e
-                    draw = (got >> 16) if e else (got & 0xFFFF)
-                    kept = key < blk.Lk and draw >= a.threshold
-                    keep[lane] |= int(kept) << (hf * 16 + 2 * nt + e)
+                got = send[lane ^ x][x]
+                bit = hf * 16 + 4 * (t ^ x) + 2 * c
+                keep[lane] |= int((got & 0xFFFF) >= a.threshold) << bit
+                keep[lane] |= int((got >> 16) >= a.threshold) << (bit + 1)
+    if j0 + kInner > blk.Lk:  # keys past the end: one arithmetic mask
+        for lane in range(32):
+            t, left, valid = lane & 3, blk.Lk - j0, 0
+            for e in range(2):
+                count = max((left - 2 * t - e + 7) // 8, 0)
+                valid |= (((1 << (2 * count)) - 1) & 0x5555) << e
+            keep[lane] &= valid | (valid << 16)
     return keep
 
 
@@ -304,7 +320,11 @@ def dropout_tile(p, a, blk, row0, j0, BITS):
                 for e in range(2):
                     keep = (keep_bits[lane] >> (hf * 16 + 2 * nt + e)) & 1
                     p[lane, nt, 2 * hf + e] = p[lane, nt, 2 * hf + e] * a.inv_keep if keep else 0.0
-                    words[lane, hf, nt >> 2] |= int(keep) << ((nt & 3) * 8 + 2 * t + e)
+            for w in range(2):  # keep's byte of tiles 4w..4w+3, pairs spread a byte apart
+                b = (keep_bits[lane] >> (hf * 16 + 8 * w)) & 0xFF
+                spread = (b & 0x0F) | ((b & 0xF0) << 12)
+                spread = (spread & 0x00030003) | ((spread & 0x000C000C) << 6)
+                words[lane, hf, w] = spread << (2 * t)
     row_words = (blk.Lk + 31) // 32
     for hf in range(2):
         for w in range(2):
@@ -334,24 +354,30 @@ def forward_block(a, blk, Q, K, V, OUT, LSE, BITS):
             sV = stream_tile(kInner, V, blk, j0, blk.Lk, a, False)
             sBias = np.array([key_bias(a, blk, j0 + x) for x in range(kInner)])
             s = mma_rows(qa, sK)
+            # online_softmax_tile: biases only in a tile with a key to leave
+            # out; the max over raw scores, the scale inside the exponent.
+            if key_tile_masked(a, blk, j0, kInner):
+                for nt in range(8):
+                    for e in range(4):
+                        s[:, nt, e] += sBias[nt * 8 + 2 * t + (e & 1)]
             mx = m.copy()
             for nt in range(8):
                 for e in range(4):
-                    x = s[:, nt, e] * a.scale_log2 + sBias[nt * 8 + 2 * t + (e & 1)]
-                    s[:, nt, e] = x
-                    mx[:, e >> 1] = np.fmax(mx[:, e >> 1], x)
+                    mx[:, e >> 1] = np.fmax(mx[:, e >> 1], s[:, nt, e])
             corr = np.zeros((32, 2))
+            shift = np.zeros((32, 2))
             for hf in range(2):
                 mx[:, hf] = quad(mx[:, hf], np.max)
+                none = mx[:, hf] == -np.inf
                 with np.errstate(invalid="ignore"):
-                    corr[:, hf] = np.where(mx[:, hf] == -np.inf, 1.0, np.exp2(m[:, hf] - mx[:, hf]))
+                    corr[:, hf] = np.where(none, 1.0, np.exp2((m[:, hf] - mx[:, hf]) * a.scale_log2))
+                shift[:, hf] = np.where(none, 0.0, mx[:, hf] * a.scale_log2)
                 m[:, hf] = mx[:, hf]
                 l[:, hf] *= corr[:, hf]
             for nt in range(8):
                 for e in range(4):
                     hf = e >> 1
-                    with np.errstate(invalid="ignore"):
-                        p = np.where(m[:, hf] == -np.inf, 0.0, np.exp2(s[:, nt, e] - m[:, hf]))
+                    p = np.exp2(s[:, nt, e] * a.scale_log2 - shift[:, hf])
                     s[:, nt, e] = p
                     l[:, hf] += p
                     o[:, nt, e] *= corr[:, hf]
@@ -368,7 +394,8 @@ def forward_block(a, blk, Q, K, V, OUT, LSE, BITS):
                 g, tt = lane >> 2, lane & 3
                 i = row0 + g + 8 * hf
                 if tt == 0 and i < blk.Lq:
-                    LSE[i] = -np.inf if empty[lane] else (m[lane, hf] + np.log2(l[lane, hf])) * LN2
+                    LSE[i] = (-np.inf if empty[lane] else
+                              (m[lane, hf] * a.scale_log2 + np.log2(l[lane, hf])) * LN2)
         store_rows(o, OUT, blk, row0, blk.Lq, inv, a, False)
 
 
@@ -383,14 +410,15 @@ def dq_block(a, blk, Q, K, V, LSE, BITS, DO, DQ, DELTA):
         qa = [load_a(sQ, warp * 16, ks * 16) for ks in range(4)]
         da = [load_a(sO, warp * 16, ks * 16) for ks in range(4)]
         row0 = i0 + warp * 16
-        Di = np.zeros((32, 2))
-        lse2 = np.zeros((32, 2))
+        Ds = np.zeros((32, 2))  # D times the scale
+        lse2 = np.zeros((32, 2))  # log2 units, +inf for a row with no key
         for hf in range(2):
             for lane in range(32):
                 g = lane >> 2
                 i = row0 + g + 8 * hf
-                Di[lane, hf] = DELTA[i] if i < blk.Lq else 0.0
-                lse2[lane, hf] = (LSE[i] if i < blk.Lq else -np.inf) * LOG2E
+                Ds[lane, hf] = DELTA[i] * a.scale if i < blk.Lq else 0.0
+                lse = LSE[i] if i < blk.Lq else -np.inf
+                lse2[lane, hf] = np.inf if lse == -np.inf else lse * LOG2E
         dq = np.zeros((32, 8, 4))
         for j0 in range(0, blk.Lk, kInner):
             sK = stream_tile(kInner, K, blk, j0, blk.Lk, a, rope)
@@ -408,18 +436,17 @@ def dq_block(a, blk, Q, K, V, LSE, BITS, DO, DQ, DELTA):
                         for w in range(2):
                             if i < blk.Lq and j0 // 32 + w < row_words:
                                 bits[lane, hf, w] = BITS[i, j0 // 32 + w]
+            masked = key_tile_masked(a, blk, j0, kInner)
             for lane in range(32):
                 t = lane & 3
                 for nt in range(8):
                     for e in range(4):
                         hf, col = e >> 1, nt * 8 + 2 * t + (e & 1)
-                        ds = 0.0
-                        if lse2[lane, hf] != -np.inf:
-                            p = np.exp2(s[lane, nt, e] * a.scale_log2 + sBias[col] - lse2[lane, hf])
-                            z = ((a.inv_keep if (bits[lane, hf, col >> 5] >> (col & 31)) & 1 else 0.0)
-                                 if a.drop_on else 1.0)
-                            ds = p * (dp[lane, nt, e] * z - Di[lane, hf]) * a.scale
-                        s[lane, nt, e] = ds
+                        x = s[lane, nt, e] + (sBias[col] if masked else 0.0)
+                        p = np.exp2(x * a.scale_log2 - lse2[lane, hf])
+                        zs = ((a.inv_keep * a.scale if (bits[lane, hf, col >> 5] >> (col & 31)) & 1 else 0.0)
+                              if a.drop_on else a.scale)
+                        s[lane, nt, e] = p * (dp[lane, nt, e] * zs - Ds[lane, hf])
             mma_accumulator_tile(dq, s, sK)
         store_rows(dq, DQ, blk, row0, blk.Lq, np.ones((32, 2)), a, rope)
 
@@ -444,25 +471,29 @@ def key_tile_block(a, blk, tiles, Q, K, V, LSE, BITS, DO, DELTA, DK, DV, fused=N
         sK = load_tile(kRowsPerBlock, K, blk, j0, blk.Lk, a, rope)
         sV = load_tile(kRowsPerBlock, V, blk, j0, blk.Lk, a, False)
         first_word, row_words = j0 // 32, (blk.Lk + 31) // 32
-        kept = np.zeros((kWarps, 32, 2), dtype=bool)
+        # A thread's two keys' biases, added only in a key tile that has a key to leave out.
+        masked = key_tile_masked(a, blk, j0, kRowsPerBlock)
+        bias_of = np.zeros((kWarps, 32, 2))
         for warp in range(kWarps):
             for lane in range(32):
                 for hf in range(2):
-                    kept[warp, lane, hf] = key_bias(a, blk, j0 + warp * 16 + (lane >> 2) + 8 * hf) == 0.0
+                    bias_of[warp, lane, hf] = key_bias(a, blk, j0 + warp * 16 + (lane >> 2) + 8 * hf)
         dk = np.zeros((kWarps, 32, 8, 4))
         dv = np.zeros((kWarps, 32, 8, 4))
         for i0 in range(0, blk.Lq, kInner):
             sQ = stream_tile(kInner, Q, blk, i0, blk.Lq, a, rope)
             sO = stream_tile(kInner, DO, blk, i0, blk.Lq, a, False)
-            sLse = np.array([LSE[i0 + x] * LOG2E if i0 + x < blk.Lq else -np.inf for x in range(kInner)])
-            sDelta = np.array([DELTA[i0 + x] if i0 + x < blk.Lq else 0.0 for x in range(kInner)])
+            # QueryRowData::prepare: lse in log2 units (+inf for no key or past the end), D times the scale.
+            raw = [LSE[i0 + x] if i0 + x < blk.Lq else -np.inf for x in range(kInner)]
+            sLse2 = np.array([np.inf if v == -np.inf else v * LOG2E for v in raw])
+            sDs = np.array([DELTA[i0 + x] * a.scale if i0 + x < blk.Lq else 0.0 for x in range(kInner)])
             sBits = np.zeros(256, dtype=np.int64)
             if a.drop_on:
                 for tid in range(256):
                     qi, w = tid >> 2, tid & 3
                     i = i0 + qi
                     sBits[tid] = BITS[i, first_word + w] if i < blk.Lq and first_word + w < row_words else 0
-            sDs = np.full((kRowsPerBlock, kLd), np.nan)  # dS^T; padding columns stay NaN
+            sDsT = np.full((kRowsPerBlock, kLd), np.nan)  # dS^T; padding columns stay NaN
             for warp in range(kWarps):
                 ka = [load_a(sK, warp * 16, ks * 16) for ks in range(4)]
                 st = mma_rows(ka, sQ)
@@ -474,16 +505,15 @@ def key_tile_block(a, blk, tiles, Q, K, V, LSE, BITS, DO, DELTA, DK, DV, fused=N
                         for e in range(4):
                             hf, col = e >> 1, nt * 8 + 2 * t + (e & 1)
                             key = warp * 16 + g + 8 * hf
-                            pz = ds = 0.0
-                            if kept[warp, lane, hf] and sLse[col] != -np.inf:
-                                p = np.exp2(st[lane, nt, e] * a.scale_log2 - sLse[col])
-                                z = ((a.inv_keep if (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1 else 0.0)
-                                     if a.drop_on else 1.0)
-                                pz = p * z
-                                ds = p * (dpt[lane, nt, e] * z - sDelta[col]) * a.scale
-                            st[lane, nt, e] = pz
+                            x = st[lane, nt, e] + (bias_of[warp, lane, hf] if masked else 0.0)
+                            p = np.exp2(x * a.scale_log2 - sLse2[col])
+                            kept = (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1 if a.drop_on else 1
+                            z = (a.inv_keep if kept else 0.0) if a.drop_on else 1.0
+                            zs = (a.inv_keep * a.scale if kept else 0.0) if a.drop_on else a.scale
+                            ds = p * (dpt[lane, nt, e] * zs - sDs[col])
+                            st[lane, nt, e] = p * z
                             dpt[lane, nt, e] = ds
-                            sDs[key, col] = ds
+                            sDsT[key, col] = ds
                 mma_accumulator_tile(dv[warp], st, sO)
                 mma_accumulator_tile(dk[warp], dpt, sQ)
             if fused is None:
@@ -495,7 +525,7 @@ def key_tile_block(a, blk, tiles, Q, K, V, LSE, BITS, DO, DELTA, DK, DV, fused=N
                 tile_of = lambda n, wn=wn: wn + 2 * n
                 acc = np.zeros((32, 4, 4))
                 for ks in range(kRowsPerBlock // 16):
-                    afrag = load_a_trans(sDs, wm * 16, ks * 16)
+                    afrag = load_a_trans(sDsT, wm * 16, ks * 16)
                     for np_ in range(2):
                         b = load_b_trans_tiles(sK, ks * 16, tile_of(2 * np_) * 8, tile_of(2 * np_ + 1) * 8)
                         mma(acc[:, 2 * np_], afrag, b[:, 0], b[:, 1])
