@@ -131,12 +131,7 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& 
 __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)[8][4],
                                                     float (&m)[2], float (&l)[2], const float* bias,
                                                     bool masked, float scale_log2, int t) {
-  if (masked) {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += bias[nt * 8 + 2 * t + (e & 1)];
-  }
+  if (masked) add_key_biases(s, bias, t);
   float mx[2] = {m[0], m[1]};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
@@ -180,18 +175,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   bf16_t* sV = sK + 2 * kInnerTile * kLd;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
   float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
-  __shared__ RowStream streams[2];      // K's and V's rows
+  enum { kK, kV, kStreamCount };        // the rows of what the loop reads (RowStream)
+  __shared__ RowStream streams[kStreamCount];
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;  // the whole block: a shorter segment
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
-    streams[0] = row_stream<const bf16_t>(a.k, r);
-    streams[1] = row_stream<const bf16_t>(a.v, r);
+    streams[kK] = row_stream<const bf16_t>(a.k, r);
+    streams[kV] = row_stream<const bf16_t>(a.v, r);
   }
   __syncthreads();
-  const StreamedPair<kThreads> kv{sK, sV, streams[0], streams[1], rope ? sAngles : nullptr};
+  const StreamedPair<kThreads> kv{sK, sV, streams[kK], streams[kV], rope ? sAngles : nullptr};
   kv.fetch(0, r, 0, r.Lk, a);
   load_tile<kRowsPerBlock, kThreads>(sQ, a.q, r, i0, r.Lq, a, rope);
   __syncthreads();

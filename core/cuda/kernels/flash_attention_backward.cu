@@ -138,21 +138,23 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   bf16_t* sK = sO + kRowsPerBlock * kLd;  // two tiles of kInnerTile rows
   bf16_t* sV = sK + 2 * kInnerTile * kLd;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kLd);
-  float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
-  __shared__ RowStream streams[3];      // K's, V's and (dropout) the keep bits' rows
+  float* sAngles = sBias + kInnerTile;   // kAngleFloats, with RoPE only
+  enum { kK, kV, kBits, kStreamCount };  // the rows of what the loop reads (RowStream)
+  __shared__ RowStream streams[kStreamCount];
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
-    streams[0] = row_stream<const bf16_t>(a.k, r);
-    streams[1] = row_stream<const bf16_t>(a.v, r);
-    if (kDropout) streams[2] = row_stream<const uint32_t>(a.bits, r);
+    streams[kK] = row_stream<const bf16_t>(a.k, r);
+    streams[kV] = row_stream<const bf16_t>(a.v, r);
+    if (kDropout) streams[kBits] = row_stream<const uint32_t>(a.bits, r);
   }
   __syncthreads();
   // K and V tiles by cp.async into two buffers, as in the forward.
-  const StreamedPair<kThreadsPerBlock> kv{sK, sV, streams[0], streams[1], rope ? sAngles : nullptr};
+  const StreamedPair<kThreadsPerBlock> kv{sK, sV, streams[kK], streams[kV],
+                                          rope ? sAngles : nullptr};
   kv.fetch(0, r, 0, r.Lk, a);
   load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
 #pragma unroll
         for (int w = 0; w < 2; ++w)
           if (i < r.Lq && j0 / 32 + w < row_words)
-            bits[hf][w] = streams[2].row<const uint32_t>(i)[j0 / 32 + w];
+            bits[hf][w] = streams[kBits].template row<const uint32_t>(i)[j0 / 32 + w];
       }
     }
     float s[1][8][4], dp[1][8][4];
@@ -207,12 +209,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
       mma_rows_shared_a(s, sQ, warp * 16, k_tile, lane);
       mma_rows_shared_a(dp, sO, warp * 16, v_tile, lane);
     }
-    if (masked) {
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[0][nt][e] += sBias[nt * 8 + 2 * t + (e & 1)];
-    }
+    if (masked) add_key_biases(s[0], sBias, t);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -252,10 +249,6 @@ struct QueryRowData {
   }
   __device__ float* end() const { return base + 12 * kInnerTile; }
 
-  // Rows i0... into `buffer`: thread t < 64 copies row t's lse, 64 <= t < 128
-  // row t - 64's D, and thread t keep word t % 4 of row t / 4. Rows past Lq
-  // (and words past a row's end) get -inf, 0 and 0 by plain stores, seen
-  // after the barrier that follows the wait.
   // After this thread's wait: the lse it copied in log2 units (+inf for a
   // row with no key, lse -inf, or past the end: its probabilities then come
   // out 0 with no test per element), the D it copied times the softmax
@@ -271,7 +264,11 @@ struct QueryRowData {
     }
   }
 
-  // lse, delta and bits: the rows' streams (RowStream).
+  // Rows i0... into `buffer` (lse, D and the keep words from their
+  // RowStreams): thread t < 64 copies row t's lse, 64 <= t < 128 row t - 64's
+  // D, and thread t keep word t % 4 of row t / 4. Rows past Lq (and words
+  // past a row's end) get -inf, 0 and 0 by plain stores, seen after the
+  // barrier that follows the wait.
   __device__ void fetch(int buffer, const RowStream& lse_rows, const RowStream& delta_rows,
                         const RowStream& bits_rows, int64_t Lq, int64_t i0, int64_t first_word,
                         int64_t row_words, bool keep_words) const {
@@ -416,7 +413,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
     float key_bias_of[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) key_bias_of[hf] = key_bias(a, r, key0 + g + 8 * hf);
+    for (int hf = 0; hf < 2; ++hf)
+      key_bias_of[hf] = masked ? key_bias(a, r, key0 + g + 8 * hf) : 0.0f;
     float dk[1][8][4] = {}, dv[1][8][4] = {};
     int buffer = 0;
     for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {

@@ -749,6 +749,15 @@ __device__ __forceinline__ bool key_tile_masked(const FlashArgs& a, const Block&
   return j0 + keys > r.Lk || (!a.varlen && a.mask.defined());
 }
 
+// Adds the key biases of a 64-key tile (sBias, from key_tile_ready) to a
+// warp's 16 x 64 scores: column 8 nt + 2t + (e & 1) of each row.
+__device__ __forceinline__ void add_key_biases(float (&s)[8][4], const float* bias, int t) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] += bias[nt * 8 + 2 * t + (e & 1)];
+}
+
 // Key tile j0 (K and V in `buffer` of kv) made ready for the whole block:
 // this thread's copies landed and its K chunks rotated, the tile's key biases
 // in sBias (a tile with a key to leave out: the others read none), then a
