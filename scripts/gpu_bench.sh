@@ -16,6 +16,11 @@
 #                                  --profile): synchronised ms per op, in
 #                                  $OUT/profile.txt; then ncu on the flash
 #                                  kernels at 1536 ($OUT/flash_ncu.txt)
+#   scripts/gpu_bench.sh kernels   on the GPU machine: only that ncu step, at
+#                                  PROFILE_ATTENTION_SEQ (1536): per-kernel
+#                                  counters and warp stalls, and the stall
+#                                  samples per SASS instruction
+#                                  ($OUT/flash_ncu_sass.csv.gz); about a minute
 #
 # The one device call (.gpu/ is ignored, so it must be carried):
 #
@@ -188,16 +193,22 @@ run_profile() {
   mlm_step_bench --device cuda --size base --precision "${PROFILE_PRECISIONS:-bf16,bf16-f32act}" \
     --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
-  if [[ -f bench/gpu/attention_table.sh ]] && command -v attention_bench > /dev/null; then
-    ATTENTION_BENCH=attention_bench bench/gpu/attention_table.sh kernels "${PROFILE_ATTENTION_SEQ:-1536}" ||
-      echo "gpu_bench profile: the kernel counters failed (above)"
-  fi
+  run_kernels || echo "gpu_bench profile: the kernel counters failed (above)"
+}
+
+# The flash kernels' hardware counters alone (the bundle unpacked first).
+run_kernels() {
+  : "${OUT:?gpu_bench kernels: \$OUT (the device tool output folder) is not set}"
+  command -v attention_bench > /dev/null || gpu_unpack "$pack_dir"
+  [[ -f $attention_script ]] || { echo "$attention_script is not in this tree"; return 1; }
+  ATTENTION_BENCH=attention_bench bash "$attention_script" kernels "${PROFILE_ATTENTION_SEQ:-1536}"
 }
 
 case $mode in
   build) build ;;
   run) run_bench ;;
   profile) run_profile ;;
+  kernels) run_kernels ;;
   dry) run_bench dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)

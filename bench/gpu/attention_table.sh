@@ -27,8 +27,9 @@
 #                                        launch each of our plain and fused-dropout kernels
 #                                        at S (1536): speed of light, tensor-pipe use, shared
 #                                        bank conflicts, occupancy, warp stalls, in
-#                                        $OUT/flash_ncu.txt (what the next kernel change
-#                                        needs: where the backward's time goes)
+#                                        $OUT/flash_ncu.txt, and the stall samples per SASS
+#                                        instruction in $OUT/flash_ncu_sass.csv.gz (what a
+#                                        kernel change made without a GPU needs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -130,7 +131,15 @@ run() {
 }
 
 # Where the flash kernels' time goes, by the hardware counters (ncu; leaves
-# the clocks alone, as the device notes ask).
+# the clocks alone, as the device notes ask). Three files in $OUT:
+#   flash_ncu.txt         per kernel: speed of light, tensor-pipe use, bank
+#                         conflicts, occupancy, warp stall reasons
+#   flash_ncu_sass.csv.gz per SASS instruction of each kernel: executions and
+#                         the warp-stall samples by reason (SourceCounters),
+#                         to read beside bench/gpu/sass_loops.sh's listing
+#   flash_ncu.ncu-rep     the report itself (ncu-ui, or ncu --import)
+# The profiled run is the only step that needs the GPU; the two pages are
+# read back from the report, so a page ncu cannot print loses only itself.
 kernels() {
   locate_bench
   if ! command -v ncu > /dev/null; then
@@ -139,11 +148,24 @@ kernels() {
   fi
   local out=${ATTENTION_OUT:-${OUT:-.}}
   local S=${1:-1536}
-  timeout 300 ncu --clock-control none --kernel-name regex:flash_ \
+  local report=$out/flash_ncu rc=0
+  timeout "${NCU_SECONDS:-240}" ncu --clock-control none --kernel-name regex:flash_ \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section InstructionStats --section SourceCounters \
     --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed_op_ldsm.sum \
-    "$bench" --once "$S" 2>&1 | tee "$out/flash_ncu.txt"
+    --export "$report" --force-overwrite "$bench" --once "$S" > "$out/flash_ncu_run.log" 2>&1 ||
+    rc=$?
+  tail -20 "$out/flash_ncu_run.log"
+  [[ -f $report.ncu-rep ]] || { echo "attention_table: ncu wrote no report (exit $rc)"; return 1; }
+  ncu --import "$report.ncu-rep" --page details > "$out/flash_ncu.txt" 2>&1 ||
+    echo "attention_table: ncu could not print the details page (see flash_ncu.txt)"
+  ncu --import "$report.ncu-rep" --page source --csv --print-source sass 2>&1 |
+    gzip > "$out/flash_ncu_sass.csv.gz" ||
+    echo "attention_table: ncu could not print the SASS page"
+  grep -E '^  [a-z_]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Warp Cycles Per Issued|hmma|bank_conflicts|ldsm' \
+    "$out/flash_ncu.txt" | head -80 || true
+  return "$rc"
 }
 
 case $mode in
@@ -157,7 +179,7 @@ case $mode in
     ;;
   table) table ;;  # the table of benchmark lines on stdin
   *)
-    sed -n '2,29p' "$0"
+    sed -n '2,32p' "$0"
     exit 2
     ;;
 esac

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# bench/gpu/attention_table.sh kernels without a GPU: stand-ins for ncu and
+# attention_bench on PATH record how they were called. Checks that the
+# profiled run asks for the per-instruction stall samples (SourceCounters),
+# exports the report, leaves the clocks alone and launches the kernels once;
+# that both pages are read back from the report (the SASS page gzipped); that
+# a run leaving no report fails naming it; and that no ncu skips.
+set -euo pipefail
+script=$(cd "$(dirname "$0")" && pwd)/attention_table.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/bin" "$work/out"
+cat > "$work/bin/attention_bench" <<'SH'
+#!/usr/bin/env bash
+echo "attention_bench $*" >> "$CALLS"
+SH
+# The stand-in ncu: a profiled run writes <export>.ncu-rep (unless NCU_FAIL)
+# after running the program; --import prints a page named by --page.
+cat > "$work/bin/ncu" <<'SH'
+#!/usr/bin/env bash
+echo "ncu $*" >> "$CALLS"
+args=("$@")
+for ((i = 0; i < ${#args[@]}; ++i)); do
+  case ${args[i]} in
+    --import) echo "page of ${args[i + 1]}: ${args[*]}"; exit 0 ;;
+    --export) report=${args[i + 1]} ;;
+    --once) "${args[i - 1]}" --once "${args[i + 1]}" ;;
+  esac
+done
+[[ -n ${NCU_FAIL:-} ]] && { echo "==ERROR== profiling failed" >&2; exit 9; }
+echo report > "$report.ncu-rep"
+SH
+chmod +x "$work/bin/attention_bench" "$work/bin/ncu"
+export CALLS=$work/calls PATH=$work/bin:$PATH ATTENTION_BENCH=attention_bench
+fail() { echo "attention_kernels_test: $*" >&2; exit 1; }
+
+OUT=$work/out bash "$script" kernels 512 > "$work/log" 2>&1 || fail "kernels failed: $(cat "$work/log")"
+run=$(grep -- '--export' "$CALLS") || fail "no profiled run"
+for want in '--clock-control none' '--section SourceCounters' '--section WarpStateStats' \
+  "--export $work/out/flash_ncu" '--kernel-name regex:flash_' 'attention_bench --once 512'; do
+  [[ $run == *"$want"* ]] || fail "the profiled run lacks '$want': $run"
+done
+grep -qx 'attention_bench --once 512' "$CALLS" || fail "the kernels were not launched once at 512"
+grep -q -- "--page details" "$work/out/flash_ncu.txt" || fail "no details page"
+sass=$(gzip -dc "$work/out/flash_ncu_sass.csv.gz")
+[[ $sass == *"--page source --csv --print-source sass"* ]] || fail "no SASS page: $sass"
+[[ $sass == *"flash_ncu.ncu-rep"* ]] || fail "the SASS page is not the report's: $sass"
+
+# ncu failing before it writes a report: the step fails and says so.
+rm -f "$work/out"/* "$CALLS"
+if NCU_FAIL=1 OUT=$work/out bash "$script" kernels > "$work/log" 2>&1; then
+  fail "a run without a report passed"
+fi
+grep -q 'ncu wrote no report (exit 9)' "$work/log" || fail "no message: $(cat "$work/log")"
+grep -q 'profiling failed' "$work/log" || fail "ncu's own error was not shown"
+
+# No ncu on the machine: skipped, saying so.
+rm "$work/bin/ncu"
+PATH=$work/bin:/usr/bin:/bin OUT=$work/out bash "$script" kernels > "$work/log" 2>&1 || fail "no ncu should skip"
+grep -q 'no ncu on this machine' "$work/log" || fail "no skip message: $(cat "$work/log")"
+echo "attention_kernels_test: ok"
