@@ -1,7 +1,9 @@
 // Tensor-core softmax attention for bf16 q, k, v at head dim 64 (the
 // FlashAttention-2 scheme, written for this project). This file is the
-// forward; flash_attention_backward.cu the backward; flash_attention_tiles.cuh
-// the building blocks both share.
+// forward; flash_attention_backward.cu the backward; the building blocks both
+// share: flash_attention_tiles.cuh (tiles, streaming, stores) on
+// flash_attention_rope.cuh, flash_attention_mma.cuh and
+// flash_attention_args.cuh.
 // - forward: a block owns 128 query rows (8 warps x 16); key/value tiles of
 //   64 rows pass through shared memory; S = Q K^T and O += P V run on
 //   mma.sync m16n8k16 (bf16 in, f32 accumulation) with an online softmax in

@@ -1,5 +1,6 @@
 // The backward of the tensor-core attention (the forward and the scheme:
-// flash_attention.cu; the building blocks: flash_attention_tiles.cuh).
+// flash_attention.cu; the building blocks: flash_attention_tiles.cuh and
+// the headers it includes).
 //
 // D = dO . O per query row comes first (flash_delta_kernel). Then one of two
 // schemes (flash_backward_passes chooses; dk and dv are the same bits in
