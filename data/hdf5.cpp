@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/file_write.h"
 
 namespace roformer::hdf5 {
 namespace {
@@ -361,17 +362,6 @@ void AtomicFile::commit() {
   committed_ = true;
   const auto dir = std::filesystem::path(path_).parent_path();
   fsync_path(dir.empty() ? "." : dir.string(), /*is_directory=*/true);
-}
-
-void fsync_path(const std::string& path, bool is_directory) {
-  const int fd = ::open(path.c_str(), is_directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) {
-    if (is_directory) return;
-    throw Error("cannot open '" + path + "' to fsync it");
-  }
-  const int r = ::fsync(fd);
-  ::close(fd);
-  if (r != 0 && !is_directory) throw Error("fsync of '" + path + "' failed");
 }
 
 }  // namespace roformer::hdf5

@@ -228,7 +228,4 @@ class AtomicFile {
   bool committed_ = false;
 };
 
-// fsync a file or directory by path (errors ignored for directories).
-void fsync_path(const std::string& path, bool is_directory = false);
-
 }  // namespace roformer::hdf5

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "core/philox.h"
 #include "data/hash.h"
 #include "data/shard.h"
@@ -386,14 +387,7 @@ PrepareResult run_prepare(const PrepareOptions& o) {
   m["train_tokens"] = result.train_tokens;
   m["validation_tokens"] = result.validation_tokens;
   const fs::path manifest = fs::path(o.shard_dir) / kManifest;
-  const std::string tmp = manifest.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << m.dump(2) << "\n";
-    out.flush();
-    RF_INPUT_CHECK(out, "cannot write ", tmp);
-  }
-  fs::rename(tmp, manifest);
+  write_file_atomically(manifest, "shard manifest", m.dump(2) + "\n");
 
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info(

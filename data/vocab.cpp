@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/file_checks.h"
+#include "core/file_write.h"
 #include "data/hash.h"
 #include "data/utf8.h"
 
@@ -73,17 +74,9 @@ const std::string& Vocab::token(int32_t id) const {
 }
 
 void Vocab::save(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    RF_INPUT_CHECK(out, "cannot write vocab file '", tmp, "'");
+  write_file_atomically(path, "vocab file", [this](std::ostream& out) {
     for (const auto& t : tokens_) out << t << '\n';
-    out.flush();
-    RF_INPUT_CHECK(out, "writing vocab file '", tmp, "' failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  RF_INPUT_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  });
 }
 
 }  // namespace roformer::data

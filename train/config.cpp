@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/file_checks.h"
+#include "core/file_write.h"
 #include "train/config_schema.h"
 #include "train/config_stages.h"
 
@@ -986,41 +987,7 @@ std::string to_yaml(const Config& c) {
 }
 
 void save_config(const Config& config, const std::filesystem::path& path) {
-  const std::string text = to_yaml(config);
-  std::error_code status_ec;
-  const auto type = std::filesystem::status(path, status_ec).type();
-  if (type == std::filesystem::file_type::directory)
-    throw InputError(fmt::format("cannot write '{}': it is a directory", path.string()));
-  if (type == std::filesystem::file_type::character || type == std::filesystem::file_type::fifo ||
-      type == std::filesystem::file_type::block) {
-    // A device or pipe (/dev/stdout, /dev/full): write in place, never
-    // rename a temporary file over it.
-    std::ofstream out(path, std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out)
-      throw Error(fmt::format("cannot write '{}': {}", path.string(), std::strerror(errno)));
-    return;
-  }
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(errno)));
-    out << text;
-    out.close();
-    if (!out) {
-      const int err = errno;
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw Error(fmt::format("cannot write '{}': {}", tmp.string(), std::strerror(err)));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    throw Error(
-        fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), path.string(), ec.message()));
+  write_file_atomically(path, "config file", to_yaml(config));
 }
 
 void require_for(const Config& c, ConfigUse use) {

@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -10,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/file_checks.h"
+#include "core/file_write.h"
 #include "layers/roformer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
@@ -51,9 +54,13 @@ void require_file(const fs::path& dir, const char* name) {
 }
 
 void copy_atomically(const fs::path& from, const fs::path& to) {
-  const fs::path tmp = to.string() + ".tmp";
-  fs::copy_file(from, tmp, fs::copy_options::overwrite_existing);
-  fs::rename(tmp, to);
+  std::ifstream in(from, std::ios::binary);
+  if (!in) throw InputError(detail::concat("cannot read '", from.string(), "'"));
+  write_file_atomically(to, "file", [&](std::ostream& out) {
+    std::copy(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(),
+              std::ostreambuf_iterator<char>(out));
+    if (in.bad()) throw Error(detail::concat("cannot read '", from.string(), "'"));
+  });
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_write.h"
 #include "train/checkpoint.h"
 
 namespace roformer {
@@ -82,18 +83,7 @@ std::optional<fs::path> RunDirectory::checkpoint_to_resume(bool restart) const {
 }
 
 void RunDirectory::write_file(const std::string& name, const std::string& text) const {
-  const fs::path path = dir_ / name;
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw InputError("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw InputError("cannot write " + path.string() + ": " + ec.message());
+  write_file_atomically(dir_ / name, "run file", text);
 }
 
 }  // namespace roformer

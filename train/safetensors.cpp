@@ -13,7 +13,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/hdf5.h"
+#include "core/file_write.h"
 
 namespace roformer {
 
@@ -214,25 +214,14 @@ void write_safetensors(const fs::path& path, const StateDict& tensors,
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot write " + tmp.string());
+  write_file_atomically(path, "safetensors file", [&](std::ostream& out) {
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = uint8_t((uint64_t(h.size()) >> (8 * i)) & 0xff);
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(h.data(), std::streamsize(h.size()));
     for (const Tensor& t : f32)
       out.write(static_cast<const char*>(t.data()), std::streamsize(t.nbytes()));
-    out.flush();
-    if (!out) {
-      out.close();
-      fs::remove(tmp);
-      throw Error("cannot write " + tmp.string() + " (disk full?)");
-    }
-  }
-  hdf5::fsync_path(tmp.string());
-  fs::rename(tmp, path);
+  });
 }
 
 }  // namespace roformer
