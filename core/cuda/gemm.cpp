@@ -97,6 +97,8 @@ cublasLtEpilogue_t epilogue_of(const GemmArgs& g) {
       return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case GemmEpilogue::kDGeluBiasGrad:
       return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kRowSumsOfA:
+      return CUBLASLT_EPILOGUE_BGRADB;  // cuBLASLt's B is our A's memory (column-major view)
     case GemmEpilogue::kNone:
       break;
   }
@@ -110,6 +112,7 @@ std::string describe(const GemmArgs& g) {
       dtype_name(g.output_dtype), g.bias ? ", bias" : "",
       g.epilogue == GemmEpilogue::kGeluAux         ? ", GELU (tanh) with aux"
       : g.epilogue == GemmEpilogue::kDGeluBiasGrad ? ", dGELU (tanh) and bias gradient"
+      : g.epilogue == GemmEpilogue::kRowSumsOfA    ? ", row sums of A (bias gradient)"
                                                    : "",
       ")");
 }
@@ -155,13 +158,15 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_TRANSB, op_y);
   RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue_of(g));
   if (g.bias) {
-    // Read (the bias), or written (the bias gradient of the DGELU epilogue):
-    // [n] in our terms, the rows of the column-major D^T.
+    // Read (the bias), or written (a bias gradient): [n] in our terms, the
+    // rows of the column-major D^T; [m], its columns, for kRowSumsOfA.
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_dtype, "the bias"));
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t(0));  // one for every entry
   }
-  if (g.epilogue != GemmEpilogue::kNone) {
+  const bool gelu =
+      g.epilogue == GemmEpilogue::kGeluAux || g.epilogue == GemmEpilogue::kDGeluBiasGrad;
+  if (gelu) {
     // The GELU input, [m x n] row-major in C's dtype (column-major [n x m] for cuBLASLt).
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ld_aux);
@@ -177,12 +182,15 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   const uint32_t align_bias = g.bias ? alignment_of(g.bias) : 256;
   // The heuristic reads the aux pointer too (for its alignment).
   const uint32_t align_aux = g.aux ? alignment_of(g.aux) : 256;
-  RF_CHECK(g.epilogue == GemmEpilogue::kNone ||
-               (g.batch == 1 && g.aux && g.ld_aux >= g.n && g.ld_aux % 8 == 0 &&
-                alignment_of(g.aux) >= 16 && g.bias),
+  RF_CHECK(!gelu || (g.batch == 1 && g.aux && g.ld_aux >= g.n && g.ld_aux % 8 == 0 &&
+                     alignment_of(g.aux) >= 16 && g.bias),
            describe(g),
            ": the GELU epilogues take one matrix, a bias (or bias gradient) and an aux matrix "
            "16-byte aligned with a row stride >= n and a multiple of 8");
+  RF_CHECK(g.epilogue != GemmEpilogue::kRowSumsOfA || (g.batch == 1 && g.bias && g.beta == 0.0f),
+           describe(g),
+           ": the row sums epilogue takes one matrix, no accumulation, and the sums' "
+           "vector");
   const AlgoKey key{
       device,
       g.m,

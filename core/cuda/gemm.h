@@ -15,6 +15,10 @@
 //   kGeluAux        aux = product + bias; C = gelu_tanh(aux)
 //   kDGeluBiasGrad  C = product * gelu_tanh'(aux); bias (written, [n]) = the
 //                   column sums of C: the bias gradient
+// and one takes no aux matrix (batch 1):
+//   kRowSumsOfA     C = product; bias (written, [m]) = the sums over k of
+//                   op(A)'s rows: with A = g^T, the bias gradient of a linear
+//                   beside its weight gradient (cuBLASLt's BGRADB: A is its B)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,7 +29,7 @@
 
 namespace roformer::cuda {
 
-enum class GemmEpilogue : uint8_t { kNone, kGeluAux, kDGeluBiasGrad };
+enum class GemmEpilogue : uint8_t { kNone, kGeluAux, kDGeluBiasGrad, kRowSumsOfA };
 
 struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
@@ -40,7 +44,7 @@ struct GemmArgs {
   int64_t ldc = 0, stride_c = 0;
   DType input_dtype = DType::f32;   // of A and B
   DType output_dtype = DType::f32;  // of C
-  const void* bias = nullptr;       // [n], or nullptr (written by kDGeluBiasGrad)
+  const void* bias = nullptr;       // [n], or nullptr (written: kDGeluBiasGrad; [m], kRowSumsOfA)
   DType bias_dtype = DType::f32;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   void* aux = nullptr;  // the GELU input of the epilogues

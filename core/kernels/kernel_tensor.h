@@ -51,4 +51,15 @@ struct KernelTensor {
   }
 };
 
+// t with dimensions d0 and d1 swapped: a view, no data moves (a token stream
+// [T, H, D] seen as [H, T, D]; g [T, N] seen as g^T).
+inline KernelTensor swapped(KernelTensor t, int32_t d0, int32_t d1) {
+  const int64_t size = t.sizes[d0], stride = t.strides[d0];
+  t.sizes[d0] = t.sizes[d1];
+  t.strides[d0] = t.strides[d1];
+  t.sizes[d1] = size;
+  t.strides[d1] = stride;
+  return t;
+}
+
 }  // namespace roformer::kernels

@@ -12,15 +12,10 @@
 
 namespace roformer::kernels::rope_composite {
 
-// t with dimensions 0 and 1 swapped: a token stream [T, H, D] seen as
-// [H, T, D], the [..., S, D] shape the rope kernel rotates along S.
-inline KernelTensor swap01(KernelTensor t) {
-  const int64_t size = t.sizes[0], stride = t.strides[0];
-  t.sizes[0] = t.sizes[1];
-  t.strides[0] = t.strides[1];
-  t.sizes[1] = size;
-  t.strides[1] = stride;
-  return t;
+// A token stream [T, H, D] seen as [H, T, D], the [..., S, D] shape the rope
+// kernel rotates along S.
+inline KernelTensor swap01(const KernelTensor& t) {
+  return swapped(t, 0, 1);
 }
 
 // A contiguous tensor of `sizes_of`'s sizes over `data`.

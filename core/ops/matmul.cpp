@@ -5,6 +5,9 @@
 // to bf16 (weights through the per-step cache), the products accumulate in
 // f32 and write f32 (or bf16 activations, when linear is asked for them);
 // the bf16 operands are what backward keeps.
+#include <tuple>
+#include <utility>
+
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/precision.h"
@@ -44,6 +47,26 @@ Tensor product(const Tensor& a, const Tensor& b, const Tensor& bias, const char*
 bool autocast_product(const Tensor& x, const Tensor& weight) {
   return weight.dtype() == DType::f32 && autocast_active(x.device()) &&
          (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
+}
+
+// A linear's weight gradient g^T x [N, K] in w_dtype and, when asked for,
+// its bias gradient (g's column sums in g's dtype, then widened, as under
+// torch's autocast); g [T, N] as the backward got it, eg the product's
+// operand (g, or its bf16 cast under autocast), x [T, K]. Both come from one
+// kernel (on CUDA one pass over eg: cuBLASLt's BGRADB) where the product
+// reads g itself; a bf16 cast of an f32 g keeps its sums over the f32 g.
+std::pair<Tensor, Tensor> weight_grads(const Tensor& g, const Tensor& eg, const Tensor& x,
+                                       DType w_dtype, bool want_w, bool want_b, const char* op) {
+  if (want_w && want_b && eg.dtype() == g.dtype()) {
+    Tensor dw = Tensor::empty({eg.size(1), x.size(1)}, w_dtype, eg.device());
+    Tensor db = Tensor::empty({eg.size(1)}, eg.dtype(), eg.device());
+    launch::linear_weight_grads(eg.device(), eg, x, dw, db);
+    return {dw, db.to(w_dtype)};
+  }
+  Tensor dw, db;
+  if (want_w) dw = product(eg.transpose(0, 1), x, Tensor(), op, w_dtype);
+  if (want_b) db = sum(g, {0}).to(w_dtype);
+  return {dw, db};
 }
 
 }  // namespace
@@ -116,8 +139,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
     // Each gradient in its input's dtype (the bias's summed in g's, as
     // under torch's autocast, then widened).
     if (gx) grad_x = product(eg, saved_w.get(), Tensor(), "linear", x_dtype).view(x_shape);
-    if (gw) grad_w = product(eg.transpose(0, 1), saved_x.get(), Tensor(), "linear", w_dtype);
-    if (gbias) grad_b = sum(g2, {0}).to(w_dtype);
+    std::tie(grad_w, grad_b) =
+        weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, "linear");
     return std::vector<Tensor>{grad_x, grad_w, grad_b};
   });
 }
@@ -183,8 +206,8 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
     Tensor dx, dw1, db1, dw2, db2;
     // Each gradient in its input's dtype (b1's and b2's summed in dt and
     // g's, then widened).
-    if (gw2) dw2 = product(eg.transpose(0, 1), saved_h.get(), Tensor(), op, w_dtype);
-    if (gb2) db2 = sum(g2, {0}).to(w_dtype);
+    std::tie(dw2, db2) =
+        weight_grads(g2, eg, gw2 ? saved_h.get() : Tensor(), w_dtype, gw2, gb2, op);
     if (inner_grad) {
       // dpre = (g w2) * gelu_tanh'(pre), and b1's gradient in the same pass.
       const Tensor& p = saved_pre.get();

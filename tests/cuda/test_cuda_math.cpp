@@ -134,6 +134,47 @@ TEST(CudaGemm, GeluEpiloguesMatchTheTanhGeluInDouble) {
   EXPECT_LT(relative_error(dbias_out.to_vector<double>(), ref_db), 1e-5) << "bias gradient";
 }
 
+// The row-sums epilogue (cuBLASLt's BGRADB): a linear's weight gradient
+// dw = g^T x and its bias gradient, g's column sums, from one product, in
+// f32 and in bf16 (f32 dw), against double on the rounded inputs. The
+// linear_weight_grads kernel falls back to the product and `sum` where
+// cuBLASLt refuses, so a refusal is reported here (as a skip), not hidden.
+TEST(CudaGemm, RowSumsEpilogueGivesALinearsBiasGradient) {
+  RF_REQUIRE_GPU();
+  const int64_t T = 300, n_out = 48, k_in = 40;
+  for (const DType dt : {DType::f32, DType::bf16}) {
+    Generator gen{uint64_t(44 + int(dt)), 0};
+    const Tensor g = Tensor::randn({T, n_out}, gen).to(dt),
+                 x = Tensor::randn({T, k_in}, gen).to(dt);
+    const std::vector<double> hg = g.to_vector<double>(), hx = x.to_vector<double>();
+    std::vector<double> ref_dw(size_t(n_out * k_in), 0.0), ref_db(size_t(n_out), 0.0);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < n_out; ++o) {
+        const double go = hg[size_t(t * n_out + o)];
+        ref_db[size_t(o)] += go;
+        for (int64_t i = 0; i < k_in; ++i)
+          ref_dw[size_t(o * k_in + i)] += go * hx[size_t(t * k_in + i)];
+      }
+    const Tensor dg = g.to(kGpu), dx = x.to(kGpu);
+    const Tensor dw = Tensor::full({n_out, k_in}, NAN).to(kGpu);
+    const Tensor db = Tensor::full({n_out}, NAN, dt).to(kGpu);
+    cuda::GemmArgs a;
+    a.m = n_out, a.n = k_in, a.k = T;
+    a.a = dg.data(), a.lda = n_out, a.trans_a = true;  // g^T: g [T, N] read transposed
+    a.b = dx.data(), a.ldb = k_in;
+    a.c = dw.data(), a.ldc = k_in;
+    a.input_dtype = dt, a.output_dtype = DType::f32;
+    a.bias = db.data(), a.bias_dtype = dt;
+    a.epilogue = cuda::GemmEpilogue::kRowSumsOfA;
+    if (!cuda::try_gemm(a, 0, nullptr))
+      GTEST_SKIP() << "cuBLASLt refuses BGRADB for " << dtype_name(dt)
+                   << ": linear_weight_grads takes the product and the column sums apart";
+    EXPECT_LT(relative_error(dw.to_vector<double>(), ref_dw), 1e-5) << dtype_name(dt) << " dw";
+    EXPECT_LT(relative_error(db.to_vector<double>(), ref_db), dt == DType::bf16 ? 1e-2 : 1e-5)
+        << dtype_name(dt) << " db";
+  }
+}
+
 TEST(CudaOptimizer, GradNormAndNonFiniteCountAreExactAndRepeatable) {
   RF_REQUIRE_GPU();
   Generator gen{21, 0};

@@ -25,6 +25,9 @@ void synchronize(Stream) {
 void matmul(Stream, KT, KT, KT, KT) {
   not_emulated("matmul");
 }
+void linear_weight_grads(Stream, KT, KT, KT, KT) {
+  not_emulated("linear_weight_grads");
+}
 void gemm_gelu_forward(Stream, KT, KT, KT, KT, KT) {
   not_emulated("gemm_gelu_forward");
 }
