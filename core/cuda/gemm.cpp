@@ -247,9 +247,18 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
     (*cache)[key] = algo;
   }
   if (!algo) return false;
-  RF_CUDA_CHECK(cublasLtMatmul(ctx.handle.get(), op.h, &g.alpha, g.b, x.h, g.a, y.h, &g.beta, g.c,
-                               d.h, g.c, d.h, &*algo, ctx.workspace.get(), ctx.workspace.size(),
-                               stream));
+  const cublasStatus_t status =
+      cublasLtMatmul(ctx.handle.get(), op.h, &g.alpha, g.b, x.h, g.a, y.h, &g.beta, g.c, d.h, g.c,
+                     d.h, &*algo, ctx.workspace.get(), ctx.workspace.size(), stream);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // Refused when run though the heuristic offered it (seen nowhere yet; an
+    // epilogue is the likely case): remembered as no algorithm, so callers
+    // with an unfused way take it from now on.
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    (*cache)[key] = std::nullopt;
+    return false;
+  }
+  check_status(status, "cublasLtMatmul", __FILE__, __LINE__);
   return true;
 }
 
