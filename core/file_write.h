@@ -45,58 +45,72 @@ inline void fsync_path(const std::filesystem::path& path, bool is_directory = fa
 // `what` names the file in messages ("config file", "vocab file"). A folder
 // at `path` is an InputError (exit code 2: the user named it); a write,
 // sync or rename that fails is an Error naming the file and the system's
-// reason. A device or a pipe (/dev/stdout, /dev/null) is written in place:
-// nothing can be renamed over it.
+// reason. A device, pipe or socket (/dev/null, a terminal) is written in
+// place: nothing can be renamed over it. A symbolic link is followed: the
+// file it names is replaced beside itself and the link stays (/dev/stdout
+// redirected to a file writes that file).
 inline void write_file_atomically(const std::filesystem::path& path, std::string_view what,
                                   const std::function<void(std::ostream&)>& write) {
   namespace fs = std::filesystem;
-  std::error_code status_ec;
-  const fs::file_type type = fs::status(path, status_ec).type();
+  // The reason of the call that just failed, read before anything else can
+  // change errno (0 when a stream failed without a system call).
+  auto reason = [](int err) { return err ? std::string(std::strerror(err)) : "write failed"; };
+  fs::path target = path;
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(path, ec))) {
+    const fs::path resolved = fs::weakly_canonical(path, ec);
+    if (!ec) target = resolved;
+  }
+  const fs::file_type type = fs::status(target, ec).type();
   if (type == fs::file_type::directory)
     throw InputError(
         detail::concat("cannot write ", what, " '", path.string(), "': it is a directory"));
   if (type == fs::file_type::character || type == fs::file_type::fifo ||
-      type == fs::file_type::block) {
+      type == fs::file_type::block || type == fs::file_type::socket) {
     std::ofstream out(path, std::ios::binary);
-    write(out);
-    out.flush();
+    int err = out ? 0 : errno;
+    if (out) {
+      write(out);
+      out.flush();
+      err = out ? 0 : errno;
+    }
     if (!out)
-      throw Error(
-          detail::concat("cannot write ", what, " '", path.string(), "': ", std::strerror(errno)));
+      throw Error(detail::concat("cannot write ", what, " '", path.string(), "': ", reason(err)));
     return;
   }
-  fs::path tmp = path;
+  fs::path tmp = target;
   tmp += ".tmp." + std::to_string(::getpid());
+  auto fail = [&](int err) {
+    return Error(detail::concat("cannot write ", what, " '", path.string(), "' (through '",
+                                tmp.string(), "'): ", reason(err)));
+  };
   // Removes the temporary file unless it was renamed: on every way out,
   // an exception from `write` included.
   struct Remove {
     const fs::path& tmp;
     bool armed = true;
     ~Remove() {
-      std::error_code ec;
-      if (armed) fs::remove(tmp, ec);
+      std::error_code ignored;
+      if (armed) fs::remove(tmp, ignored);
     }
   } remove{tmp};
   {
+    errno = 0;
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out)
-      throw Error(
-          detail::concat("cannot write ", what, " '", tmp.string(), "': ", std::strerror(errno)));
+    if (!out) throw fail(errno);
     write(out);
     out.flush();
-    const int err = errno;
-    if (!out)
-      throw Error(
-          detail::concat("cannot write ", what, " '", tmp.string(), "': ", std::strerror(err)));
+    if (!out) throw fail(errno);
+    out.close();
+    if (!out) throw fail(errno);
   }
   fsync_path(tmp);
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
+  fs::rename(tmp, target, ec);
   if (ec)
-    throw Error(detail::concat("cannot rename ", what, " '", tmp.string(), "' to '", path.string(),
-                               "': ", ec.message()));
+    throw Error(detail::concat("cannot rename ", what, " '", tmp.string(), "' to '",
+                               target.string(), "': ", ec.message()));
   remove.armed = false;
-  const fs::path dir = path.parent_path();
+  const fs::path dir = target.parent_path();
   fsync_path(dir.empty() ? fs::path(".") : dir, /*is_directory=*/true);
 }
 

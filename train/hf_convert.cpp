@@ -2,13 +2,12 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "core/error.h"
 #include "core/file_checks.h"
@@ -57,8 +56,13 @@ void copy_atomically(const fs::path& from, const fs::path& to) {
   std::ifstream in(from, std::ios::binary);
   if (!in) throw InputError(detail::concat("cannot read '", from.string(), "'"));
   write_file_atomically(to, "file", [&](std::ostream& out) {
-    std::copy(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(),
-              std::ostreambuf_iterator<char>(out));
+    // By blocks through write(), which sets the stream's error state on a
+    // failed write (a stream-buffer iterator would not: a short copy would pass).
+    std::vector<char> block(size_t(1) << 16);
+    while (in && out) {
+      in.read(block.data(), std::streamsize(block.size()));
+      if (in.gcount() > 0) out.write(block.data(), in.gcount());
+    }
     if (in.bad()) throw Error(detail::concat("cannot read '", from.string(), "'"));
   });
 }

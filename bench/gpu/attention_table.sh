@@ -149,6 +149,7 @@ kernels() {
   local out=${ATTENTION_OUT:-${OUT:-.}}
   local S=${1:-1536}
   local report=$out/flash_ncu rc=0
+  rm -f "$report.ncu-rep"  # a report left by an earlier run must not pass for this one's
   timeout "${NCU_SECONDS:-240}" ncu --clock-control none --kernel-name regex:flash_ \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section Occupancy --section LaunchStats --section WarpStateStats \

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -96,6 +97,25 @@ TEST_F(FileWrite, AMissingFolderIsAnErrorNamingTheFileAndTheReason) {
     EXPECT_NE(m.find("No such file or directory"), std::string::npos) << m;
   }
   EXPECT_FALSE(fs::exists(dir_ / "no"));
+}
+
+TEST_F(FileWrite, ALinkIsFollowedAndKept) {
+  // A link to a file (a vocab kept elsewhere, /dev/stdout redirected to a
+  // file): the file it names is replaced, the link stays a link.
+  const fs::path real = dir_ / "real.txt", link = dir_ / "link.txt";
+  write_file_atomically(real, "vocab file", std::string_view("old\n"));
+  fs::create_symlink(real, link);
+  write_file_atomically(link, "vocab file", std::string_view("new\n"));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(link)));
+  EXPECT_EQ(read(real), "new\n");
+  std::vector<std::string> got = names();
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<std::string>{"link.txt", "real.txt"}));
+  // A link to a device is written through in place.
+  const fs::path to_null = dir_ / "null";
+  fs::create_symlink("/dev/null", to_null);
+  write_file_atomically(to_null, "vocab file", std::string_view("x"));
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(to_null)));
 }
 
 TEST_F(FileWrite, AFullDeviceFailsAndADeviceIsWrittenInPlace) {

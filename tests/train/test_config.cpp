@@ -299,7 +299,11 @@ TEST(Config, SaveAndLoad) {
   std::filesystem::create_directories(dir);
   const Config c = parse(kEverything);
   save_config(c, dir / "config.yaml");
-  EXPECT_FALSE(std::filesystem::exists(dir / "config.yaml.tmp"));
+  // Nothing beside it: no temporary file (config.yaml.tmp.PID) is left.
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"config.yaml"});
   const Config back = load_config(dir / "config.yaml");
   EXPECT_EQ(back, c);
   EXPECT_EQ(back.source, (dir / "config.yaml").string());
