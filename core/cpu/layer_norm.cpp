@@ -177,8 +177,11 @@ void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT
   });
 }
 
-void layer_norm_backward(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT var_kt, KT dy_kt,
-                         double eps, KT dx_kt, KT dweight_kt, KT dbias_kt) {
+namespace {
+
+// dx (and the parameters' gradients): oneDNN for f32, loops otherwise.
+void backward_f32_or_loop(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT var_kt, KT dy_kt,
+                          double eps, KT dx_kt, KT dweight_kt, KT dbias_kt) {
   const View x(x_kt), weight(weight_kt), mean(mean_kt), var(var_kt), dy(dy_kt), dx(dx_kt),
       dweight(dweight_kt), dbias(dbias_kt);
   if (x.numel() == 0) {
@@ -214,6 +217,18 @@ void layer_norm_backward(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT va
   dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {
     backward_loop<decltype(tag)>(x, weight, mean, var, dy, eps, dx, dweight, dbias);
   });
+}
+}  // namespace
+
+void layer_norm_backward(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT var_kt, KT dy_kt,
+                         double eps, KT dx_kt, KT dx_low_kt, KT dweight_kt, KT dbias_kt) {
+  RF_CHECK(!dx_low_kt.defined() || (dx_kt.dtype == DType::f32 && dx_low_kt.dtype == DType::bf16 &&
+                                    dx_low_kt.numel() == dx_kt.numel()),
+           "layer_norm_backward: dx_low is a bf16 copy of an f32 dx");
+  backward_f32_or_loop(stream, x_kt, weight_kt, mean_kt, var_kt, dy_kt, eps, dx_kt, dweight_kt,
+                       dbias_kt);
+  // The cast kernel's rounding: the bits the op's own cast of dx would give.
+  if (dx_low_kt.defined() && dx_kt.numel() > 0) copy(stream, dx_kt, dx_low_kt);
 }
 
 }  // namespace roformer::kernels::cpu

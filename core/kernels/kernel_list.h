@@ -123,8 +123,10 @@ struct AttentionParams {
   /* mixes throw naming the dtypes (core/kernels/layer_norm_dtypes.h).                      */  \
   X(layer_norm_forward, void(Stream, KT x, KT residual, KT weight, KT bias, double eps, KT y,   \
                              KT sum, KT mean, KT var))                                          \
+  /* dx_low (optional: f32 dx only): dx rounded to bf16 as well, in the same pass -- the     */  \
+  /* gradient of add_layer_norm's bf16 x (bf16 activations) with no cast pass of its own.    */  \
   X(layer_norm_backward, void(Stream, KT x, KT weight, KT mean, KT var, KT dy, double eps,      \
-                              KT dx, KT dweight, KT dbias))                                     \
+                              KT dx, KT dx_low, KT dweight, KT dbias))                          \
   X(gelu_forward, void(Stream, KT x, KT y))                                                     \
   X(gelu_backward, void(Stream, KT x, KT dy, KT dx))                                            \
   /* --- dropout (core/cpu/dropout.cpp) ------------------------------------------------- */ \

@@ -71,10 +71,12 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
     Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
     Tensor dw = ws.defined() ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     Tensor db = has_bias ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
-    launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, dx, dw, db);
-    // d(x + residual) reaches both inputs unchanged (x's in x's dtype).
+    // d(x + residual) reaches both inputs unchanged, x's in x's dtype: a bf16
+    // x's copy is written by the same kernel, not cast in a pass of its own.
+    const Tensor dx_low = mixed ? Tensor::empty(xs.shape(), x_dtype, xs.device()) : Tensor();
+    launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, dx, dx_low, dw, db);
     if (!has_residual) return std::vector<Tensor>{dx, dw, db};
-    return std::vector<Tensor>{mixed ? dx.to(x_dtype) : dx, dx, dw, db};
+    return std::vector<Tensor>{mixed ? dx_low : dx, dx, dw, db};
   };
   if (has_residual) return record(op, y, {&x, &residual, &weight, &bias}, grads);
   return record(op, y, {&x, &weight, &bias}, grads);

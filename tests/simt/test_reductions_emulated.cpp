@@ -119,7 +119,7 @@ TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
 
 // --- layer norm ---------------------------------------------------------------------------
 struct LayerNormOut {
-  Tensor y, mean, var, dx, dweight, dbias, sum;
+  Tensor y, mean, var, dx, dweight, dbias, sum, dx_low;
 };
 
 LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, const Tensor& b,
@@ -129,13 +129,13 @@ LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, cons
   // The residual's dtype where x is bf16 on an f32 residual stream.
   const DType t = residual.defined() ? residual.dtype() : x.dtype();
   const DType stat = t == DType::f64 ? DType::f64 : DType::f32;
-  LayerNormOut o{poisoned(x.shape(), t),
-                 poisoned({rows}, stat),
-                 poisoned({rows}, stat),
-                 poisoned(x.shape(), t),
-                 dweight ? poisoned({cols}, t) : Tensor(),
-                 dbias ? poisoned({cols}, t) : Tensor(),
-                 residual.defined() ? poisoned(x.shape(), t) : Tensor()};
+  LayerNormOut o{
+      poisoned(x.shape(), t), poisoned({rows}, stat), poisoned({rows}, stat),
+      poisoned(x.shape(), t), dweight ? poisoned({cols}, t) : Tensor(),
+      dbias ? poisoned({cols}, t) : Tensor(),
+      residual.defined() ? poisoned(x.shape(), t) : Tensor(),
+      // x's gradient in bf16 beside the f32 one (add_layer_norm's bf16 x)
+      x.dtype() == DType::bf16 && t == DType::f32 ? poisoned(x.shape(), DType::bf16) : Tensor()};
   EmulatedStream s;
   const kernels::Stream stream = emulated ? s.get() : cpu_stream();
   auto* forward = emulated ? &emu::layer_norm_forward : &cpu::layer_norm_forward;
@@ -148,7 +148,7 @@ LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, cons
   const Tensor& normalised = residual.defined() ? o.sum : x;
   backward(stream, kernel_tensor(normalised), kernel_tensor(w), kernel_tensor(o.mean),
            kernel_tensor(o.var), kernel_tensor(dy), eps, kernel_tensor(o.dx),
-           kernel_tensor(o.dweight), kernel_tensor(o.dbias));
+           kernel_tensor(o.dx_low), kernel_tensor(o.dweight), kernel_tensor(o.dbias));
   return o;
 }
 
@@ -172,6 +172,11 @@ void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dw
     expect_close(got.mean, ref.mean, t == DType::f64 ? 1e-12 : 1e-5, "mean");
     expect_close(got.var, ref.var, t == DType::f64 ? 1e-12 : 1e-5, "var");
     expect_close(got.dx, ref.dx, tol, "dx");
+    // The bf16 copy is each kernel's own dx rounded once.
+    if (bf16_x) {
+      expect_equal(got.dx_low, got.dx.to(DType::bf16), "dx_low");
+      expect_equal(ref.dx_low, ref.dx.to(DType::bf16), "dx_low (cpu)");
+    }
   }
   if (dweight) expect_close(got.dweight, ref.dweight, tol, "dweight");
   if (dbias) expect_close(got.dbias, ref.dbias, tol, "dbias");

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kRowThreads)
 template <class T, int kPacks>
 __global__ void __launch_bounds__(kRowThreads)
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
-                              const T* dy, T* dx, int64_t rows, int64_t cols, acc_t<T> eps) {
+                              const T* dy, T* dx, bf16_t* dx_low, int64_t rows, int64_t cols,
+                              acc_t<T> eps) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
@@ -175,9 +176,14 @@ __global__ void __launch_bounds__(kRowThreads)
     const int64_t p = lane + 32 * k;
     if (p >= packs) continue;
     Pack8<T> out;
+    Pack8<bf16_t> low;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
+    for (int e = 0; e < 8; ++e) {
+      out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
+      low.v[e] = convert<bf16_t>(out.v[e]);
+    }
     reinterpret_cast<Pack8<T>*>(dx)[first + p] = out;
+    if (dx_low) reinterpret_cast<Pack8<bf16_t>*>(dx_low)[first + p] = low;
   }
 }
 
@@ -208,8 +214,8 @@ void with_packs(int packs, Fn&& fn) {
 
 template <class T>
 __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mean,
-                                     const acc_t<T>* var, const T* dy, T* dx, int64_t cols,
-                                     acc_t<T> eps) {
+                                     const acc_t<T>* var, const T* dy, T* dx, bf16_t* dx_low,
+                                     int64_t cols, acc_t<T> eps) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
@@ -228,7 +234,9 @@ __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mea
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const A gw = convert<A>(gr[c]) * (w ? convert<A>(w[c]) : A(1));
     const A xhat = (convert<A>(xr[c]) - m) * rstd;
-    dx[r * cols + c] = convert<T>(rstd * (gw - sg - xhat * sgx));
+    const T d = convert<T>(rstd * (gw - sg - xhat * sgx));
+    dx[r * cols + c] = d;
+    if (dx_low) dx_low[r * cols + c] = convert<bf16_t>(d);
   }
 }
 
@@ -319,27 +327,31 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
 
 void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTensor& weight,
                          const KernelTensor& mean, const KernelTensor& var, const KernelTensor& dy,
-                         double eps, const KernelTensor& dx, const KernelTensor& dweight,
-                         const KernelTensor& dbias) {
+                         double eps, const KernelTensor& dx, const KernelTensor& dx_low,
+                         const KernelTensor& dweight, const KernelTensor& dbias) {
   RF_CHECK(x.ndim >= 1 && x.is_contiguous() && dy.is_contiguous() && dx.is_contiguous(),
            "layer_norm_backward: expected contiguous x, dy and dx");
+  RF_CHECK(!dx_low.defined() || (dx.dtype == DType::f32 && dx_low.dtype == DType::bf16 &&
+                                 dx_low.is_contiguous() && dx_low.numel() == dx.numel()),
+           "layer_norm_backward: dx_low is a contiguous bf16 copy of an f32 dx");
+  bf16_t* const low = dx_low.defined() ? dx_low.as<bf16_t>() : nullptr;
   const int64_t cols = x.ndim > 0 ? x.size(-1) : 0;
   const int64_t rows = cols > 0 ? x.numel() / cols : 0;
   on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    const int packs = warp_row_packs(cols, {x.data, optional<T>(weight), dy.data, dx.data});
+    const int packs = warp_row_packs(cols, {x.data, optional<T>(weight), dy.data, dx.data, low});
     if (rows > 0 && packs > 0)
       with_packs(packs, [&](auto k) {
         RF_LAUNCH((layer_norm_dx_warp_kernel<T, decltype(k)::value>),
                   unsigned((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), kRowThreads, 0,
                   native(stream), x.as<const T>(), optional<T>(weight), mean.as<const A>(),
-                  var.as<const A>(), dy.as<const T>(), dx.as<T>(), rows, cols, A(eps));
+                  var.as<const A>(), dy.as<const T>(), dx.as<T>(), low, rows, cols, A(eps));
       });
     else if (rows > 0)
       RF_LAUNCH((layer_norm_dx_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
                 x.as<const T>(), optional<T>(weight), mean.as<const A>(), var.as<const A>(),
-                dy.as<const T>(), dx.as<T>(), cols, A(eps));
+                dy.as<const T>(), dx.as<T>(), low, cols, A(eps));
     if (!dweight.defined() && !dbias.defined()) return;
     if (cols == 0) return;
     const int64_t chunk_rows = grid_y_chunk(rows, kRowChunk);
