@@ -400,6 +400,11 @@ void collective(Op op, const uint32_t* in, int n_in, uint32_t* out, int n_out) {
 // Out of line: getcontext and swapcontext return twice, which would clobber
 // the launch loop's variables.
 __attribute__((noinline)) void make_fiber(Fiber& f, char* stack) {
+  // Each block's fibers start on the stacks of the last block's, whose frames
+  // never returned (a fiber ends by switching away): their redzones would
+  // still be poisoned under AddressSanitizer, and a new frame over them
+  // reported as a wild access.
+  if (&__asan_unpoison_memory_region != nullptr) __asan_unpoison_memory_region(stack, kStackBytes);
   getcontext(&f.context);
   f.context.uc_stack.ss_sp = stack;
   f.context.uc_stack.ss_size = kStackBytes;
