@@ -69,6 +69,13 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
 // under autocast keeps the inner activations in bf16 too.
 Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                      const Tensor& b2, DType out_dtype);
+// Process-wide: whether a linear's bias gradient is summed inside its
+// weight-gradient product where the device can (CUDA: cuBLASLt's BGRADB
+// epilogue), rather than by a pass of its own. Off until a GPU has timed it:
+// cuBLASLt may give up split-K for the epilogue, and these products reduce
+// over every token (mlm_step_bench --precision bf16-bgrad measures it).
+void set_bias_grad_in_product(bool on);
+bool bias_grad_in_product();
 
 // --- normalisation and probabilities (core/ops/softmax.cpp, layer_norm.cpp) ---
 Tensor softmax(const Tensor& x);      // over the last dim

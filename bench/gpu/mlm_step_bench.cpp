@@ -6,7 +6,7 @@
 // docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
-//                  [--precision bf16,f32,bf16-f32act] [--batch N | --start-batch N]
+//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad] [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
@@ -28,6 +28,9 @@
 //
 // --precision bf16-f32act: bf16 products with their results kept in f32 (the
 // step before bf16 activations, core/precision.h), beside bf16 to compare.
+// --precision bf16-bgrad: bf16 with each linear's bias gradient summed inside
+// its weight-gradient product (set_bias_grad_in_product, core/ops.h; on CUDA
+// cuBLASLt's BGRADB epilogue), beside bf16 to decide that setting's default.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -241,7 +244,7 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 }
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
-// `label`: the --precision value (bf16, f32 or bf16-f32act).
+// `label`: the --precision value (bf16, f32, bf16-f32act or bf16-bgrad).
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label) {
   return {{"framework", "ours"},
           {"setup", "ours " + label},
@@ -412,7 +415,8 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32,bf16-f32act] [--batch N | --start-batch N] [--max-tokens N] "
+          "[--precision bf16,f32,bf16-f32act,bf16-bgrad] [--batch N | --start-batch N] "
+          "[--max-tokens N] "
           "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
           "[--f32-if-refused] [--budget-s T] [--profile] "
@@ -423,8 +427,9 @@ Options parse(int argc, char** argv) {
   }
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
-    if (p != "bf16" && p != "f32" && p != "bf16-f32act")
-      throw InputError("--precision: expected bf16, f32 and/or bf16-f32act, got '" + p + "'");
+    if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad")
+      throw InputError("--precision: expected bf16, f32, bf16-f32act and/or bf16-bgrad, got '" + p +
+                       "'");
   return opt;
 }
 
@@ -507,6 +512,7 @@ int run(int argc, char** argv) {
     try {
       scope.emplace(run);
       if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
+      set_bias_grad_in_product(precision == "bf16-bgrad");
       bench.emplace(mc, device);
     } catch (const InputError& e) {
       refused = e.what();  // bf16 not available on this device or CPU

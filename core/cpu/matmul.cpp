@@ -128,7 +128,7 @@ void matmul(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt) {
   matmul_onednn(a_copy ? a_copy->view() : a_in, b_copy ? b_copy->view() : b_in, bias, out);
 }
 
-void linear_weight_grads(Stream stream, KT g, KT x, KT dw, KT db) {
+void linear_weight_grads(Stream stream, KT g, KT x, KT dw, KT db, bool /*fused: CUDA only*/) {
   RF_CHECK(g.ndim == 2 && x.ndim == 2 && dw.ndim == 2 && db.ndim == 1 && db.is_contiguous() &&
                x.sizes[0] == g.sizes[0] && dw.sizes[0] == g.sizes[1] && dw.sizes[1] == x.sizes[1] &&
                db.sizes[0] == g.sizes[1] && db.dtype == g.dtype,

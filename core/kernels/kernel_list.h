@@ -102,11 +102,11 @@ struct AttentionParams {
   /* --- matrix products (core/cpu/matmul.cpp) --------------------------------------------- */\
   /* out[..., M, N] = a[..., M, K] b[..., K, N] (+ bias[N]); batch dims may broadcast. */       \
   X(matmul, void(Stream, KT a, KT b, KT bias, KT out))                                          \
-  /* A linear's weight and bias gradients in one product: dw[N, K] = g^T x and db[N] = the   */ \
+  /* A linear's weight and bias gradients in one call: dw[N, K] = g^T x and db[N] = the     */ \
   /* column sums of g, as `sum` over dim 0 gives them; g [T, N], x [T, K], db contiguous in */ \
-  /* g's dtype.                                                                               */ \
-  /* CUDA: cuBLASLt's BGRADB epilogue where it takes the problem (one pass over g).          */ \
-  X(linear_weight_grads, void(Stream, KT g, KT x, KT dw, KT db))                                 \
+  /* g's dtype. `fused`: db summed inside the product where the device can (CUDA: cuBLASLt's */ \
+  /* BGRADB epilogue, one pass over g); otherwise the product, then `sum`.                   */ \
+  X(linear_weight_grads, void(Stream, KT g, KT x, KT dw, KT db, bool fused))                     \
   /* --- products with the tanh-GELU epilogue (core/cpu/gelu_gemm.cpp; CUDA: cuBLASLt --- */    \
   /* GELU_AUX_BIAS / DGELU_BGRAD). 2-D; a, b as matmul's; pre, y, dpre [M, N]. */               \
   /* pre = a b + bias, y = gelu_tanh(pre) */                                                    \

@@ -5,6 +5,7 @@
 // to bf16 (weights through the per-step cache), the products accumulate in
 // f32 and write f32 (or bf16 activations, when linear is asked for them);
 // the bf16 operands are what backward keeps.
+#include <atomic>
 #include <tuple>
 #include <utility>
 
@@ -49,18 +50,21 @@ bool autocast_product(const Tensor& x, const Tensor& weight) {
          (x.dtype() == DType::f32 || x.dtype() == DType::bf16);
 }
 
+std::atomic<bool> g_bias_grad_in_product{false};
+
 // A linear's weight gradient g^T x [N, K] in w_dtype and, when asked for,
 // its bias gradient (g's column sums in g's dtype, then widened, as under
 // torch's autocast); g [T, N] as the backward got it, eg the product's
 // operand (g, or its bf16 cast under autocast), x [T, K]. Both come from one
-// kernel (on CUDA one pass over eg: cuBLASLt's BGRADB) where the product
-// reads g itself; a bf16 cast of an f32 g keeps its sums over the f32 g.
+// kernel (on CUDA, with bias_grad_in_product(), one pass over eg: cuBLASLt's
+// BGRADB) where the product reads g itself; a bf16 cast of an f32 g keeps
+// its sums over the f32 g.
 std::pair<Tensor, Tensor> weight_grads(const Tensor& g, const Tensor& eg, const Tensor& x,
                                        DType w_dtype, bool want_w, bool want_b, const char* op) {
   if (want_w && want_b && eg.dtype() == g.dtype()) {
     Tensor dw = Tensor::empty({eg.size(1), x.size(1)}, w_dtype, eg.device());
     Tensor db = Tensor::empty({eg.size(1)}, eg.dtype(), eg.device());
-    launch::linear_weight_grads(eg.device(), eg, x, dw, db);
+    launch::linear_weight_grads(eg.device(), eg, x, dw, db, bias_grad_in_product());
     return {dw, db.to(w_dtype)};
   }
   Tensor dw, db;
@@ -70,6 +74,14 @@ std::pair<Tensor, Tensor> weight_grads(const Tensor& g, const Tensor& eg, const 
 }
 
 }  // namespace
+
+void set_bias_grad_in_product(bool on) {
+  g_bias_grad_in_product.store(on);
+}
+
+bool bias_grad_in_product() {
+  return g_bias_grad_in_product.load();
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   kernel_device("matmul", {&a, &b});

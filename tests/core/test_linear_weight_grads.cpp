@@ -16,10 +16,12 @@ namespace {
 
 // The CPU's kernels with linear_weight_grads counted: which path the op took.
 int fused_calls = 0;
+bool last_fused = false;
 void counted_linear_weight_grads(kernels::Stream s, kernels::KT g, kernels::KT x, kernels::KT dw,
-                                 kernels::KT db) {
+                                 kernels::KT db, bool fused) {
   ++fused_calls;
-  kernels::cpu_kernel_table.linear_weight_grads(s, g, x, dw, db);
+  last_fused = fused;
+  kernels::cpu_kernel_table.linear_weight_grads(s, g, x, dw, db, fused);
 }
 struct CountedKernels {
   kernels::KernelTable table = kernels::cpu_kernel_table;
@@ -50,7 +52,7 @@ TEST(LinearWeightGrads, IsTheProductAndTheColumnSumsBitForBit) {
     const Tensor x = Tensor::randn({16, 37}, gen).to(c.in).transpose(0, 1);
     Tensor dw = Tensor::full({24, 16}, NAN, c.dw);
     Tensor db = Tensor::full({24}, NAN, c.in);
-    launch::linear_weight_grads(cpu, g, x, dw, db);
+    launch::linear_weight_grads(cpu, g, x, dw, db, true);
     Tensor ref_dw = Tensor::empty({24, 16}, c.dw);
     launch::matmul(cpu, g.transpose(0, 1), x, Tensor(), ref_dw);
     expect_same_bits(dw, ref_dw, "dw");
@@ -62,9 +64,10 @@ TEST(LinearWeightGrads, RefusesShapesThatDoNotFit) {
   const Tensor g = Tensor::zeros({8, 4}), x = Tensor::zeros({8, 3});
   Tensor dw = Tensor::empty({4, 3}), db = Tensor::empty({4});
   Tensor wrong_db = Tensor::empty({3}), bf16_db = Tensor::empty({4}, DType::bf16);
-  EXPECT_THROW(launch::linear_weight_grads(Device::cpu(), g, x, dw, wrong_db), Error);
-  EXPECT_THROW(launch::linear_weight_grads(Device::cpu(), g, x, dw, bf16_db), Error);
-  EXPECT_THROW(launch::linear_weight_grads(Device::cpu(), g, Tensor::zeros({7, 3}), dw, db), Error);
+  EXPECT_THROW(launch::linear_weight_grads(Device::cpu(), g, x, dw, wrong_db, false), Error);
+  EXPECT_THROW(launch::linear_weight_grads(Device::cpu(), g, x, dw, bf16_db, false), Error);
+  EXPECT_THROW(launch::linear_weight_grads(Device::cpu(), g, Tensor::zeros({7, 3}), dw, db, false),
+               Error);
 }
 
 // The linear op's weight and bias gradients (both asked for: the fused
@@ -93,6 +96,27 @@ TEST(LinearWeightGrads, TheLinearOpsGradientsAreTheProductAndTheSum) {
     expect_same_bits(w.grad(), ref_dw, autocast ? "weight, autocast" : "weight");
     expect_same_bits(b.grad(), sum(g2, {0}).to(DType::f32), autocast ? "bias, autocast" : "bias");
   }
+}
+
+// set_bias_grad_in_product reaches the kernel (off by default), and the CPU
+// gives the same bits either way.
+TEST(LinearWeightGrads, TheSettingReachesTheKernel) {
+  const CountedKernels counted;
+  Generator gen{8, 0};
+  const Tensor x = Tensor::randn({6, 12}, gen), g = Tensor::randn({6, 8}, gen);
+  std::vector<Tensor> grads;
+  for (const bool on : {false, true}) {
+    EXPECT_FALSE(bias_grad_in_product()) << "off by default and after each case";
+    set_bias_grad_in_product(on);
+    Tensor w = Tensor::randn({8, 12}, gen), b = Tensor::randn({8}, gen);
+    w.set_requires_grad(true);
+    b.set_requires_grad(true);
+    sum(mul(linear(x, w, b), g)).backward();
+    set_bias_grad_in_product(false);
+    EXPECT_EQ(last_fused, on);
+    grads.push_back(b.grad());
+  }
+  expect_same_bits(grads[1], grads[0], "bias gradient, fused or not on the CPU");
 }
 
 // An f32 gradient cast to bf16 for the product keeps its bias gradient summed

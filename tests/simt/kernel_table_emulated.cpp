@@ -25,7 +25,7 @@ void synchronize(Stream) {
 void matmul(Stream, KT, KT, KT, KT) {
   not_emulated("matmul");
 }
-void linear_weight_grads(Stream, KT, KT, KT, KT) {
+void linear_weight_grads(Stream, KT, KT, KT, KT, bool) {
   not_emulated("linear_weight_grads");
 }
 void gemm_gelu_forward(Stream, KT, KT, KT, KT, KT) {

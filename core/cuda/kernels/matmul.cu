@@ -275,12 +275,12 @@ void gemm_dgelu_backward(Stream stream, const KernelTensor& a, const KernelTenso
 namespace roformer::kernels::cuda {
 
 // --- a linear's weight and bias gradients ----------------------------------------------
-// cuBLASLt's BGRADB epilogue sums g's columns while the product reads g (the
-// bias gradient costs no pass of its own) where it takes the problem: f32 or
-// bf16 operands, a result matrix_view writes directly, an algorithm for it.
-// Otherwise the product, then `sum` over g's rows.
+// `fused`: cuBLASLt's BGRADB epilogue sums g's columns while the product
+// reads g (the bias gradient costs no pass of its own) where it takes the
+// problem: f32 or bf16 operands, a result matrix_view writes directly, an
+// algorithm for it. Otherwise the product, then `sum` over g's rows.
 void linear_weight_grads(Stream stream, const KernelTensor& g, const KernelTensor& x,
-                         const KernelTensor& dw, const KernelTensor& db) {
+                         const KernelTensor& dw, const KernelTensor& db, bool fused) {
   RF_CHECK(g.ndim == 2 && x.ndim == 2 && dw.ndim == 2 && db.ndim == 1 && db.is_contiguous() &&
                x.sizes[0] == g.sizes[0] && dw.sizes[0] == g.sizes[1] && dw.sizes[1] == x.sizes[1] &&
                db.sizes[0] == g.sizes[1] && db.dtype == g.dtype,
@@ -289,7 +289,7 @@ void linear_weight_grads(Stream stream, const KernelTensor& g, const KernelTenso
   const KernelTensor gt = swapped(g, 0, 1);  // [N, T]: the product's A
   const bool low = g.dtype == DType::f32 || g.dtype == DType::bf16;
   const MatrixView out_view = matrix_view(dw);
-  if (low && g.dtype == x.dtype && (dw.dtype == DType::f32 || dw.dtype == DType::bf16) &&
+  if (fused && low && g.dtype == x.dtype && (dw.dtype == DType::f32 || dw.dtype == DType::bf16) &&
       g.sizes[0] > 0 && g.sizes[1] > 0 && dw.sizes[1] > 0 && matrix_view(gt).ok &&
       matrix_view(x).ok && out_view.ok && !out_view.transposed) {
     ::roformer::cuda::GemmArgs args = product_args(gt, x, KernelTensor{}, dw);
