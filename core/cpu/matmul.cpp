@@ -1,5 +1,6 @@
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
+#include "core/kernels/linear_weight_grads_shapes.h"
 
 namespace roformer::kernels::cpu {
 
@@ -129,11 +130,7 @@ void matmul(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt) {
 }
 
 void linear_weight_grads(Stream stream, KT g, KT x, KT dw, KT db, bool /*fused: CUDA only*/) {
-  RF_CHECK(g.ndim == 2 && x.ndim == 2 && dw.ndim == 2 && db.ndim == 1 && db.is_contiguous() &&
-               x.sizes[0] == g.sizes[0] && dw.sizes[0] == g.sizes[1] && dw.sizes[1] == x.sizes[1] &&
-               db.sizes[0] == g.sizes[1] && db.dtype == g.dtype,
-           "linear_weight_grads kernel: expected g [T, N], x [T, K], dw [N, K] and a contiguous "
-           "db [N] in g's dtype");
+  check_linear_weight_grads(g, x, dw, db);
   // Unfused here: the product, then the bias gradient as the sum kernel
   // gives it (the same bits as summing g over its rows on its own).
   matmul(stream, swapped(g, 0, 1), x, KernelTensor{}, dw);

@@ -148,9 +148,27 @@ __device__ __forceinline__ void accumulator_as_a(uint32_t (&a)[4], const float (
   a[3] = pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+// acc[m][16 x 64] += a[m] (one 16-wide k step of kM row tiles) times 64
+// columns of B, load_b(b, np) giving columns [16 np, 16 np + 16) as two
+// 8-wide fragments (b[0], b[1] and b[2], b[3]): each B fragment read from
+// shared memory serves all kM tiles.
+template <int kM, class LoadB>
+__device__ __forceinline__ void mma_k_step(float (&acc)[kM][8][4], const uint32_t (&a)[kM][4],
+                                           LoadB load_b) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    uint32_t b[4];
+    load_b(b, np);
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      mma(acc[m][2 * np], a[m], b[0], b[1]);
+      mma(acc[m][2 * np + 1], a[m], b[2], b[3]);
+    }
+  }
+}
+
 // acc[m][16 x 64] += A (16 x 64, from the accumulator c[m]) times the shared
-// tile s [64][kLd] read as B[k][n] = s[k][n], for kM row tiles: each B
-// fragment read from shared memory serves all kM tiles.
+// tile s [64][kLd] read as B[k][n] = s[k][n], for kM row tiles.
 template <int kM>
 __device__ __forceinline__ void mma_accumulator_tile(float (&acc)[kM][8][4],
                                                      const float (&c)[kM][8][4], const bf16_t* s,
@@ -160,22 +178,14 @@ __device__ __forceinline__ void mma_accumulator_tile(float (&acc)[kM][8][4],
     uint32_t a[kM][4];
 #pragma unroll
     for (int m = 0; m < kM; ++m) accumulator_as_a(a[m], c[m], kk);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t b[4];
-      load_b_trans(b, s, kk * 16, np * 16, lane);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma(acc[m][2 * np], a[m], b[0], b[1]);
-        mma(acc[m][2 * np + 1], a[m], b[2], b[3]);
-      }
-    }
+    mma_k_step(acc, a,
+               [&](uint32_t(&b)[4], int np) { load_b_trans(b, s, kk * 16, np * 16, lane); });
   }
 }
 
 // c[m][16 x 64] = A_m (16 x 64) times B[k][n] = s[n][k] for the 64 rows n of
-// the shared tile s, for kM row tiles sharing each B fragment read from
-// shared memory; a_of(a, ks) gives the tiles' A fragments of k step ks.
+// the shared tile s, for kM row tiles; a_of(a, ks) gives the tiles' A
+// fragments of k step ks.
 template <int kM, class AFragments>
 __device__ __forceinline__ void mma_rows_of(float (&c)[kM][8][4], AFragments a_of, const bf16_t* s,
                                             int lane) {
@@ -189,16 +199,7 @@ __device__ __forceinline__ void mma_rows_of(float (&c)[kM][8][4], AFragments a_o
   for (int ks = 0; ks < 4; ++ks) {
     uint32_t a[kM][4];
     a_of(a, ks);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t b[4];
-      load_b_pair(b, s, np * 16, ks * 16, lane);
-#pragma unroll
-      for (int m = 0; m < kM; ++m) {
-        mma(c[m][2 * np], a[m], b[0], b[1]);
-        mma(c[m][2 * np + 1], a[m], b[2], b[3]);
-      }
-    }
+    mma_k_step(c, a, [&](uint32_t(&b)[4], int np) { load_b_pair(b, s, np * 16, ks * 16, lane); });
   }
 }
 

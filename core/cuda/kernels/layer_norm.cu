@@ -176,14 +176,15 @@ __global__ void __launch_bounds__(kRowThreads)
     const int64_t p = lane + 32 * k;
     if (p >= packs) continue;
     Pack8<T> out;
-    Pack8<bf16_t> low;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
-      low.v[e] = convert<bf16_t>(out.v[e]);
-    }
+    for (int e = 0; e < 8; ++e) out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
     reinterpret_cast<Pack8<T>*>(dx)[first + p] = out;
-    if (dx_low) reinterpret_cast<Pack8<bf16_t>*>(dx_low)[first + p] = low;
+    if (dx_low) {
+      Pack8<bf16_t> low;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) low.v[e] = convert<bf16_t>(out.v[e]);
+      reinterpret_cast<Pack8<bf16_t>*>(dx_low)[first + p] = low;
+    }
   }
 }
 

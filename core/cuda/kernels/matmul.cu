@@ -11,6 +11,7 @@
 #include "core/cuda/kernels/column_sums.cuh"
 #include "core/cuda/kernels/common.cuh"
 #include "core/kernels/gelu_tanh.h"
+#include "core/kernels/linear_weight_grads_shapes.h"
 
 namespace roformer::kernels::cuda {
 
@@ -270,10 +271,6 @@ void gemm_dgelu_backward(Stream stream, const KernelTensor& a, const KernelTenso
   });
 }
 
-}  // namespace roformer::kernels::cuda
-
-namespace roformer::kernels::cuda {
-
 // --- a linear's weight and bias gradients ----------------------------------------------
 // `fused`: cuBLASLt's BGRADB epilogue sums g's columns while the product
 // reads g (the bias gradient costs no pass of its own) where it takes the
@@ -281,11 +278,7 @@ namespace roformer::kernels::cuda {
 // algorithm for it. Otherwise the product, then `sum` over g's rows.
 void linear_weight_grads(Stream stream, const KernelTensor& g, const KernelTensor& x,
                          const KernelTensor& dw, const KernelTensor& db, bool fused) {
-  RF_CHECK(g.ndim == 2 && x.ndim == 2 && dw.ndim == 2 && db.ndim == 1 && db.is_contiguous() &&
-               x.sizes[0] == g.sizes[0] && dw.sizes[0] == g.sizes[1] && dw.sizes[1] == x.sizes[1] &&
-               db.sizes[0] == g.sizes[1] && db.dtype == g.dtype,
-           "linear_weight_grads kernel: expected g [T, N], x [T, K], dw [N, K] and a contiguous "
-           "db [N] in g's dtype");
+  check_linear_weight_grads(g, x, dw, db);
   const KernelTensor gt = swapped(g, 0, 1);  // [N, T]: the product's A
   const bool low = g.dtype == DType::f32 || g.dtype == DType::bf16;
   const MatrixView out_view = matrix_view(dw);
