@@ -1,5 +1,6 @@
 #include "core/autograd.h"
 
+#include <atomic>
 #include <unordered_map>
 
 #include "core/ops.h"
@@ -9,17 +10,51 @@ namespace roformer {
 
 namespace {
 thread_local bool t_grad_enabled = true;
+std::atomic<bool> g_accumulate_in_backward{true};
 
 // The node for a recorded op: the backward closure and what it captured.
 class FunctionNode final : public Node {
  public:
   FunctionNode(const char* name, BackwardFn fn) : Node(name), fn_(std::move(fn)) {}
-  std::vector<Tensor> backward(const Tensor& grad_output) override { return fn_(grad_output); }
-  void release() override { fn_ = nullptr; }
+  FunctionNode(const char* name, AccumulatingBackwardFn fn)
+      : Node(name), accumulating_fn_(std::move(fn)) {}
+  std::vector<Tensor> backward(const Tensor& grad_output,
+                               const std::vector<Tensor>& partial) override {
+    return accumulating_fn_ ? accumulating_fn_(grad_output, partial) : fn_(grad_output);
+  }
+  bool takes_partial() const override { return bool(accumulating_fn_); }
+  void release() override {
+    fn_ = nullptr;
+    accumulating_fn_ = nullptr;
+  }
 
  private:
   BackwardFn fn_;
+  AccumulatingBackwardFn accumulating_fn_;
 };
+
+// The gradient collected so far for each input of `node` that its backward
+// may add into (AccumulatingBackwardFn's contract), or none at all.
+std::vector<Tensor> offered_partials(Node& node, const std::unordered_map<Node*, Tensor>& grads) {
+  if (!node.takes_partial() || !g_accumulate_in_backward.load()) return {};
+  const std::vector<Edge>& edges = node.edges();
+  std::vector<Tensor> partial(edges.size());
+  for (size_t i = 0; i < edges.size(); ++i) {
+    Node* input = edges[i].node.get();
+    if (!input) continue;
+    size_t uses = 0;
+    for (const Edge& e : edges) uses += e.node.get() == input;
+    auto it = grads.find(input);
+    if (uses != 1 || it == grads.end() || !it->second.defined()) continue;
+    const Tensor& sum = it->second;
+    // Nothing else may see the write: add passes one gradient to both its
+    // inputs, and a view or a saved copy shares the storage.
+    const bool exclusive = sum.impl_ptr().use_count() == 1 && sum.impl().storage.use_count() == 1 &&
+                           sum.is_contiguous();
+    if (exclusive) partial[i] = sum;
+  }
+  return partial;
+}
 
 // dst += src for same-shaped tensors of one dtype and device (dst contiguous).
 void add_in_place(Tensor& dst, const Tensor& src) {
@@ -137,10 +172,16 @@ Tensor record(const char* op, Tensor output, std::initializer_list<const Tensor*
   return record(op, std::move(output), std::vector<const Tensor*>(inputs), std::move(fn));
 }
 
-Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
-              BackwardFn fn) {
-  if (!needs_grad(inputs)) return output;
-  auto node = std::make_shared<FunctionNode>(op, std::move(fn));
+void set_accumulate_in_backward(bool on) {
+  g_accumulate_in_backward.store(on);
+}
+
+bool accumulate_in_backward() {
+  return g_accumulate_in_backward.load();
+}
+
+namespace {
+Tensor attach(std::shared_ptr<Node> node, Tensor output, const std::vector<const Tensor*>& inputs) {
   for (const Tensor* t : inputs) {
     Edge edge;
     if (t && t->defined() && t->requires_grad()) {
@@ -155,6 +196,20 @@ Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& i
   output.impl().requires_grad = true;
   output.impl().grad_fn = std::move(node);
   return output;
+}
+}  // namespace
+
+Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
+              BackwardFn fn) {
+  if (!needs_grad(inputs)) return output;
+  return attach(std::make_shared<FunctionNode>(op, std::move(fn)), std::move(output), inputs);
+}
+
+Tensor record_accumulating(const char* op, Tensor output,
+                           std::initializer_list<const Tensor*> inputs, AccumulatingBackwardFn fn) {
+  const std::vector<const Tensor*> in(inputs);
+  if (!needs_grad(in)) return output;
+  return attach(std::make_shared<FunctionNode>(op, std::move(fn)), std::move(output), in);
 }
 
 void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph) {
@@ -200,9 +255,11 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
     grads.erase(node);
     // A node no gradient reached still releases its inputs' pending counts.
     std::vector<Tensor> input_grads(node->edges().size());
+    std::vector<Tensor> partial;
     if (g.defined()) {
+      partial = offered_partials(*node, grads);
       ProfileScope profile(node->name().c_str(), /*backward=*/true);  // ROFORMER_PROFILE=1
-      input_grads = node->backward(g);
+      input_grads = node->backward(g, partial);
     }
     if (input_grads.size() != node->edges().size())
       throw Error(detail::concat("autograd: '", node->name(), "' returned ", input_grads.size(),
@@ -215,7 +272,9 @@ void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph
         if (it != leaf_pending.end() && --it->second == 0) fire_ready_hook(*e.leaf);
       }
       if (!e.node) continue;
-      if (input_grads[i].defined()) {
+      const bool added_in_place = i < partial.size() && partial[i].defined() &&
+                                  input_grads[i].impl_ptr() == partial[i].impl_ptr();
+      if (input_grads[i].defined() && !added_in_place) {
         auto it = grads.find(e.node.get());
         if (it == grads.end() || !it->second.defined()) {
           grads[e.node.get()] = input_grads[i];

@@ -50,8 +50,12 @@ class Node {
   // Frees the nodes only this one owns without recursion (deep graphs).
   virtual ~Node();
   // Gradients for each input edge given the output's gradient; an undefined
-  // tensor means "no gradient".
-  virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
+  // tensor means "no gradient". `partial` (one per edge, or empty) holds the
+  // gradients already collected for inputs a backward may add into in place
+  // (see AccumulatingBackwardFn); only nodes that take_partial() get any.
+  virtual std::vector<Tensor> backward(const Tensor& grad_output,
+                                       const std::vector<Tensor>& partial) = 0;
+  virtual bool takes_partial() const { return false; }
   // Frees what was saved for backward (after a backward without retain_graph).
   virtual void release() = 0;
   const std::string& name() const { return name_; }
@@ -84,6 +88,24 @@ class SavedTensor {
 
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
 
+// A backward that can add an input's gradient into the sum already collected
+// for that input, rather than return a new tensor for the engine to add in a
+// pass of its own (a product does it with no extra pass: GEMM beta = 1).
+// partial[i] is defined only where the engine offers one: the input has
+// history, earlier consumers' gradients for it were summed into a contiguous
+// tensor nothing but the engine holds, and the input is this node's input
+// once. A backward that adds its gradient for input i into partial[i]
+// returns partial[i] itself there; the engine then adds nothing. Any other
+// tensor it returns is added as usual.
+using AccumulatingBackwardFn = std::function<std::vector<Tensor>(
+    const Tensor& grad_output, const std::vector<Tensor>& partial)>;
+
+// Whether backward offers partial sums to AccumulatingBackwardFn nodes (on
+// by default; off, every gradient is added by the engine: the A/B of
+// benchmarks and tests).
+void set_accumulate_in_backward(bool on);
+bool accumulate_in_backward();
+
 // Is grad mode on for this thread?
 bool grad_enabled();
 
@@ -110,6 +132,9 @@ Tensor record(const char* op, Tensor output, std::initializer_list<const Tensor*
               BackwardFn fn);
 Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
               BackwardFn fn);
+// The same for a backward that may add into its inputs' partial sums.
+Tensor record_accumulating(const char* op, Tensor output,
+                           std::initializer_list<const Tensor*> inputs, AccumulatingBackwardFn fn);
 
 // Runs reverse mode from `root` with `grad_root` as its gradient.
 void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph);

@@ -46,6 +46,9 @@
 #   ours_bgrad     ours at 512 with the bias gradients summed inside the
 #                  weight-gradient products (--precision bf16-bgrad, cuBLASLt's
 #                  BGRADB): whether that setting should be on by default
+#   ours_addgrad   ours at 512 with every gradient sum added by autograd in a
+#                  pass of its own (--precision bf16-addgrad): what the
+#                  products adding into the sums gained, side by side
 #   ours_f32       ours in f32 at the lengths not yet measured in f32 (last)
 #   summary        bench/gpu/bench_summary.py: the table
 # What comes back in $OUT:
@@ -180,6 +183,7 @@ run_bench() {
   step "hf_full_$seq" 60 hf_step "$seq" --setups eager --head full
   step ours_f32act 60 ours_step bf16-f32act "$REFERENCE_SEQ" --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
+  step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_f32 100 ours_f32_step "${BENCH_SEQS// /,}"
   # The table is written whatever the budget left: it only reads the results.
   BUDGET=$((BUDGET + 45)) step summary 30 summary_step

@@ -6,7 +6,8 @@
 // docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
-//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad] [--batch N | --start-batch N]
+//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad]
+//                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
@@ -31,6 +32,9 @@
 // --precision bf16-bgrad: bf16 with each linear's bias gradient summed inside
 // its weight-gradient product (set_bias_grad_in_product, core/ops.h; on CUDA
 // cuBLASLt's BGRADB epilogue), beside bf16 to decide that setting's default.
+// --precision bf16-addgrad: bf16 with every gradient sum added by autograd in
+// a pass of its own (set_accumulate_in_backward(false), core/autograd.h): the
+// step before the products added into the sums, beside bf16 to compare.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -244,7 +248,7 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 }
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
-// `label`: the --precision value (bf16, f32, bf16-f32act or bf16-bgrad).
+// `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad or bf16-addgrad).
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label) {
   return {{"framework", "ours"},
           {"setup", "ours " + label},
@@ -415,7 +419,8 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32,bf16-f32act,bf16-bgrad] [--batch N | --start-batch N] "
+          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad] [--batch N | --start-batch "
+          "N] "
           "[--max-tokens N] "
           "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
@@ -427,9 +432,10 @@ Options parse(int argc, char** argv) {
   }
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
-    if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad")
-      throw InputError("--precision: expected bf16, f32, bf16-f32act and/or bf16-bgrad, got '" + p +
-                       "'");
+    if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad" && p != "bf16-addgrad")
+      throw InputError(
+          "--precision: expected bf16, f32, bf16-f32act, bf16-bgrad and/or bf16-addgrad, got '" +
+          p + "'");
   return opt;
 }
 
@@ -513,6 +519,7 @@ int run(int argc, char** argv) {
       scope.emplace(run);
       if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
       set_bias_grad_in_product(precision == "bf16-bgrad");
+      set_accumulate_in_backward(precision != "bf16-addgrad");
       bench.emplace(mc, device);
     } catch (const InputError& e) {
       refused = e.what();  // bf16 not available on this device or CPU

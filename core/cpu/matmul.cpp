@@ -28,9 +28,13 @@ dnnl::memory::desc operand_desc(const View& t) {
   return onednn_desc(shape, strides, t.dtype());
 }
 
-void matmul_onednn(const View& a, const View& b, const View& bias, const View& out) {
-  const std::string key = "matmul|" + geometry_key(a) + "|" + geometry_key(b) + "|" +
-                          geometry_key(bias) + "|" + geometry_key(out);
+// out = a b (+ bias), or with `accumulate` out += a b (oneDNN's sum post-op:
+// the product's f32 result plus out's old value, rounded once into out).
+void matmul_onednn(const View& a, const View& b, const View& bias, const View& out,
+                   bool accumulate) {
+  const std::string key = std::string(accumulate ? "matmul+=|" : "matmul|") + geometry_key(a) +
+                          "|" + geometry_key(b) + "|" + geometry_key(bias) + "|" +
+                          geometry_key(out);
   auto prim = cached_primitive<MatmulPrimitive>(key, [&] {
     count_primitive_built();
     MatmulPrimitive p;
@@ -47,7 +51,13 @@ void matmul_onednn(const View& a, const View& b, const View& bias, const View& o
     }
     dnnl::matmul::desc desc = bias.defined() ? dnnl::matmul::desc(p.a, p.b, p.bias, p.out)
                                              : dnnl::matmul::desc(p.a, p.b, p.out);
-    dnnl::matmul::primitive_desc pd(desc, onednn_engine());
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops sum_into_out;
+      sum_into_out.append_sum(1.0f);
+      attr.set_post_ops(sum_into_out);
+    }
+    dnnl::matmul::primitive_desc pd(desc, attr, onednn_engine());
     p.primitive = dnnl::matmul(pd);
     return p;
   });
@@ -61,7 +71,7 @@ void matmul_onednn(const View& a, const View& b, const View& bias, const View& o
 
 // Reference loop for f64 (oneDNN has no f64 matmul).
 template <class T>
-void matmul_loop(const View& a, const View& b, const View& bias, const View& out) {
+void matmul_loop(const View& a, const View& b, const View& bias, const View& out, bool accumulate) {
   const int64_t nd = out.dim();
   const int64_t M = out.shape()[nd - 2], N = out.shape()[nd - 1], K = a.shape()[nd - 1];
   const int64_t batches = out.numel() / std::max<int64_t>(M * N, 1);
@@ -86,7 +96,8 @@ void matmul_loop(const View& a, const View& b, const View& bias, const View& out
       double acc = pbias ? double(pbias[n * bias.strides().back()]) : 0.0;
       for (int64_t k = 0; k < K; ++k)
         acc += double(pa[oa + m * sam + k * sak]) * double(pb[ob + k * sbk + n * sbn]);
-      po[oo + m * som + n * son] = T(acc);
+      T& o = po[oo + m * som + n * son];
+      o = accumulate ? T(double(o) + acc) : T(acc);
     }
   });
 }
@@ -97,12 +108,12 @@ bool matrix_friendly(const View& t) {
   return t.strides()[nd - 1] == 1 || t.strides()[nd - 2] == 1;
 }
 
-}  // namespace
-
-void matmul(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt) {
+// out = a b (+ bias), or out += a b.
+void product(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt, bool accumulate) {
   const View a_in(a_kt), b_in(b_kt), bias(bias_kt), out(out_kt);
   if (out.numel() == 0) return;
   if (a_in.shape().back() == 0) {  // empty sums; oneDNN would divide by K = 0 (SIGFPE)
+    if (accumulate) return;
     if (bias.defined()) {
       Shape strides(out.shape().size(), 0);
       strides.back() = bias.strides().back();
@@ -113,7 +124,7 @@ void matmul(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt) {
     return;
   }
   if (a_in.dtype() == DType::f64) {
-    matmul_loop<double>(a_in, b_in, bias, out);
+    matmul_loop<double>(a_in, b_in, bias, out, accumulate);
     return;
   }
   // Operands without a unit stride in the matrix dims go through a copy.
@@ -126,7 +137,18 @@ void matmul(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt) {
     b_copy = std::make_unique<Scratch>(b_in.shape(), b_in.dtype());
     copy(stream, b_kt, b_copy->view().kt());
   }
-  matmul_onednn(a_copy ? a_copy->view() : a_in, b_copy ? b_copy->view() : b_in, bias, out);
+  matmul_onednn(a_copy ? a_copy->view() : a_in, b_copy ? b_copy->view() : b_in, bias, out,
+                accumulate);
+}
+
+}  // namespace
+
+void matmul(Stream stream, KT a, KT b, KT bias, KT out) {
+  product(stream, a, b, bias, out, /*accumulate=*/false);
+}
+
+void matmul_accumulate(Stream stream, KT a, KT b, KT out) {
+  product(stream, a, b, KernelTensor{}, out, /*accumulate=*/true);
 }
 
 void linear_weight_grads(Stream stream, KT g, KT x, KT dw, KT db, bool /*fused: CUDA only*/) {

@@ -102,6 +102,9 @@ struct AttentionParams {
   /* --- matrix products (core/cpu/matmul.cpp) --------------------------------------------- */\
   /* out[..., M, N] = a[..., M, K] b[..., K, N] (+ bias[N]); batch dims may broadcast. */       \
   X(matmul, void(Stream, KT a, KT b, KT bias, KT out))                                          \
+  /* out[..., M, N] += a b, as matmul (no bias): a product added into a gradient sum with   */ \
+  /* no pass of its own (cuBLASLt's beta = 1, oneDNN's sum post-op).                        */ \
+  X(matmul_accumulate, void(Stream, KT a, KT b, KT out))                                        \
   /* A linear's weight and bias gradients in one call: dw[N, K] = g^T x and db[N] = the     */ \
   /* column sums of g, as `sum` over dim 0 gives them; g [T, N], x [T, K], db contiguous in */ \
   /* g's dtype. `fused`: db summed inside the product where the device can (CUDA: cuBLASLt's */ \

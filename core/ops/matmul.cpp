@@ -73,6 +73,21 @@ std::pair<Tensor, Tensor> weight_grads(const Tensor& g, const Tensor& eg, const 
   return {dw, db};
 }
 
+// A linear's input gradient eg w [.., K] in x's dtype and shape; added into
+// `partial` (the gradient summed so far for x, when autograd offers one that
+// fits) by the product itself, and partial returned (AccumulatingBackwardFn).
+Tensor input_grad(const Tensor& eg, const Tensor& w, const Tensor& partial, DType x_dtype,
+                  const Shape& x_shape, const char* op) {
+  if (partial.defined() && partial.dtype() == x_dtype && partial.shape() == x_shape &&
+      partial.device() == eg.device()) {
+    Tensor sum = partial;
+    launch::matmul_accumulate(eg.device(), eg, w, sum.view({eg.size(0), w.size(1)}));
+    sum.bump_version();
+    return sum;
+  }
+  return product(eg, w, Tensor(), op, x_dtype).view(x_shape);
+}
+
 }  // namespace
 
 void set_bias_grad_in_product(bool on) {
@@ -144,17 +159,21 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType o
   const bool gbias = bias.defined() && bias.requires_grad();
   SavedTensor saved_x(gw ? x2 : Tensor(), "linear"), saved_w(gx ? w : Tensor(), "linear");
   const Shape x_shape = x.shape();
-  return record("linear", out, {&x, &weight, &bias}, [=](const Tensor& g) {
-    const Tensor g2 = g.reshape({-1, out_features});
-    const Tensor eg = low ? to_bf16(g2) : g2;
-    Tensor grad_x, grad_w, grad_b;
-    // Each gradient in its input's dtype (the bias's summed in g's, as
-    // under torch's autocast, then widened).
-    if (gx) grad_x = product(eg, saved_w.get(), Tensor(), "linear", x_dtype).view(x_shape);
-    std::tie(grad_w, grad_b) =
-        weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, "linear");
-    return std::vector<Tensor>{grad_x, grad_w, grad_b};
-  });
+  return record_accumulating(
+      "linear", out, {&x, &weight, &bias},
+      [=](const Tensor& g, const std::vector<Tensor>& partial) {
+        const Tensor g2 = g.reshape({-1, out_features});
+        const Tensor eg = low ? to_bf16(g2) : g2;
+        Tensor grad_x, grad_w, grad_b;
+        // Each gradient in its input's dtype (the bias's summed in g's, as
+        // under torch's autocast, then widened).
+        if (gx)
+          grad_x = input_grad(eg, saved_w.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
+                              x_shape, "linear");
+        std::tie(grad_w, grad_b) =
+            weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, "linear");
+        return std::vector<Tensor>{grad_x, grad_w, grad_b};
+      });
 }
 
 Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
@@ -212,27 +231,30 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
   SavedTensor saved_pre(inner_grad ? pre : Tensor(), op), saved_h(gw2 ? h : Tensor(), op);
   SavedTensor saved_w2(inner_grad ? we2 : Tensor(), op);
   const Shape x_shape = x.shape();
-  return record(op, out, {&x, &w1, &b1, &w2, &b2}, [=](const Tensor& g) {
-    const Tensor g2 = g.reshape({-1, out_features});
-    const Tensor eg = low ? to_bf16(g2) : g2;
-    Tensor dx, dw1, db1, dw2, db2;
-    // Each gradient in its input's dtype (b1's and b2's summed in dt and
-    // g's, then widened).
-    std::tie(dw2, db2) =
-        weight_grads(g2, eg, gw2 ? saved_h.get() : Tensor(), w_dtype, gw2, gb2, op);
-    if (inner_grad) {
-      // dpre = (g w2) * gelu_tanh'(pre), and b1's gradient in the same pass.
-      const Tensor& p = saved_pre.get();
-      Tensor dpre = Tensor::empty(p.shape(), dt, p.device());
-      Tensor dbias = Tensor::empty({inner}, dt, p.device());
-      launch::gemm_dgelu_backward(p.device(), eg, saved_w2.get(), p, dpre, dbias);
-      if (gb1) db1 = dbias.to(w_dtype);
-      const Tensor ed = low ? to_bf16(dpre) : dpre;
-      if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, w_dtype);
-      if (gx) dx = product(ed, saved_w1.get(), Tensor(), op, x_dtype).view(x_shape);
-    }
-    return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
-  });
+  return record_accumulating(
+      op, out, {&x, &w1, &b1, &w2, &b2}, [=](const Tensor& g, const std::vector<Tensor>& partial) {
+        const Tensor g2 = g.reshape({-1, out_features});
+        const Tensor eg = low ? to_bf16(g2) : g2;
+        Tensor dx, dw1, db1, dw2, db2;
+        // Each gradient in its input's dtype (b1's and b2's summed in dt and
+        // g's, then widened).
+        std::tie(dw2, db2) =
+            weight_grads(g2, eg, gw2 ? saved_h.get() : Tensor(), w_dtype, gw2, gb2, op);
+        if (inner_grad) {
+          // dpre = (g w2) * gelu_tanh'(pre), and b1's gradient in the same pass.
+          const Tensor& p = saved_pre.get();
+          Tensor dpre = Tensor::empty(p.shape(), dt, p.device());
+          Tensor dbias = Tensor::empty({inner}, dt, p.device());
+          launch::gemm_dgelu_backward(p.device(), eg, saved_w2.get(), p, dpre, dbias);
+          if (gb1) db1 = dbias.to(w_dtype);
+          const Tensor ed = low ? to_bf16(dpre) : dpre;
+          if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, w_dtype);
+          if (gx)
+            dx = input_grad(ed, saved_w1.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
+                            x_shape, op);
+        }
+        return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
+      });
 }
 
 }  // namespace roformer

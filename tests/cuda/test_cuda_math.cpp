@@ -203,6 +203,30 @@ TEST(CudaGemm, LinearWeightGradsAreTheSameFusedOrNot) {
   EXPECT_LT(relative_error(dbs[1], dbs[0]), 1e-2) << "db";
 }
 
+// matmul_accumulate (cuBLASLt's beta = 1) against the CPU's kernel on the
+// same operands: f32, and bf16 products added into f32 as a linear's input
+// gradient is under autocast; batched with transposed operands, and a
+// transposed out (through the kernel's contiguous copy and back).
+TEST(CudaGemm, MatmulAccumulateAddsIntoOutAsTheCpuDoes) {
+  RF_REQUIRE_GPU();
+  Generator gen{47, 0};
+  for (const DType in : {DType::f32, DType::bf16}) {
+    const Tensor a = Tensor::randn({2, 300, 64}, gen).to(in);
+    const Tensor b = Tensor::randn({2, 96, 64}, gen).to(in).transpose(1, 2);
+    const Tensor before = Tensor::randn({2, 300, 96}, gen);
+    for (const bool transposed_out : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(in)) + (transposed_out ? ", transposed out" : ""));
+      Tensor host =
+          transposed_out ? before.transpose(1, 2).contiguous().transpose(1, 2) : before.clone();
+      launch::matmul_accumulate(Device::cpu(), a, b, host);
+      Tensor device = transposed_out ? before.transpose(1, 2).contiguous().to(kGpu).transpose(1, 2)
+                                     : before.to(kGpu);
+      launch::matmul_accumulate(kGpu, a.to(kGpu), b.to(kGpu), device);
+      EXPECT_LT(relative_error(device.to_vector<double>(), host.to_vector<double>()), 1e-5);
+    }
+  }
+}
+
 TEST(CudaOptimizer, GradNormAndNonFiniteCountAreExactAndRepeatable) {
   RF_REQUIRE_GPU();
   Generator gen{21, 0};

@@ -25,6 +25,9 @@ void synchronize(Stream) {
 void matmul(Stream, KT, KT, KT, KT) {
   not_emulated("matmul");
 }
+void matmul_accumulate(Stream, KT, KT, KT) {
+  not_emulated("matmul_accumulate");
+}
 void linear_weight_grads(Stream, KT, KT, KT, KT, bool) {
   not_emulated("linear_weight_grads");
 }

@@ -28,6 +28,7 @@ kernels::KernelTable hybrid_table() {
   t.take_error = cpu.take_error;
   t.synchronize = cpu.synchronize;
   t.matmul = cpu.matmul;
+  t.matmul_accumulate = cpu.matmul_accumulate;
   t.linear_weight_grads = cpu.linear_weight_grads;
   t.gemm_gelu_forward = cpu.gemm_gelu_forward;
   t.gemm_dgelu_backward = cpu.gemm_dgelu_backward;

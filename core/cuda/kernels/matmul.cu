@@ -1,5 +1,6 @@
 // matmul of the list: out[..., M, N] = a[..., M, K] b[..., K, N] (+ bias[N]),
-// batch dims broadcast (stride 0). f32 and bf16 go to cuBLASLt (core/cuda/
+// batch dims broadcast (stride 0); matmul_accumulate adds the product into
+// out (cuBLASLt's beta = 1). f32 and bf16 go to cuBLASLt (core/cuda/
 // gemm.h) as one strided-batched call when the batch dims collapse, else one
 // call per batch entry; an operand without a unit stride in its matrix dims
 // goes through a contiguous copy. f64 (gradient checks) and empty sums use a
@@ -37,7 +38,7 @@ __host__ __device__ inline BatchOffsets batch_offsets(const KernelTensor& a, con
 
 template <class T>
 __global__ void matmul_loop_kernel(KernelTensor a, KernelTensor b, KernelTensor bias,
-                                   KernelTensor out, int64_t total) {
+                                   KernelTensor out, int64_t total, bool accumulate) {
   const int32_t nd = out.ndim;
   const int64_t M = out.sizes[nd - 2], N = out.sizes[nd - 1], K = a.sizes[nd - 1];
   const T* pa = a.as<const T>();
@@ -52,7 +53,8 @@ __global__ void matmul_loop_kernel(KernelTensor a, KernelTensor b, KernelTensor 
     for (int64_t k = 0; k < K; ++k)
       acc += convert<double>(pa[oa + m * a.strides[nd - 2] + k * a.strides[nd - 1]]) *
              convert<double>(pb[ob + k * b.strides[nd - 2] + n * b.strides[nd - 1]]);
-    po[oo + m * out.strides[nd - 2] + n * out.strides[nd - 1]] = convert<T>(acc);
+    T& result = po[oo + m * out.strides[nd - 2] + n * out.strides[nd - 1]];
+    result = convert<T>(accumulate ? convert<double>(result) + acc : acc);
   }
 }
 
@@ -133,10 +135,9 @@ KernelTensor contiguous_copy(const Stream& stream, const KernelTensor& t,
   return g;
 }
 
-}  // namespace
-
-void matmul(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
-            const KernelTensor& bias_in, const KernelTensor& out_in) {
+// out = a b (+ bias), or out += a b.
+void product(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
+             const KernelTensor& bias_in, const KernelTensor& out_in, bool accumulate) {
   RF_CHECK(out_in.ndim >= 2 && a_in.ndim == out_in.ndim && b_in.ndim == out_in.ndim,
            "matmul kernel: expected operands with the result's ", out_in.ndim, " dims");
   const int64_t total = out_in.numel();
@@ -147,7 +148,7 @@ void matmul(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
     on_floating_dtype(out_in.dtype, "matmul", [&](auto tag) {
       using T = decltype(tag);
       RF_LAUNCH((matmul_loop_kernel<T>), grid_for(total), kThreads, 0, native(stream), a_in, b_in,
-                bias_in, out_in, total);
+                bias_in, out_in, total, accumulate);
     });
     return;
   }
@@ -162,8 +163,10 @@ void matmul(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
   if (!out_direct) {
     keep.push_back(std::make_unique<Scratch>(stream, nbytes_of(out)));
     out = contiguous_like(out_in, keep.back()->as<void>(), out_in.dtype);
+    if (accumulate) copy(stream, out_in, out);
   }
   ::roformer::cuda::GemmArgs g = product_args(a, b, bias, out);
+  if (accumulate) g.beta = 1.0f;
   const KernelTensor* ops[3] = {&a, &b, &out};
   int64_t count = 1, stride[3];
   const size_t ea = dtype_size(a.dtype), eb = dtype_size(b.dtype), eo = dtype_size(out.dtype);
@@ -183,6 +186,18 @@ void matmul(Stream stream, const KernelTensor& a_in, const KernelTensor& b_in,
     }
   }
   if (!out_direct) copy(stream, out, out_in);
+}
+
+}  // namespace
+
+void matmul(Stream stream, const KernelTensor& a, const KernelTensor& b, const KernelTensor& bias,
+            const KernelTensor& out) {
+  product(stream, a, b, bias, out, /*accumulate=*/false);
+}
+
+void matmul_accumulate(Stream stream, const KernelTensor& a, const KernelTensor& b,
+                       const KernelTensor& out) {
+  product(stream, a, b, KernelTensor{}, out, /*accumulate=*/true);
 }
 
 // --- the products with the tanh-GELU epilogue -----------------------------------------
