@@ -11,6 +11,7 @@
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
+//                  [--kernel-calls]
 //   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
 //                  [--precision P] [--peak-tflops T]
 //
@@ -39,6 +40,10 @@
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
 // per op, forward and backward: where the step's time goes.
+//
+// --kernel-calls: the last timed step's kernel calls per kernel of the list
+// (printed, and in the row as kernel_calls_by_kernel): which passes a step
+// makes, on any device.
 //
 // --flops-for runs nothing: it prints, one JSON object per line, the model
 // FLOPs of one step of those shapes (train/telemetry's mlm_training_flops, the
@@ -94,6 +99,7 @@ struct Options {
   std::string flops_for;        // SEQ:BATCH:MASKED,...: print the FLOPs of these steps, run nothing
   bool f32_if_refused = false;  // bf16 refused on this device: measure f32 instead
   bool profile = false;         // one more step, timed per op (synchronised)
+  bool kernel_calls = false;    // the last step's kernel calls, per kernel of the list
 };
 
 // The model sizes: RoFormer-base as issue 14 sets it, and a tiny one for CPU dry runs.
@@ -156,6 +162,8 @@ class Bench {
   // One optimizer step; returns its loss (waits for the device).
   double step(uint64_t index) {
     const uint64_t calls = kernels::kernel_calls.load();
+    std::vector<uint64_t> by_kernel(size_t(kernels::KernelId::count));
+    for (size_t i = 0; i < by_kernel.size(); ++i) by_kernel[i] = kernels::kernel_calls_by_id[i];
     const auto start = Clock::now();
     DropoutContext dropout{7, index, 0};
     const MlmOutput out =
@@ -178,12 +186,23 @@ class Bench {
     const double loss = out.loss.item();
     if (!device_.is_cpu()) synchronize(current_stream(device_));
     last_calls_ = kernels::kernel_calls.load() - calls;
+    for (size_t i = 0; i < by_kernel.size(); ++i)
+      by_kernel[i] = kernels::kernel_calls_by_id[i] - by_kernel[i];
+    last_calls_by_kernel_ = std::move(by_kernel);
     return loss;
   }
   // Of the last step: the host's seconds to queue forward and backward, and
   // the kernel calls of the whole step.
   double last_enqueue_s() const { return last_enqueue_s_; }
   uint64_t last_calls() const { return last_calls_; }
+  // The same per kernel: {name: calls}, those called only.
+  nlohmann::json last_calls_by_kernel() const {
+    nlohmann::json out = nlohmann::json::object();
+    for (size_t i = 0; i < last_calls_by_kernel_.size(); ++i)
+      if (last_calls_by_kernel_[i] > 0)
+        out[kernels::kernel_name(kernels::KernelId(i))] = last_calls_by_kernel_[i];
+    return out;
+  }
 
   // After an out-of-memory error: the gradients of the failed step dropped,
   // cached blocks given back.
@@ -201,6 +220,7 @@ class Bench {
   bench::MlmBatch batch_;
   double last_enqueue_s_ = 0;
   uint64_t last_calls_ = 0;
+  std::vector<uint64_t> last_calls_by_kernel_;
 };
 
 struct Trial {
@@ -256,6 +276,16 @@ nlohmann::json row_head(const Config& run, int64_t S, const std::string& label) 
           {"precision", label},
           {"seq", S},
           {"head", "masked rows"}};
+}
+
+// The kernel calls of one step by kernel, most called first.
+void print_kernel_calls(const nlohmann::json& calls) {
+  std::vector<std::pair<uint64_t, std::string>> rows;
+  for (const auto& [name, n] : calls.items()) rows.push_back({n.get<uint64_t>(), name});
+  std::sort(rows.rbegin(), rows.rend());
+  std::printf("kernel calls of the last step, by kernel:\n");
+  for (const auto& [n, name] : rows)
+    std::printf("  %-28s %6llu\n", name.c_str(), (unsigned long long)n);
 }
 
 // One step with every op's scope synchronised: device milliseconds per op.
@@ -347,6 +377,10 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
             {"enqueue_ms", 1e3 * median(enqueue)},
             {"steps", steps}});
   if (!std::isfinite(loss)) r["message"] = "non-finite loss";
+  if (opt.kernel_calls) {
+    r["kernel_calls_by_kernel"] = bench.last_calls_by_kernel();
+    print_kernel_calls(r["kernel_calls_by_kernel"]);
+  }
   if (opt.profile) profile_step(bench, device, S, B);
   bench.clear_batch();
   release_device_cache(device);
@@ -414,6 +448,8 @@ Options parse(int argc, char** argv) {
       opt.f32_if_refused = true;
     } else if (a == "--profile") {
       opt.profile = true;
+    } else if (a == "--kernel-calls") {
+      opt.kernel_calls = true;
     } else if (a == "--flops-for") {
       opt.flops_for = value();
     } else {
@@ -424,7 +460,7 @@ Options parse(int argc, char** argv) {
           "[--max-tokens N] "
           "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
-          "[--f32-if-refused] [--budget-s T] [--profile] "
+          "[--f32-if-refused] [--budget-s T] [--profile] [--kernel-calls] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));

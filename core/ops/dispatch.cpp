@@ -15,6 +15,16 @@ namespace roformer {
 namespace kernels {
 
 std::atomic<uint64_t> kernel_calls{0};
+std::atomic<uint64_t> kernel_calls_by_id[size_t(KernelId::count)];
+
+const char* kernel_name(KernelId id) {
+  static constexpr const char* kNames[] = {
+#define ROFORMER_KERNEL_NAME(name, ...) #name,
+      ROFORMER_KERNELS(ROFORMER_KERNEL_NAME)
+#undef ROFORMER_KERNEL_NAME
+  };
+  return size_t(id) < size_t(KernelId::count) ? kNames[size_t(id)] : "?";
+}
 
 namespace {
 std::atomic<const KernelTable*> g_cpu_table_for_tests{nullptr};

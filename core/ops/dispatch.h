@@ -52,6 +52,17 @@ int32_t index_check_site(Device device, IndexErrorMessage message);
 // which bounds the launch overhead a GPU step pays.
 extern std::atomic<uint64_t> kernel_calls;
 
+// The same per kernel of the list, in its order: which passes a step makes
+// (mlm_step_bench --kernel-calls).
+enum class KernelId : uint16_t {
+#define ROFORMER_KERNEL_ID(name, ...) name,
+  ROFORMER_KERNELS(ROFORMER_KERNEL_ID)
+#undef ROFORMER_KERNEL_ID
+      count
+};
+extern std::atomic<uint64_t> kernel_calls_by_id[size_t(KernelId::count)];
+const char* kernel_name(KernelId id);
+
 }  // namespace kernels
 
 // launch::<name>(device, args...) for every kernel in the list.
@@ -60,6 +71,8 @@ namespace launch {
   template <class... Args>                                                                        \
   decltype(auto) name(Device device, Args&&... args) {                                            \
     kernels::kernel_calls.fetch_add(1, std::memory_order_relaxed);                                \
+    kernels::kernel_calls_by_id[size_t(kernels::KernelId::name)].fetch_add(                       \
+        1, std::memory_order_relaxed);                                                            \
     return kernels::table(device).name(kernels::stream(device), kernels::to_kernel_arg(args)...); \
   }
 ROFORMER_KERNELS(ROFORMER_LAUNCHER)

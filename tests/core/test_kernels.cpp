@@ -1,6 +1,7 @@
 // The kernel layer under the ops: exceptions out of OpenMP regions, the
 // bounded oneDNN primitive cache, overlap-safe copies, size inference in
-// view/reshape, and the device error record behind index checks.
+// view/reshape, the device error record behind index checks, and the
+// kernel call counters.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -377,6 +378,22 @@ TEST(PhiloxSimd, BlocksAndDrawsEqualTheScalarGenerator) {
       }
     }
   }
+}
+
+// launch:: counts each call under its kernel of the list as well as in all.
+TEST(KernelCalls, EachCallIsCountedUnderItsKernel) {
+  const auto fill_id = size_t(kernels::KernelId::fill), copy_id = size_t(kernels::KernelId::copy);
+  EXPECT_STREQ(kernels::kernel_name(kernels::KernelId::fill), "fill");
+  EXPECT_STREQ(kernels::kernel_name(kernels::KernelId::matmul_accumulate), "matmul_accumulate");
+  const uint64_t all = kernels::kernel_calls, fills = kernels::kernel_calls_by_id[fill_id],
+                 copies = kernels::kernel_calls_by_id[copy_id];
+  Tensor t = Tensor::empty({4});
+  launch::fill(Device::cpu(), t, 1.0);
+  launch::fill(Device::cpu(), t, 2.0);
+  launch::copy(Device::cpu(), Tensor::zeros({4}), t);
+  EXPECT_EQ(kernels::kernel_calls_by_id[fill_id] - fills, 3u) << "Tensor::zeros fills too";
+  EXPECT_EQ(kernels::kernel_calls_by_id[copy_id] - copies, 1u);
+  EXPECT_EQ(kernels::kernel_calls - all, 4u);
 }
 
 }  // namespace
