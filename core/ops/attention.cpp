@@ -200,12 +200,20 @@ namespace {
 // Host copy of the segment table, checked: in order, inside [0, T), not
 // overlapping. Returns the longest length. (A table on a device is read
 // back: a wait for it. Token layouts keep theirs on the host for this.)
-int64_t checked_segments(const Tensor& segments, int64_t T) {
+// A token stream's segment table, checked: its longest segment, and whether
+// the segments cover every token (the kernels then write every element of
+// the outputs and gradients, so they need no zero fill first).
+struct SegmentCover {
+  int64_t longest = 0;
+  bool every_token = false;
+};
+
+SegmentCover checked_segments(const Tensor& segments, int64_t T) {
   if (segments.dim() != 2 || segments.size(1) != 4 || segments.dtype() != DType::i64)
     throw Error(detail::concat("varlen_attention: expected segments [N, 4] i64 (first token, ",
                                "length, row, row position), got ", segments.desc()));
   const std::vector<int64_t> s = segments.to_vector<int64_t>();
-  int64_t end = 0, longest = 0;
+  int64_t end = 0, longest = 0, covered = 0;
   for (size_t n = 0; n < s.size() / 4; ++n) {
     const int64_t start = s[4 * n], len = s[4 * n + 1], row = s[4 * n + 2], pos = s[4 * n + 3];
     if (start < end || len < 0 || start + len > T || row < 0 || pos < 0)
@@ -214,8 +222,9 @@ int64_t checked_segments(const Tensor& segments, int64_t T) {
                                  ") is out of order, overlaps or leaves the ", T, " tokens"));
     end = start + len;
     longest = std::max(longest, len);
+    covered += len;
   }
-  return longest;
+  return {longest, covered == T};
 }
 
 // varlen_attention() and varlen_rope_attention(): one node, RoPE inside when `rotary`.
@@ -241,8 +250,13 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const Tensor table = rotary_table(op, rotary, q, k, 0);
   const bool interleaved = rotary && rotary->layout == RopeLayout::interleaved;
   kernels::AttentionParams params = attention_params(op, q, H, scale, dropout_p, training, ctx);
-  const int64_t longest = checked_segments(segments, T);
+  const SegmentCover cover = checked_segments(segments, T);
+  const int64_t longest = cover.longest;
   params.longest_segment = longest;
+  // Rows of tokens in no segment are left to a zero fill, needed only then.
+  auto outputs = [every_token = cover.every_token, device](const Shape& shape, DType dtype) {
+    return every_token ? Tensor::empty(shape, dtype, device) : Tensor::zeros(shape, dtype, device);
+  };
   const bool drop = params.dropout_p > 0.0;
   // bf16 autocast (or bf16 q, k, v) as in attention: the products read bf16
   // q, k, v (kept for backward) and dO; scores, softmax and lse stay f32,
@@ -260,8 +274,7 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
                                segments.desc(), " on ", device.str()));
   const Tensor seg =
       segments_on_device.defined() ? segments_on_device.detach() : segments.detach().to(device);
-  // Rows of tokens in no segment are left to the zero fill.
-  Tensor out = Tensor::zeros({T, H, Dv}, out_dtype, device);
+  Tensor out = outputs({T, H, Dv}, out_dtype);
   const Tensor lse = Tensor::empty({T, H}, stat_dtype, device);
   const Tensor bits =
       drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
@@ -279,9 +292,8 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const bool rotate = rotary != nullptr;
   return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
     const Tensor grad_out = kernel_operand(g, low);
-    Tensor dq = Tensor::zeros({T, H, D}, out_dtype, g.device());
-    Tensor dk = Tensor::zeros({T, H, D}, out_dtype, g.device());
-    Tensor dv = Tensor::zeros({T, H, Dv}, out_dtype, g.device());
+    Tensor dq = outputs({T, H, D}, out_dtype), dk = outputs({T, H, D}, out_dtype);
+    Tensor dv = outputs({T, H, Dv}, out_dtype);
     if (rotate) {
       launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
                                       sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);

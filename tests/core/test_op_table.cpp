@@ -409,6 +409,28 @@ std::vector<OpCase> make_table() {
           },
   });
 
+  // Head dim 64 (the flash kernels under autocast on CUDA), every token in a
+  // segment: the op then allocates its outputs and gradients without a zero
+  // fill, so the poisoned CUDA allocations show any element the kernels skip.
+  t.push_back({
+      .op = "varlen_rope_attention",
+      .name = "varlen_rope_attention_head_dim_64_every_token",
+      .inputs = {in({24, 2, 64}, contiguous, -1.0, 1.0), in({24, 2, 64}, contiguous, -1.0, 1.0),
+                 in({24, 2, 64}), fixed(i64({0, 17, 0, 0, 17, 7, 1, 0}, {2, 4})),
+                 fixed(i64({0,  1,  2,  3,  4,  5, 6, 7, 8, 9, 10, 11,
+                            12, 13, 14, 15, 16, 0, 1, 2, 3, 4, 5,  6},
+                           {24}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{5, 2, 1};  // the same dropout mask in every run
+            return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.1, true, ctx,
+                                         0.125);
+          },
+      .fd = false,
+      .no_fd_reason = "the op's finite differences run on its head-dim-4 cases; this one is for "
+                      "the device kernels of head dim 64 (35 s of f64 differences on the CPU)",
+  });
+
   // --- structure -----------------------------------------------------------------------------
   t.push_back({.op = "concat",
                .name = "concat_transposed_and_contiguous",

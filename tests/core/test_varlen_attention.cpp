@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <optional>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/philox.h"
@@ -213,6 +215,43 @@ TEST(VarlenAttention, TokensInNoSegmentGetZeros) {
   const std::vector<double> o = out.to_vector<double>();
   for (size_t i = 6; i < 10; ++i) EXPECT_EQ(o[i], 0.0);
   EXPECT_NE(o[0], 0.0);
+}
+
+// Every allocation filled with NaN bytes for the guard's lifetime.
+struct PoisonedCpuAllocations {
+  PoisonedCpuAllocations() { allocator_for(Device::cpu()).set_poison(true); }
+  ~PoisonedCpuAllocations() { allocator_for(Device::cpu()).set_poison(false); }
+  PoisonedCpuAllocations(const PoisonedCpuAllocations&) = delete;
+  PoisonedCpuAllocations& operator=(const PoisonedCpuAllocations&) = delete;
+};
+
+// Outputs and gradients of a stream whose segments cover every token are not
+// zero-filled first (the kernels write every element), those of a stream
+// with a gap are: with every allocation poisoned, both come out as without.
+TEST(VarlenAttention, EveryElementIsWrittenOrZeroFilledUnderPoisonedAllocations) {
+  for (const bool gap : {false, true}) {
+    SCOPED_TRACE(gap ? "a token in no segment" : "every token in a segment");
+    const int64_t T = 12;
+    const Tensor segments =
+        gap ? Tensor::from_vector<int64_t>({0, 5, 0, 0, 6, 6, 1, 0}, {2, 4}) : packed_row({5, 7});
+    std::vector<std::vector<double>> runs;
+    for (const bool poison : {false, true}) {
+      const Tensor q = stream(T, 51, DType::f32), k = stream(T, 52, DType::f32);
+      const Tensor v = stream(T, 53, DType::f32);
+      std::optional<PoisonedCpuAllocations> poisoned;
+      if (poison) poisoned.emplace();
+      DropoutContext ctx{3, 1, 0};
+      const Tensor out = varlen_attention(q, k, v, segments, 0.2, true, ctx, 0.4);
+      sum(mul(out, random_f64({T, kH, kD}, 54).to(DType::f32))).backward();
+      std::vector<double> all = out.to_vector<double>();
+      for (const Tensor* t : {&q, &k, &v}) {
+        const std::vector<double> g = t->grad().to_vector<double>();
+        all.insert(all.end(), g.begin(), g.end());
+      }
+      runs.push_back(all);
+    }
+    EXPECT_EQ(runs[1], runs[0]);
+  }
 }
 
 // The keep bits of both CPU attention kernels follow the shared rule of
