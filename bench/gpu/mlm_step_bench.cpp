@@ -11,7 +11,7 @@
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
-//                  [--kernel-calls]
+//                  [--kernel-calls] [--layout stream|padded]
 //   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
 //                  [--precision P] [--peak-tflops T]
 //
@@ -41,6 +41,12 @@
 // synchronised (core/profile.h), printed as a table of device milliseconds
 // per op, forward and backward: where the step's time goes.
 //
+// --layout: the micro-batch as the trainer runs it by default, one token
+// stream of B rows of S tokens (data.unpadded: true; the varlen attention
+// kernels), or as a padded [B, S] batch with its key mask (data.unpadded:
+// false; the padded kernels, what session 7's H100 figures measured). Every
+// row is S real tokens either way.
+//
 // --kernel-calls: the last timed step's kernel calls per kernel of the list
 // (printed, and in the row as kernel_calls_by_kernel): which passes a step
 // makes, on any device.
@@ -69,6 +75,7 @@
 #include "core/profile.h"
 #include "core/stream.h"
 #include "layers/roformer.h"
+#include "layers/token_layout.h"
 #include "optim/adamw.h"
 #include "optim/grad_norm.h"
 #include "train/config.h"
@@ -100,6 +107,7 @@ struct Options {
   bool f32_if_refused = false;  // bf16 refused on this device: measure f32 instead
   bool profile = false;         // one more step, timed per op (synchronised)
   bool kernel_calls = false;    // the last step's kernel calls, per kernel of the list
+  std::string layout = "stream";  // stream (the trainer's default) or padded
 };
 
 // The model sizes: RoFormer-base as issue 14 sets it, and a tiny one for CPU dry runs.
@@ -139,8 +147,8 @@ double median(std::vector<double> v) {
 // step without the data loader.
 class Bench {
  public:
-  Bench(const ModelConfig& config, Device device)
-      : device_(device), model_(config, 1), vocab_(config.vocab_size) {
+  Bench(const ModelConfig& config, Device device, bool stream)
+      : device_(device), model_(config, 1), vocab_(config.vocab_size), stream_(stream) {
     model_.to(device);
     for (const NamedTensor& p : model_.named_parameters())
       params_.push_back({p.name, p.tensor, optim::decays_by_default(p.name)});
@@ -153,10 +161,19 @@ class Bench {
     clear_batch();  // the previous batch's device memory first
     bench::MlmBatch host = bench::synthetic_mlm_batch(B, S, vocab_, kMaskProb);
     // Labels stay on the host: forward_mlm picks the masked rows there.
-    batch_ = {host.ids.to(device_), host.types.to(device_), host.mask.to(device_), host.labels,
-              host.masked};
+    if (stream_) {
+      layout_ = TokenLayout::of_lengths(std::vector<int64_t>(size_t(B), S)).to(device_);
+      batch_ = {host.ids.reshape({B * S}).to(device_), host.types.reshape({B * S}).to(device_),
+                Tensor(), host.labels.reshape({B * S}), host.masked};
+    } else {
+      batch_ = {host.ids.to(device_), host.types.to(device_), host.mask.to(device_), host.labels,
+                host.masked};
+    }
   }
-  void clear_batch() { batch_ = {}; }
+  void clear_batch() {
+    batch_ = {};
+    layout_ = {};
+  }
   int64_t masked() const { return batch_.masked; }
 
   // One optimizer step; returns its loss (waits for the device).
@@ -166,8 +183,10 @@ class Bench {
     for (size_t i = 0; i < by_kernel.size(); ++i) by_kernel[i] = kernels::kernel_calls_by_id[i];
     const auto start = Clock::now();
     DropoutContext dropout{7, index, 0};
-    const MlmOutput out =
-        model_.forward_mlm(batch_.ids, batch_.types, batch_.mask, batch_.labels, true, dropout);
+    const MlmOutput out = stream_ ? model_.forward_mlm(batch_.ids, batch_.types, layout_,
+                                                       batch_.labels, true, dropout)
+                                  : model_.forward_mlm(batch_.ids, batch_.types, batch_.mask,
+                                                       batch_.labels, true, dropout);
     out.loss.backward();
     // Nothing above waits for the device on purpose: this is the host's time
     // to queue forward and backward. Near the step time, the step is bound by
@@ -218,6 +237,8 @@ class Bench {
   std::vector<optim::NamedParameter> params_;
   std::optional<optim::AdamW> adamw_;
   bench::MlmBatch batch_;
+  bool stream_ = true;
+  TokenLayout layout_;  // of the batch, when stream_
   double last_enqueue_s_ = 0;
   uint64_t last_calls_ = 0;
   std::vector<uint64_t> last_calls_by_kernel_;
@@ -269,13 +290,15 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
 // `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad or bf16-addgrad).
-nlohmann::json row_head(const Config& run, int64_t S, const std::string& label) {
+nlohmann::json row_head(const Config& run, int64_t S, const std::string& label,
+                        const std::string& layout) {
   return {{"framework", "ours"},
           {"setup", "ours " + label},
           {"device", run.run.device.str()},
           {"precision", label},
           {"seq", S},
-          {"head", "masked rows"}};
+          {"head", "masked rows"},
+          {"layout", layout}};
 }
 
 // The kernel calls of one step by kernel, most called first.
@@ -322,7 +345,7 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
                        const Options& opt, const std::string& label) {
   const Device device = run.run.device;
   const auto began = Clock::now();
-  nlohmann::json r = row_head(run, S, label);
+  nlohmann::json r = row_head(run, S, label, opt.layout);
   std::vector<Trial> trials;
   const int64_t B = opt.batch > 0 ? opt.batch : search_batch(bench, device, S, opt, trials);
   nlohmann::json search = nlohmann::json::array();
@@ -450,6 +473,10 @@ Options parse(int argc, char** argv) {
       opt.profile = true;
     } else if (a == "--kernel-calls") {
       opt.kernel_calls = true;
+    } else if (a == "--layout") {
+      opt.layout = value();
+      if (opt.layout != "stream" && opt.layout != "padded")
+        throw InputError("--layout: expected stream or padded, got '" + opt.layout + "'");
     } else if (a == "--flops-for") {
       opt.flops_for = value();
     } else {
@@ -460,7 +487,7 @@ Options parse(int argc, char** argv) {
           "[--max-tokens N] "
           "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
-          "[--f32-if-refused] [--budget-s T] [--profile] [--kernel-calls] "
+          "[--f32-if-refused] [--budget-s T] [--profile] [--kernel-calls] [--layout L] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));
@@ -532,11 +559,12 @@ int run(int argc, char** argv) {
   }
   std::printf(
       "RoFormer MLM training step (%s: %lld layers, hidden %lld, %lld heads, FFN %lld, vocab "
-      "%lld) on %s: forward, backward, grad norm, AdamW; %.0f%% rows masked, head on them only; "
-      "median of %d steps after %d\n",
+      "%lld) on %s, %s batches: forward, backward, grad norm, AdamW; %.0f%% rows masked, head on "
+      "them only; median of %d steps after %d\n",
       opt.size.c_str(), (long long)mc.num_hidden_layers, (long long)mc.hidden_size,
       (long long)mc.num_attention_heads, (long long)mc.intermediate_size, (long long)mc.vocab_size,
-      device.str().c_str(), 100 * kMaskProb, opt.steps, opt.warmup);
+      device.str().c_str(), opt.layout == "stream" ? "token-stream" : "padded", 100 * kMaskProb,
+      opt.steps, opt.warmup);
   std::printf("%-10s %6s %6s %12s %9s %8s %10s %10s %7s %10s\n", "setup", "seq", "batch",
               "tokens/s", "step ms", "MFU", "peak MiB", "reserved", "kernels", "queue ms");
   std::vector<std::string> precisions = opt.precisions;
@@ -556,7 +584,7 @@ int run(int argc, char** argv) {
       if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
       set_bias_grad_in_product(precision == "bf16-bgrad");
       set_accumulate_in_backward(precision != "bf16-addgrad");
-      bench.emplace(mc, device);
+      bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {
       refused = e.what();  // bf16 not available on this device or CPU
       const bool listed =
@@ -566,13 +594,13 @@ int run(int argc, char** argv) {
     for (const int64_t S : opt.seqs) {
       nlohmann::json r;
       if (!refused.empty()) {
-        r = row_head(run, S, precision);
+        r = row_head(run, S, precision, opt.layout);
         r.update({{"status", "skip"}, {"message", refused}});
       } else {
         try {
           r = measure(*bench, mc, run, S, opt, precision);
         } catch (const std::exception& e) {  // the other lengths may still run
-          r = row_head(run, S, precision);
+          r = row_head(run, S, precision, opt.layout);
           r.update({{"status", "error"}, {"message", e.what()}});
           bench->clear_batch();
           bench->recover();
