@@ -249,11 +249,14 @@ void RoFormerLMHead::init_own(Generator&) {
 
 Tensor RoFormerLMHead::forward(const Tensor& rows) const {
   // The transform in bf16 activations under autocast; the layer norm writes
-  // f32, and so does the decoder (the logits go to the loss).
+  // f32. The decoder writes bf16 logits there too, as torch's autocast does:
+  // the loss reads them in f32 arithmetic, and their gradient (bf16 as well)
+  // is what the decoder's products would have cast it to. At RoFormer-base's
+  // vocabulary that halves the largest tensor of the head, [masked, 50,000].
   const Tensor h = layer_norm_.forward(
       activation_profiled(dense_.forward(rows, activation_dtype(rows)), tanh_gelu_));
   RF_PROFILE("decoder");
-  return linear(h, word_embeddings_.weight(), bias_);
+  return linear(h, word_embeddings_.weight(), bias_, activation_dtype(h));
 }
 
 Tensor RoFormerLMHead::logits(const Tensor& hidden, const Tensor& positions) const {

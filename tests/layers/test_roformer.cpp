@@ -5,6 +5,7 @@
 #include <cmath>
 #include <complex>
 #include <numeric>
+#include <optional>
 
 #include "core/allocator.h"
 #include "core/precision.h"
@@ -465,6 +466,23 @@ TEST(RoFormerMixedPrecision, Bf16ActivationsKeepTheLossAndSaveMemory) {
   EXPECT_NEAR(bf16_act.grad_norm, f32_act.grad_norm, 5e-2 * f32_act.grad_norm);
   EXPECT_LT(bf16_act.kept, f32_act.kept) << "bf16 activations kept " << bf16_act.kept
                                          << " bytes for the backward, f32 ones " << f32_act.kept;
+}
+
+// The MLM head's logits are bf16 under bf16 activations (torch's autocast
+// too), f32 otherwise: with f32 activations, and outside a bf16 scope.
+TEST(RoFormerMixedPrecision, TheMlmHeadWritesBf16LogitsUnderBf16Activations) {
+  const RoFormerForMaskedLM model(small_config(), 3);
+  const Tensor ids = random_ids(2, 8, model.config().vocab_size, 4);
+  const Tensor mask = Tensor::ones({2, 8}, DType::i32);
+  const Tensor rows = Tensor::from_vector<int64_t>({1, 5, 12}, {3});
+  auto logits_dtype = [&](std::optional<bool> bf16_activations) {
+    std::optional<MatmulPrecisionScope> scope;
+    if (bf16_activations) scope.emplace(DType::bf16, *bf16_activations);
+    return model.mlm_logits(ids, Tensor(), mask, rows).dtype();
+  };
+  EXPECT_EQ(logits_dtype(true), DType::bf16);
+  EXPECT_EQ(logits_dtype(false), DType::f32);
+  EXPECT_EQ(logits_dtype(std::nullopt), DType::f32);
 }
 
 }  // namespace
