@@ -207,9 +207,14 @@ Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& i
 
 Tensor record_accumulating(const char* op, Tensor output,
                            std::initializer_list<const Tensor*> inputs, AccumulatingBackwardFn fn) {
-  const std::vector<const Tensor*> in(inputs);
-  if (!needs_grad(in)) return output;
-  return attach(std::make_shared<FunctionNode>(op, std::move(fn)), std::move(output), in);
+  return record_accumulating(op, std::move(output), std::vector<const Tensor*>(inputs),
+                             std::move(fn));
+}
+
+Tensor record_accumulating(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
+                           AccumulatingBackwardFn fn) {
+  if (!needs_grad(inputs)) return output;
+  return attach(std::make_shared<FunctionNode>(op, std::move(fn)), std::move(output), inputs);
 }
 
 void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph) {

@@ -135,6 +135,8 @@ Tensor record(const char* op, Tensor output, const std::vector<const Tensor*>& i
 // The same for a backward that may add into its inputs' partial sums.
 Tensor record_accumulating(const char* op, Tensor output,
                            std::initializer_list<const Tensor*> inputs, AccumulatingBackwardFn fn);
+Tensor record_accumulating(const char* op, Tensor output, const std::vector<const Tensor*>& inputs,
+                           AccumulatingBackwardFn fn);
 
 // Runs reverse mode from `root` with `grad_root` as its gradient.
 void run_backward(const Tensor& root, const Tensor& grad_root, bool retain_graph);

@@ -5,6 +5,7 @@
 // noted.
 #pragma once
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -59,6 +60,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // (f32 weights) f32 or bf16 for an f32 or bf16 x (bf16 activations,
 // core/precision.h). Each gradient comes in its input's dtype.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype);
+// Several linears of one input as one product: linear(x, concat(weights, 0),
+// concat(biases, 0), out_dtype), the results side by side in the last
+// dimension (a layer's query, key and value projections). biases: one per
+// weight, all defined or all undefined. Each parameter's gradient is its
+// slice of the one weight-gradient product; x's gradient is one product.
+Tensor stacked_linear(const Tensor& x, const std::vector<Tensor>& weights,
+                      const std::vector<Tensor>& biases, DType out_dtype);
 // The feed-forward block with the tanh GELU (Hugging Face's "gelu_new"):
 // linear(gelu_tanh(linear(x, w1, b1)), w2, b2), gelu_tanh(u) = u/2 (1 +
 // tanh(sqrt(2/pi) (u + 0.044715 u^3))). On CUDA the GELU and its gradient
@@ -176,6 +184,15 @@ Tensor varlen_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& segments, const RotaryEmbedding& rotary,
                              double dropout_p, bool training, DropoutContext& ctx, double scale,
                              const Tensor& segments_on_device = Tensor());
+// varlen_attention (rotary undefined) or varlen_rope_attention of q, k and v
+// packed side by side: qkv [T, 3 * heads * D], as stacked_linear writes a
+// layer's query, key and value projections in one product. The same result
+// [T, heads, D]; qkv gets one gradient, whose three parts the kernels write
+// in place (three separate gradients would need a copy each into it).
+Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& segments,
+                               const std::optional<RotaryEmbedding>& rotary, double dropout_p,
+                               bool training, DropoutContext& ctx, double scale,
+                               const Tensor& segments_on_device = Tensor());
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
@@ -227,6 +244,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // Throws unless every defined tensor lives on one device whose kernels this
 // build has; returns that device.
 Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors);
+Device kernel_device(const char* op, const std::vector<const Tensor*>& tensors);
 
 // Kernels that check indices (embedding ids, cross-entropy targets,
 // index_select) do not stop the op: they report the first bad index to their

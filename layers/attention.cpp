@@ -1,6 +1,7 @@
 #include "layers/attention.h"
 
 #include <cmath>
+#include <optional>
 
 #include "core/precision.h"
 #include "core/profile.h"
@@ -130,12 +131,29 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
                                "or choose another model.attention_kernel)"));
   const int64_t T = hidden.size(0);
   const int64_t H = config_.num_attention_heads, Dh = config_.head_dim();
-  // [T, hidden] -> [T, H, Dh] views of the projections (no copies).
   const DType act = projection_dtype(hidden);
+  const bool rotary = config_.position == PositionEncoding::kRope;
+  const double dropout = config_.attention_probs_dropout_prob, scale = 1.0 / std::sqrt(double(Dh));
+  if (packed_projections()) {
+    // q, k and v from one product [T, 3 * hidden], read in place by the
+    // attention op, which writes their gradients in place too.
+    Tensor qkv;
+    {
+      RF_PROFILE("linear");
+      qkv = stacked_linear(hidden, {query_.weight(), key_.weight(), value_.weight()},
+                           {query_.bias(), key_.bias(), value_.bias()}, act);
+    }
+    RF_PROFILE("attention");
+    std::optional<RotaryEmbedding> rope;
+    if (rotary) rope = RotaryEmbedding{layout.positions, config_.rope_base, config_.rope_layout};
+    return varlen_attention_packed(qkv, H, layout.segments, rope, dropout, training, ctx, scale,
+                                   layout.device_segments)
+        .view({T, H * Dh});
+  }
+  // [T, hidden] -> [T, H, Dh] views of the projections (no copies).
   Tensor q = query_.forward(hidden, act).view({T, H, Dh});
   Tensor k = key_.forward(hidden, act).view({T, H, Dh});
   Tensor v = value_.forward(hidden, act).view({T, H, Dh});
-  const bool rotary = config_.position == PositionEncoding::kRope;
   const bool inside = rotary && rope_inside_attention(config_.attention_kernel, hidden.device());
   if (rotary) {
     RF_PROFILE("rope");
@@ -151,7 +169,6 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
     if (config_.rotary_value) v = rotate(v);
   }
   RF_PROFILE("attention");
-  const double dropout = config_.attention_probs_dropout_prob, scale = 1.0 / std::sqrt(double(Dh));
   const Tensor context =
       inside ? varlen_rope_attention(q, k, v, layout.segments,
                                      {layout.positions, config_.rope_base, config_.rope_layout},
@@ -159,6 +176,16 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
              : varlen_attention(q, k, v, layout.segments, dropout, training, ctx, scale,
                                 layout.device_segments);
   return context.view({T, H * Dh});
+}
+
+bool RoFormerSelfAttention::packed_projections() const {
+  // Not when v is rotated too (a separate rope op between its projection and
+  // attention), nor when the config asks for separate rope ops.
+  const bool kernel = config_.attention_kernel == AttentionKernel::kAuto ||
+                      config_.attention_kernel == AttentionKernel::kFusedRope;
+  const bool biases = query_.bias().defined() == key_.bias().defined() &&
+                      key_.bias().defined() == value_.bias().defined();
+  return kernel && biases && !config_.rotary_value;
 }
 
 }  // namespace roformer

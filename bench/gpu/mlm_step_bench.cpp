@@ -11,7 +11,7 @@
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
-//                  [--kernel-calls] [--layout stream|padded]
+//                  [--kernel-calls] [--layout stream|padded] [--attention-kernel K]
 //   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
 //                  [--precision P] [--peak-tflops T]
 //
@@ -46,6 +46,10 @@
 // kernels), or as a padded [B, S] batch with its key mask (data.unpadded:
 // false; the padded kernels, what session 7's H100 figures measured). Every
 // row is S real tokens either way.
+//
+// --attention-kernel: model.attention_kernel (auto by default: on a token
+// stream, q, k and v from one product read in place by the attention op, RoPE
+// inside; separate: three products and rope ops; fused_rope, cudnn_sdpa).
 //
 // --kernel-calls: the last timed step's kernel calls per kernel of the list
 // (printed, and in the row as kernel_calls_by_kernel): which passes a step
@@ -108,6 +112,7 @@ struct Options {
   bool profile = false;         // one more step, timed per op (synchronised)
   bool kernel_calls = false;    // the last step's kernel calls, per kernel of the list
   std::string layout = "stream";  // stream (the trainer's default) or padded
+  AttentionKernel attention_kernel = AttentionKernel::kAuto;
 };
 
 // The model sizes: RoFormer-base as issue 14 sets it, and a tiny one for CPU dry runs.
@@ -346,6 +351,7 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
   const Device device = run.run.device;
   const auto began = Clock::now();
   nlohmann::json r = row_head(run, S, label, opt.layout);
+  r["attention_kernel"] = std::string(enum_name(mc.attention_kernel));
   std::vector<Trial> trials;
   const int64_t B = opt.batch > 0 ? opt.batch : search_batch(bench, device, S, opt, trials);
   nlohmann::json search = nlohmann::json::array();
@@ -473,6 +479,13 @@ Options parse(int argc, char** argv) {
       opt.profile = true;
     } else if (a == "--kernel-calls") {
       opt.kernel_calls = true;
+    } else if (a == "--attention-kernel") {
+      const std::string name = value();
+      const auto kernel = enum_from_name<AttentionKernel>(name);
+      if (!kernel)
+        throw InputError("--attention-kernel: expected one of " + enum_choices<AttentionKernel>() +
+                         ", got '" + name + "'");
+      opt.attention_kernel = *kernel;
     } else if (a == "--layout") {
       opt.layout = value();
       if (opt.layout != "stream" && opt.layout != "padded")
@@ -488,6 +501,7 @@ Options parse(int argc, char** argv) {
           "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
           "[--f32-if-refused] [--budget-s T] [--profile] [--kernel-calls] [--layout L] "
+          "[--attention-kernel K] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));
@@ -551,7 +565,8 @@ int run(int argc, char** argv) {
   }
   const Device device = device_option(opt.device, "--device");
   const int64_t max_seq = *std::max_element(opt.seqs.begin(), opt.seqs.end());
-  const ModelConfig mc = model_config(opt.size, max_seq);
+  ModelConfig mc = model_config(opt.size, max_seq);
+  mc.attention_kernel = opt.attention_kernel;
   std::ofstream json;
   if (!opt.json.empty()) {
     json.open(opt.json, std::ios::app);

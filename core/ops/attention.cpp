@@ -227,11 +227,14 @@ SegmentCover checked_segments(const Tensor& segments, int64_t T) {
   return {longest, covered == T};
 }
 
-// varlen_attention() and varlen_rope_attention(): one node, RoPE inside when `rotary`.
+// varlen_attention(), varlen_rope_attention() and varlen_attention_packed():
+// one node, RoPE inside when `rotary`. With `packed` (qkv [T, 3 * H * D]),
+// q, k and v are its three parts and the node's one input, whose gradient
+// the kernels write part by part.
 Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& segments, const Tensor& segments_on_device,
                               const RotaryEmbedding* rotary, double dropout_p, bool training,
-                              DropoutContext& ctx, double scale) {
+                              DropoutContext& ctx, double scale, const Tensor* packed = nullptr) {
   // The segment table may be on the host (read there, copied to q's device
   // below) or on q's device.
   const Device device = kernel_device(op, {&q, &k, &v});
@@ -285,15 +288,20 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   } else {
     launch::attention_varlen_forward(device, params, qd, kd, vd, seg, out, lse, bits);
   }
-  if (!needs_grad({&q, &k, &v})) return out;
+  if (packed ? !needs_grad({packed}) : !needs_grad({&q, &k, &v})) return out;
 
   const SavedTensor sq(qd, op), sk(kd, op), sv(vd, op), so(out, op);
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
   const bool rotate = rotary != nullptr;
-  return record(op, out, {&q, &k, &v}, [=](const Tensor& g) {
+  const bool pack = packed != nullptr;
+  const Shape packed_shape = pack ? packed->shape() : Shape();
+  auto backward = [=](const Tensor& g) {
     const Tensor grad_out = kernel_operand(g, low);
-    Tensor dq = outputs({T, H, D}, out_dtype), dk = outputs({T, H, D}, out_dtype);
-    Tensor dv = outputs({T, H, Dv}, out_dtype);
+    // Packed: the three gradients are parts of qkv's one (D = Dv there).
+    const Tensor whole = pack ? outputs({T, 3, H, D}, out_dtype) : Tensor();
+    Tensor dq = pack ? whole.select(1, 0) : outputs({T, H, D}, out_dtype);
+    Tensor dk = pack ? whole.select(1, 1) : outputs({T, H, D}, out_dtype);
+    Tensor dv = pack ? whole.select(1, 2) : outputs({T, H, Dv}, out_dtype);
     if (rotate) {
       launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
                                       sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);
@@ -301,8 +309,10 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
       launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
                                         so.get(), lse, bits, grad_out, dq, dk, dv);
     }
+    if (pack) return std::vector<Tensor>{whole.view(packed_shape)};
     return std::vector<Tensor>{gq ? dq : Tensor(), gk ? dk : Tensor(), gv ? dv : Tensor()};
-  });
+  };
+  return pack ? record(op, out, {packed}, backward) : record(op, out, {&q, &k, &v}, backward);
 }
 
 }  // namespace
@@ -320,6 +330,22 @@ Tensor varlen_rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& segments_on_device) {
   return token_stream_attention("varlen_rope_attention", q, k, v, segments, segments_on_device,
                                 &rotary, dropout_p, training, ctx, scale);
+}
+
+Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& segments,
+                               const std::optional<RotaryEmbedding>& rotary, double dropout_p,
+                               bool training, DropoutContext& ctx, double scale,
+                               const Tensor& segments_on_device) {
+  constexpr const char* op = "varlen_attention_packed";
+  if (qkv.dim() != 2 || heads < 1 || qkv.size(1) % (3 * heads) != 0)
+    throw Error(detail::concat(op, ": expected qkv [T, 3 * heads * D] for ", heads, " heads, got ",
+                               qkv.desc()));
+  const int64_t T = qkv.size(0), D = qkv.size(1) / (3 * heads);
+  // The three parts as views (no history of their own: the node's input is qkv).
+  const Tensor parts = qkv.detach().view({T, 3, heads, D});
+  return token_stream_attention(op, parts.select(1, 0), parts.select(1, 1), parts.select(1, 2),
+                                segments, segments_on_device, rotary ? &*rotary : nullptr,
+                                dropout_p, training, ctx, scale, &qkv);
 }
 
 }  // namespace roformer

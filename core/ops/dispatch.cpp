@@ -135,6 +135,10 @@ void check_kernel_errors() {
 }
 
 Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  return kernel_device(op, std::vector<const Tensor*>(tensors));
+}
+
+Device kernel_device(const char* op, const std::vector<const Tensor*>& tensors) {
   const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
     if (!t || !t->defined()) continue;

@@ -88,6 +88,100 @@ Tensor input_grad(const Tensor& eg, const Tensor& w, const Tensor& partial, DTyp
   return product(eg, w, Tensor(), op, x_dtype).view(x_shape);
 }
 
+// linear() and stacked_linear(): x [..., in] times the weights stacked along
+// their output dimension (one part: linear itself), as one product.
+Tensor stacked_linear(const char* op, const Tensor& x, const std::vector<Tensor>& weights,
+                      const std::vector<Tensor>& biases, DType out_dtype) {
+  std::vector<const Tensor*> inputs{&x};
+  for (const Tensor& w : weights) inputs.push_back(&w);
+  for (const Tensor& b : biases) inputs.push_back(&b);
+  kernel_device(op, inputs);
+  if (weights.empty() || biases.size() != weights.size())
+    throw Error(detail::concat(op, ": expected one bias (or undefined) per weight, got ",
+                               weights.size(), " weights and ", biases.size(), " biases"));
+  const Tensor& first = weights.front();
+  const int64_t in = first.dim() == 2 ? first.shape()[1] : -1;
+  if (x.dim() < 1 || x.shape().back() != in)
+    throw Error(detail::concat(op, ": input ", x.desc(), " does not match weight ", first.desc(),
+                               " (expected input [..., ",
+                               first.shape().empty() ? 0 : first.shape().back(),
+                               "], weight [out, in])"));
+  // Under autocast an f32 weight takes f32 input or bf16 activations (see
+  // core/precision.h) and writes either; otherwise one dtype throughout.
+  const bool low = autocast_product(x, first);
+  const bool out_ok =
+      low ? (out_dtype == DType::f32 || out_dtype == DType::bf16) : out_dtype == x.dtype();
+  std::vector<int64_t> offsets{0};
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const Tensor &w = weights[i], &b = biases[i];
+    if (w.dim() != 2 || w.shape()[1] != in || w.dtype() != first.dtype())
+      throw Error(detail::concat(op, ": weight ", w.desc(), " does not stack with ", first.desc(),
+                                 " (expected [out, ", in, "] of one dtype)"));
+    if ((!low && x.dtype() != w.dtype()) || (b.defined() && b.dtype() != w.dtype()) || !out_ok)
+      throw Error(
+          detail::concat(op, ": dtype mismatch, input ", x.desc(), ", weight ", w.desc(), ", bias ",
+                         b.desc(), ", output ", dtype_name(out_dtype),
+                         " (bf16 input or output needs run.precision: bf16 and f32 weights)"));
+    if (b.defined() != biases.front().defined() ||
+        (b.defined() && (b.dim() != 1 || b.shape()[0] != w.shape()[0])))
+      throw Error(detail::concat(op, ": bias ", b.desc(), " does not match weight ", w.desc(),
+                                 " (biases all defined or all undefined)"));
+    offsets.push_back(offsets.back() + w.shape()[0]);
+  }
+  const int64_t out_features = offsets.back();
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  const DType x_dtype = x.dtype(), w_dtype = first.dtype();
+  const bool has_bias = biases.front().defined();
+  Tensor x2, w, out;
+  {
+    NoGradGuard no_grad;
+    x2 = low ? to_bf16(x).reshape({-1, in}) : x.reshape({-1, in});
+    // The parts side by side (bf16 through the weight cache under autocast);
+    // a bf16 result takes the bias in bf16 too (cuBLASLt's default bias type).
+    auto stacked = [&](const std::vector<Tensor>& parts, bool cast) {
+      std::vector<Tensor> ready;
+      for (const Tensor& t : parts) ready.push_back(cast ? bf16_weight(t) : t.detach());
+      return ready.size() == 1 ? ready.front() : concat(ready, 0);
+    };
+    w = stacked(weights, low);
+    const Tensor b = has_bias ? stacked(biases, low && out_dtype == DType::bf16) : Tensor();
+    out = product(x2, w.transpose(0, 1), b, op, out_dtype).view(out_shape);
+  }
+  const bool gx = x.requires_grad();
+  bool gw = false, gbias = false;
+  std::vector<bool> wanted;  // per weight, then per bias
+  for (const Tensor& t : weights) wanted.push_back(t.requires_grad());
+  for (const Tensor& t : biases) wanted.push_back(t.defined() && t.requires_grad());
+  for (size_t i = 0; i < weights.size(); ++i)
+    gw = gw || wanted[i], gbias = gbias || wanted[weights.size() + i];
+  SavedTensor saved_x(gw ? x2 : Tensor(), op), saved_w(gx ? w : Tensor(), op);
+  const Shape x_shape = x.shape();
+  return record_accumulating(
+      op, out, inputs, [=](const Tensor& g, const std::vector<Tensor>& partial) {
+        const Tensor g2 = g.reshape({-1, out_features});
+        const Tensor eg = low ? to_bf16(g2) : g2;
+        std::vector<Tensor> grads(1 + 2 * (offsets.size() - 1));
+        // Each gradient in its input's dtype (the bias's summed in g's, as
+        // under torch's autocast, then widened).
+        if (gx)
+          grads[0] = input_grad(eg, saved_w.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
+                                x_shape, op);
+        const auto [dw, db] =
+            weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, op);
+        // Each part's gradient: its rows of the stacked ones.
+        const size_t parts = offsets.size() - 1;
+        auto part = [&](const Tensor& whole, size_t i) {
+          return parts == 1 ? whole : whole.narrow(0, offsets[i], offsets[i + 1] - offsets[i]);
+        };
+        for (size_t i = 0; i < parts; ++i) {
+          if (wanted[i]) grads[1 + i] = part(dw, i);
+          if (wanted[parts + i]) grads[1 + parts + i] = part(db, i);
+        }
+        return grads;
+      });
+}
+
 }  // namespace
 
 void set_bias_grad_in_product(bool on) {
@@ -123,57 +217,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype) {
-  kernel_device("linear", {&x, &weight, &bias});
-  if (weight.dim() != 2 || x.dim() < 1 || x.shape().back() != weight.shape()[1])
-    throw Error(detail::concat("linear: input ", x.desc(), " does not match weight ", weight.desc(),
-                               " (expected input [..., ", weight.shape().back(),
-                               "], weight [out, in])"));
-  // Under autocast an f32 weight takes f32 input or bf16 activations (see
-  // core/precision.h) and writes either; otherwise one dtype throughout.
-  const bool low = autocast_product(x, weight);
-  const bool out_ok =
-      low ? (out_dtype == DType::f32 || out_dtype == DType::bf16) : out_dtype == x.dtype();
-  if ((!low && x.dtype() != weight.dtype()) || (bias.defined() && bias.dtype() != weight.dtype()) ||
-      !out_ok)
-    throw Error(
-        detail::concat("linear: dtype mismatch, input ", x.desc(), ", weight ", weight.desc(),
-                       ", bias ", bias.desc(), ", output ", dtype_name(out_dtype),
-                       " (bf16 input or output needs run.precision: bf16 and f32 weights)"));
-  if (bias.defined() && (bias.dim() != 1 || bias.shape()[0] != weight.shape()[0]))
-    throw Error(
-        detail::concat("linear: bias ", bias.desc(), " does not match weight ", weight.desc()));
-  const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
-  Shape out_shape = x.shape();
-  out_shape.back() = out_features;
-  const DType x_dtype = x.dtype(), w_dtype = weight.dtype();
-  Tensor x2, w, out;
-  {
-    NoGradGuard no_grad;
-    x2 = low ? to_bf16(x).reshape({-1, in}) : x.reshape({-1, in});
-    w = low ? bf16_weight(weight) : weight;
-    // A bf16 result takes the bias in bf16 too (cuBLASLt's default bias type).
-    const Tensor b = low && out_dtype == DType::bf16 && bias.defined() ? bf16_weight(bias) : bias;
-    out = product(x2, w.transpose(0, 1), b, "linear", out_dtype).view(out_shape);
-  }
-  const bool gx = x.requires_grad(), gw = weight.requires_grad();
-  const bool gbias = bias.defined() && bias.requires_grad();
-  SavedTensor saved_x(gw ? x2 : Tensor(), "linear"), saved_w(gx ? w : Tensor(), "linear");
-  const Shape x_shape = x.shape();
-  return record_accumulating(
-      "linear", out, {&x, &weight, &bias},
-      [=](const Tensor& g, const std::vector<Tensor>& partial) {
-        const Tensor g2 = g.reshape({-1, out_features});
-        const Tensor eg = low ? to_bf16(g2) : g2;
-        Tensor grad_x, grad_w, grad_b;
-        // Each gradient in its input's dtype (the bias's summed in g's, as
-        // under torch's autocast, then widened).
-        if (gx)
-          grad_x = input_grad(eg, saved_w.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
-                              x_shape, "linear");
-        std::tie(grad_w, grad_b) =
-            weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, "linear");
-        return std::vector<Tensor>{grad_x, grad_w, grad_b};
-      });
+  return stacked_linear("linear", x, {weight}, {bias}, out_dtype);
+}
+
+Tensor stacked_linear(const Tensor& x, const std::vector<Tensor>& weights,
+                      const std::vector<Tensor>& biases, DType out_dtype) {
+  return stacked_linear("stacked_linear", x, weights, biases, out_dtype);
 }
 
 Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,

@@ -182,6 +182,19 @@ std::vector<OpCase> make_table() {
                .name = "linear_strided_input_transposed_weight",
                .inputs = {in({6, 4}, strided), in({5, 4}, transposed)},
                .build = [](const X& x) { return linear(x[0], x[1]); }});
+  t.push_back({.op = "stacked_linear",
+               .name = "stacked_linear_three_parts",
+               .inputs = {in({2, 3, 4}), in({5, 4}), in({3, 4}, transposed), in({5, 4}), in({5}),
+                          in({3}), in({5})},
+               .build = [](const X& x) {
+                 return stacked_linear(x[0], {x[1], x[2], x[3]}, {x[4], x[5], x[6]}, x[0].dtype());
+               }});
+  t.push_back({.op = "stacked_linear",
+               .name = "stacked_linear_no_bias_strided_input",
+               .inputs = {in({6, 4}, strided), in({2, 4}), in({3, 4})},
+               .build = [](const X& x) {
+                 return stacked_linear(x[0], {x[1], x[2]}, {Tensor(), Tensor()}, x[0].dtype());
+               }});
   t.push_back(
       {.op = "gelu_tanh_ffn",
        .name = "gelu_tanh_ffn",
@@ -407,6 +420,50 @@ std::vector<OpCase> make_table() {
             return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0, RopeLayout::half},
                                          0.2, true, ctx, 0.5);
           },
+  });
+
+  // q, k and v packed side by side [T, 3 * H * D] (a layer's stacked
+  // projections): one gradient, written part by part.
+  t.push_back({
+      .op = "varlen_attention_packed",
+      .name = "varlen_attention_packed_rope_segments",
+      .inputs = {in({9, 24}, contiguous, -2.0, 2.0),
+                 fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4})),
+                 fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{0, 0, 0};
+            return varlen_attention_packed(x[0], 2, x[1], RotaryEmbedding{x[2], 100.0}, 0.0, false,
+                                           ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "varlen_attention_packed",
+      .name = "varlen_attention_packed_no_rope_dropout_strided",
+      .inputs = {in({12, 12}, strided, -2.0, 2.0), fixed(i64({0, 7, 0, 0, 7, 5, 1, 0}, {2, 4}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
+            return varlen_attention_packed(x[0], 1, x[1], std::nullopt, 0.2, true, ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "varlen_attention_packed",
+      .name = "varlen_attention_packed_head_dim_64_every_token",
+      .inputs = {in({24, 384}, contiguous, -1.0, 1.0),
+                 fixed(i64({0, 17, 0, 0, 17, 7, 1, 0}, {2, 4})),
+                 fixed(i64({0,  1,  2,  3,  4,  5, 6, 7, 8, 9, 10, 11,
+                            12, 13, 14, 15, 16, 0, 1, 2, 3, 4, 5,  6},
+                           {24}))},
+      .build =
+          [](const X& x) {
+            DropoutContext ctx{5, 2, 1};  // the same dropout mask in every run
+            return varlen_attention_packed(x[0], 2, x[1], RotaryEmbedding{x[2], 100.0}, 0.1, true,
+                                           ctx, 0.125);
+          },
+      .fd = false,
+      .no_fd_reason = "the op's finite differences run on its head-dim-4 cases; this one is for "
+                      "the device kernels of head dim 64 with q, k, v and their gradients strided",
   });
 
   // Head dim 64 (the flash kernels under autocast on CUDA), every token in a
@@ -652,6 +709,13 @@ std::vector<OpCase> make_table() {
                .name = "linear_gradient_to_parameters_only",
                .inputs = {no_grad(in({2, 3, 4}, transposed)), in({5, 4}), in({5})},
                .build = [](const X& x) { return linear(x[0], x[1], x[2]); }});
+  t.push_back(
+      {.op = "stacked_linear",
+       .name = "stacked_linear_gradient_to_some_parts_only",
+       .inputs = {in({2, 3, 4}), no_grad(in({5, 4})), in({3, 4}), in({5}), no_grad(in({3}))},
+       .build = [](const X& x) {
+         return stacked_linear(x[0], {x[1], x[2]}, {x[3], x[4]}, x[0].dtype());
+       }});
   t.push_back({.op = "layer_norm",
                .name = "layer_norm_gradient_to_input_only",
                .inputs = {in({3, 8}, contiguous, -2.0, 2.0), no_grad(in({8}, contiguous, 0.5, 1.5)),
@@ -822,9 +886,10 @@ std::vector<Tensor> nudged_bases(const OpCase& c) {
 // (f32 on that device) exactly for every other op.
 void check_autocast(const OpCase& c, const Result& got, const Result& plain, const Result& ref,
                     const std::string& column) {
-  const bool matrix_op = c.op == "linear" || c.op == "matmul" || c.op == "attention" ||
-                         c.op == "cudnn_attention" || c.op == "rope_attention" ||
-                         c.op == "varlen_attention" || c.op == "varlen_rope_attention" ||
+  const bool matrix_op = c.op == "linear" || c.op == "stacked_linear" || c.op == "matmul" ||
+                         c.op == "attention" || c.op == "cudnn_attention" ||
+                         c.op == "rope_attention" || c.op == "varlen_attention" ||
+                         c.op == "varlen_rope_attention" || c.op == "varlen_attention_packed" ||
                          c.op == "gelu_tanh_ffn";
   if (!matrix_op) {
     // Not a product: the same function, so exactly the plain f32 numbers.

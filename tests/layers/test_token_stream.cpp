@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 #include "layers/roformer.h"
 #include "layers/token_layout.h"
 #include "tests/test_support.h"
@@ -112,6 +113,42 @@ INSTANTIATE_TEST_SUITE_P(Positions, TokenStreamModel,
                          ::testing::Values(std::make_tuple(PositionEncoding::kRope, false),
                                            std::make_tuple(PositionEncoding::kRope, true),
                                            std::make_tuple(PositionEncoding::kAbsolute, false)));
+
+// With attention_kernel auto the token stream takes q, k and v from one
+// product that the attention op reads in place (stacked_linear,
+// varlen_attention_packed); with separate, three products and rope ops. The
+// same loss and gradients, dropout included, and two products fewer a layer.
+TEST(TokenStreamModel, PackedProjectionsEqualSeparateOnes) {
+  const Batch batch({9, 3, 14, 1}, 16);
+  const TokenLayout layout = TokenLayout::of_lengths(batch.lengths);
+  struct Run {
+    double loss = 0;
+    std::vector<Tensor> grads;
+    uint64_t products = 0;  // matmul kernel calls of the forward
+  };
+  auto run = [&](AttentionKernel kernel) {
+    ModelConfig config = config_with(PositionEncoding::kRope, false);
+    config.attention_kernel = kernel;
+    RoFormerForMaskedLM model(config, 17);
+    const auto matmul = size_t(kernels::KernelId::matmul);
+    const uint64_t before = kernels::kernel_calls_by_id[matmul];
+    DropoutContext ctx{5, 3, 8};
+    const MlmOutput out = model.forward_mlm(batch.stream(batch.s_ids), batch.stream(batch.s_types),
+                                            layout, batch.stream(batch.s_labels), true, ctx);
+    Run r;
+    r.products = kernels::kernel_calls_by_id[matmul] - before;
+    out.loss.backward();
+    r.loss = out.loss.item();
+    for (const auto& p : model.named_parameters()) r.grads.push_back(p.tensor.grad().clone());
+    return r;
+  };
+  const Run packed = run(AttentionKernel::kAuto), separate = run(AttentionKernel::kSeparate);
+  EXPECT_NEAR(packed.loss, separate.loss, 1e-6 * std::abs(separate.loss));
+  ASSERT_EQ(packed.grads.size(), separate.grads.size());
+  for (size_t i = 0; i < packed.grads.size(); ++i)
+    EXPECT_LT(max_abs_diff(packed.grads[i], separate.grads[i]), 1e-6) << "parameter " << i;
+  EXPECT_EQ(separate.products - packed.products, 2u * 2u) << "two layers, two products fewer each";
+}
 
 TEST(TokenStreamClassifier, UnpaddedEqualsPaddedLossAndLogits) {
   const ModelConfig config = config_with(PositionEncoding::kRope, false);
