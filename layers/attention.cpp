@@ -134,7 +134,7 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   const DType act = projection_dtype(hidden);
   const bool rotary = config_.position == PositionEncoding::kRope;
   const double dropout = config_.attention_probs_dropout_prob, scale = 1.0 / std::sqrt(double(Dh));
-  if (packed_projections()) {
+  if (packed_projections(hidden.device())) {
     // q, k and v from one product [T, 3 * hidden], read in place by the
     // attention op, which writes their gradients in place too.
     Tensor qkv;
@@ -178,14 +178,20 @@ Tensor RoFormerSelfAttention::forward(const Tensor& hidden, const TokenLayout& l
   return context.view({T, H * Dh});
 }
 
-bool RoFormerSelfAttention::packed_projections() const {
-  // Not when v is rotated too (a separate rope op between its projection and
-  // attention), nor when the config asks for separate rope ops.
-  const bool kernel = config_.attention_kernel == AttentionKernel::kAuto ||
-                      config_.attention_kernel == AttentionKernel::kFusedRope;
+bool RoFormerSelfAttention::packed_projections(Device device) const {
+  // Where RoPE runs inside the attention op (model.attention_kernel, or auto
+  // on CUDA) or there is none: the packed op rotates inside. Not when v is
+  // rotated too (a rope op between its projection and attention). On the
+  // CPU auto keeps the separate rope ops: there the op inside composes the
+  // same kernels with f32 gradient scratch, measured 4x slower in backward.
+  const AttentionKernel kernel = config_.attention_kernel;
+  const bool rotary = config_.position == PositionEncoding::kRope;
+  const bool attention_op =
+      kernel == AttentionKernel::kAuto || kernel == AttentionKernel::kFusedRope;
   const bool biases = query_.bias().defined() == key_.bias().defined() &&
                       key_.bias().defined() == value_.bias().defined();
-  return kernel && biases && !config_.rotary_value;
+  return attention_op && biases && !config_.rotary_value &&
+         (!rotary || rope_inside_attention(kernel, device));
 }
 
 }  // namespace roformer

@@ -30,10 +30,10 @@ class RoFormerSelfAttention : public Module {
   Tensor forward(const Tensor& hidden, const Tensor& key_mask, const Tensor& positions,
                  bool training, DropoutContext& ctx) const;
   // Token stream: hidden [T, hidden] -> context [T, hidden], each token
-  // attending to its own document (softmax attention only). With
-  // model.attention_kernel auto or fused_rope (and v not rotated), q, k and
-  // v come from one product that the attention op reads in place
-  // (stacked_linear, varlen_attention_packed), RoPE inside the op.
+  // attending to its own document (softmax attention only). Where RoPE runs
+  // inside the attention op (fused_rope, or auto on CUDA) or there is none,
+  // and v is not rotated, q, k and v come from one product that the
+  // attention op reads in place (stacked_linear, varlen_attention_packed).
   Tensor forward(const Tensor& hidden, const TokenLayout& layout, bool training,
                  DropoutContext& ctx) const;
 
@@ -46,8 +46,8 @@ class RoFormerSelfAttention : public Module {
 
  private:
   DType projection_dtype(const Tensor& hidden) const;
-  // Whether the token-stream forward takes q, k and v from one product.
-  bool packed_projections() const;
+  // Whether the token-stream forward on `device` takes q, k and v from one product.
+  bool packed_projections(Device device) const;
 
   ModelConfig config_;
   Linear query_, key_, value_;
