@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/autograd.h"
+#include "core/ops.h"
 
 namespace roformer {
 
@@ -94,9 +95,18 @@ struct WorkingCopy {
   Tensor working;
 };
 
+// A stack of parameters, valid while each part's storage keeps its version.
+struct CachedStack {
+  std::vector<std::weak_ptr<StorageImpl>> storages;
+  std::vector<uint64_t> versions;
+  Tensor stacked;
+};
+
 struct WeightCache {
   std::mutex mutex;
   std::unordered_map<std::string, CachedCast> entries;
+  std::unordered_map<std::string, CachedStack> stacks;
+  int64_t stack_builds = 0;
   int64_t casts = 0;
   WorkingCopy working;
   int64_t working_hits = 0;
@@ -184,9 +194,57 @@ int64_t bf16_weight_casts() {
   return weight_cache().casts;
 }
 
+Tensor stacked_weight(const std::vector<Tensor>& parts, bool bf16) {
+  if (parts.empty()) throw Error("stacked_weight: no parts");
+  NoGradGuard no_grad;
+  if (parts.size() == 1) return bf16 ? bf16_weight(parts.front()) : parts.front().detach();
+  // As is: stacked anew each call, as a weight used as is is read anew (a
+  // write through a raw pointer, as finite differences make, bumps no version).
+  if (!bf16) {
+    std::vector<Tensor> as_is;
+    for (const Tensor& p : parts) as_is.push_back(p.detach());
+    return concat(as_is, 0);
+  }
+  std::string key;
+  for (const Tensor& p : parts) key += '|' + cache_key(p);
+  WeightCache& cache = weight_cache();
+  auto current = [&](const CachedStack& entry) {
+    for (size_t i = 0; i < parts.size(); ++i)
+      if (entry.storages[i].lock() != parts[i].impl().storage ||
+          entry.versions[i] != parts[i].version())
+        return false;
+    return true;
+  };
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.stacks.find(key);
+    if (it != cache.stacks.end() && current(it->second)) return it->second.stacked;
+  }
+  // Built outside the lock: bf16_weight takes it too.
+  CachedStack entry;
+  std::vector<Tensor> ready;
+  for (const Tensor& p : parts) {
+    entry.storages.push_back(p.impl().storage);
+    entry.versions.push_back(p.version());
+    ready.push_back(bf16_weight(p));
+  }
+  entry.stacked = concat(ready, 0);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (cache.stacks.size() >= kMaxCachedWeights) cache.stacks.clear();
+  ++cache.stack_builds;
+  cache.stacks[key] = entry;
+  return entry.stacked;
+}
+
+int64_t stacked_weight_builds() {
+  std::lock_guard<std::mutex> lock(weight_cache().mutex);
+  return weight_cache().stack_builds;
+}
+
 void clear_bf16_weights() {
   std::lock_guard<std::mutex> lock(weight_cache().mutex);
   weight_cache().entries.clear();
+  weight_cache().stacks.clear();
   weight_cache().working = WorkingCopy{};
 }
 

@@ -9,12 +9,14 @@
 // (activation_dtype), which the next elementwise ops (GELU, dropout) keep,
 // and which linear, attention and add_layer_norm then read without a cast.
 // The residual stream (layer norm outputs) stays f32, as under torch's
-// autocast; so do the scores, softmax, lse, the logits and the loss.
+// autocast; so do the scores, softmax, lse and the loss. The MLM head's
+// logits are bf16 (autocast's linear writes them so too).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -70,7 +72,16 @@ void require_native_bf16(const std::string& key);
 Tensor bf16_weight(const Tensor& weight);
 // Number of casts bf16_weight has made since start (for tests).
 int64_t bf16_weight_casts();
-// Drops every cached copy (and the registered working copy below).
+// Parameters stacked along dim 0 into one product's weight (or bias), as
+// stacked_linear takes a layer's query, key and value projections. With
+// `bf16`, of their bf16 copies (bf16_weight), and cached as those are, until
+// any part's storage changes version: the micro-batches of an optimizer step
+// stack the parts once. Without, stacked anew each call. One part: that part
+// (or its bf16 copy) itself.
+Tensor stacked_weight(const std::vector<Tensor>& parts, bool bf16);
+// Number of stacks stacked_weight has built since start (for tests).
+int64_t stacked_weight_builds();
+// Drops every cached copy and stack (and the registered working copy below).
 void clear_bf16_weights();
 
 // A bf16 working copy kept by the storage's writer: `working` (contiguous

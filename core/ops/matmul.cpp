@@ -137,15 +137,11 @@ Tensor stacked_linear(const char* op, const Tensor& x, const std::vector<Tensor>
   {
     NoGradGuard no_grad;
     x2 = low ? to_bf16(x).reshape({-1, in}) : x.reshape({-1, in});
-    // The parts side by side (bf16 through the weight cache under autocast);
-    // a bf16 result takes the bias in bf16 too (cuBLASLt's default bias type).
-    auto stacked = [&](const std::vector<Tensor>& parts, bool cast) {
-      std::vector<Tensor> ready;
-      for (const Tensor& t : parts) ready.push_back(cast ? bf16_weight(t) : t.detach());
-      return ready.size() == 1 ? ready.front() : concat(ready, 0);
-    };
-    w = stacked(weights, low);
-    const Tensor b = has_bias ? stacked(biases, low && out_dtype == DType::bf16) : Tensor();
+    // The parts side by side (bf16 under autocast), stacked once per
+    // optimizer step; a bf16 result takes the bias in bf16 too (cuBLASLt's
+    // default bias type).
+    w = stacked_weight(weights, low);
+    const Tensor b = has_bias ? stacked_weight(biases, low && out_dtype == DType::bf16) : Tensor();
     out = product(x2, w.transpose(0, 1), b, op, out_dtype).view(out_shape);
   }
   const bool gx = x.requires_grad();
@@ -163,10 +159,8 @@ Tensor stacked_linear(const char* op, const Tensor& x, const std::vector<Tensor>
         const Tensor eg = low ? to_bf16(g2) : g2;
         std::vector<Tensor> grads(1 + 2 * (offsets.size() - 1));
         // Each gradient in its input's dtype (the bias's summed in g's, as
-        // under torch's autocast, then widened).
-        if (gx)
-          grads[0] = input_grad(eg, saved_w.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
-                                x_shape, op);
+        // under torch's autocast, then widened). x's last: it may add into
+        // the sum autograd holds, which must stay as it was if this throws.
         const auto [dw, db] =
             weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, op);
         // Each part's gradient: its rows of the stacked ones.
@@ -178,6 +172,9 @@ Tensor stacked_linear(const char* op, const Tensor& x, const std::vector<Tensor>
           if (wanted[i]) grads[1 + i] = part(dw, i);
           if (wanted[parts + i]) grads[1 + parts + i] = part(db, i);
         }
+        if (gx)
+          grads[0] = input_grad(eg, saved_w.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
+                                x_shape, op);
         return grads;
       });
 }

@@ -60,6 +60,32 @@ TEST(Precision, WeightIsCastOncePerVersion) {
   }
 }
 
+// stacked_linear's bf16 weight: its parts' bf16 copies stacked once per
+// version of each part, as bf16_weight casts once; a write to any part
+// restacks. As is (f32), the parts are stacked anew each call.
+TEST(Precision, StackedWeightIsBuiltOncePerVersionOfItsParts) {
+  Tensor a = random_f32({3, 4}, 5), b = random_f32({2, 4}, 6);
+  const int64_t before = stacked_weight_builds();
+  const Tensor first = stacked_weight({a, b}, true);
+  const Tensor again = stacked_weight({a, b}, true);
+  EXPECT_EQ(first.data(), again.data()) << "a second micro-batch: the same stack";
+  EXPECT_EQ(first.dtype(), DType::bf16);
+  EXPECT_EQ(first.to_vector<float>(), concat({a, b}, 0).to(DType::bf16).to_vector<float>());
+  EXPECT_EQ(stacked_weight_builds(), before + 1);
+  {
+    NoGradGuard no_grad;
+    b.fill_(0.25);  // an optimizer step writes one part
+  }
+  const Tensor restacked = stacked_weight({a, b}, true);
+  EXPECT_EQ(stacked_weight_builds(), before + 2);
+  EXPECT_EQ(restacked.to_vector<float>()[12], 0.25f) << "b's first element, after a's 12";
+  // As is: a write through the data pointer (no new version) still shows.
+  b.data_as<float>()[0] = 0.5f;
+  EXPECT_EQ(stacked_weight({a, b}, false).to_vector<float>()[12], 0.5f);
+  EXPECT_EQ(stacked_weight_builds(), before + 2);
+  EXPECT_EQ(stacked_weight({a}, false).data(), a.data()) << "one part is the part itself";
+}
+
 // What the GPU AdamW does after its pass (optim/adamw.cpp), done by hand: the
 // registered working copy serves the weights inside the flat buffer, at their
 // offsets, until the buffer's version moves.
