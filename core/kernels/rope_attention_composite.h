@@ -91,15 +91,16 @@ void backward(const KernelTable& kt, Stream stream, Alloc&& alloc, const Attenti
   const KernelTensor dq_rot = layout(q, dq_mem.get());
   const KernelTensor dk_rot = layout(k, dk_mem.get());
   // The attention kernels write the three gradients in one dtype: a bf16
-  // grad_v goes through accumulation-dtype scratch too (holding grad_v's
-  // values, for a token stream's rows outside every segment).
+  // grad_v goes through accumulation-dtype scratch too. A token stream's
+  // rows outside every segment come back as zeros in all three (the op may
+  // hand over unwritten memory when every row is in a segment).
   const bool dv_scratch = grad_v.dtype != rot;
   const auto dv_mem = alloc(dv_scratch ? bytes_of(v, rot) : 0);
   const KernelTensor dv = dv_scratch ? dense(grad_v, dv_mem.get(), rot) : grad_v;
   if (token_stream) {
     kt.fill(stream, dq_rot, 0.0);
     kt.fill(stream, dk_rot, 0.0);
-    if (dv_scratch) kt.copy(stream, grad_v, dv);
+    if (dv_scratch) kt.fill(stream, dv, 0.0);
     kt.attention_varlen_backward(stream, params, rq, rk, v, mask_or_segments, out, lse, keep_bits,
                                  grad_out, dq_rot, dk_rot, dv);
   } else {

@@ -341,8 +341,9 @@ Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& s
     throw Error(detail::concat(op, ": expected qkv [T, 3 * heads * D] for ", heads, " heads, got ",
                                qkv.desc()));
   const int64_t T = qkv.size(0), D = qkv.size(1) / (3 * heads);
-  // The three parts as views (no history of their own: the node's input is qkv).
-  const Tensor parts = qkv.detach().view({T, 3, heads, D});
+  // The three parts as views (no history of their own: the node's input is
+  // qkv); a qkv whose rows are not contiguous goes through a copy.
+  const Tensor parts = qkv.detach().reshape({T, 3, heads, D});
   return token_stream_attention(op, parts.select(1, 0), parts.select(1, 1), parts.select(1, 2),
                                 segments, segments_on_device, rotary ? &*rotary : nullptr,
                                 dropout_p, training, ctx, scale, &qkv);

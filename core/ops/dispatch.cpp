@@ -134,11 +134,11 @@ void check_kernel_errors() {
     if (cuda >> i & 1) kernels::raise_pending(Device::cuda(i));
 }
 
-Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors) {
-  return kernel_device(op, std::vector<const Tensor*>(tensors));
-}
-
-Device kernel_device(const char* op, const std::vector<const Tensor*>& tensors) {
+namespace {
+// kernel_device over any range of tensor pointers (no copy of the list: it
+// runs on every op call).
+template <class Range>
+Device device_of(const char* op, const Range& tensors) {
   const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
     if (!t || !t->defined()) continue;
@@ -159,6 +159,15 @@ Device kernel_device(const char* op, const std::vector<const Tensor*>& tensors) 
     }
   }
   return device;
+}
+}  // namespace
+
+Device kernel_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  return device_of(op, tensors);
+}
+
+Device kernel_device(const char* op, const std::vector<const Tensor*>& tensors) {
+  return device_of(op, tensors);
 }
 
 }  // namespace roformer
