@@ -52,7 +52,7 @@ class Node {
   // Gradients for each input edge given the output's gradient; an undefined
   // tensor means "no gradient". `partial` (one per edge, or empty) holds the
   // gradients already collected for inputs a backward may add into in place
-  // (see AccumulatingBackwardFn); only nodes that take_partial() get any.
+  // (see AccumulatingBackwardFn); only nodes whose takes_partial() is true get any.
   virtual std::vector<Tensor> backward(const Tensor& grad_output,
                                        const std::vector<Tensor>& partial) = 0;
   virtual bool takes_partial() const { return false; }

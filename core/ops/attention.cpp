@@ -197,17 +197,17 @@ Tensor rope_attention(const Tensor& q, const Tensor& k, const Tensor& v,
 
 namespace {
 
-// Host copy of the segment table, checked: in order, inside [0, T), not
-// overlapping. Returns the longest length. (A table on a device is read
-// back: a wait for it. Token layouts keep theirs on the host for this.)
-// A token stream's segment table, checked: its longest segment, and whether
-// the segments cover every token (the kernels then write every element of
-// the outputs and gradients, so they need no zero fill first).
+// What checked_segments finds in a token stream's segment table: its longest
+// segment, and whether the segments cover every token (the kernels then
+// write every element of the outputs and gradients: no zero fill first).
 struct SegmentCover {
   int64_t longest = 0;
   bool every_token = false;
 };
 
+// Host copy of the segment table, checked: in order, inside [0, T), not
+// overlapping. (A table on a device is read back: a wait for it. Token
+// layouts keep theirs on the host for this.)
 SegmentCover checked_segments(const Tensor& segments, int64_t T) {
   if (segments.dim() != 2 || segments.size(1) != 4 || segments.dtype() != DType::i64)
     throw Error(detail::concat("varlen_attention: expected segments [N, 4] i64 (first token, ",
