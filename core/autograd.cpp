@@ -36,9 +36,10 @@ class FunctionNode final : public Node {
 // The gradient collected so far for each input of `node` that its backward
 // may add into (AccumulatingBackwardFn's contract), or none at all.
 std::vector<Tensor> offered_partials(Node& node, const std::unordered_map<Node*, Tensor>& grads) {
-  if (!node.takes_partial() || !g_accumulate_in_backward.load()) return {};
+  if (!node.takes_partial()) return {};
   const std::vector<Edge>& edges = node.edges();
-  std::vector<Tensor> partial(edges.size());
+  std::vector<Tensor> partial(edges.size());  // one per edge, undefined where none is offered
+  if (!g_accumulate_in_backward.load()) return partial;
   for (size_t i = 0; i < edges.size(); ++i) {
     Node* input = edges[i].node.get();
     if (!input) continue;

@@ -91,7 +91,8 @@ using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>
 // A backward that can add an input's gradient into the sum already collected
 // for that input, rather than return a new tensor for the engine to add in a
 // pass of its own (a product does it with no extra pass: GEMM beta = 1).
-// partial[i] is defined only where the engine offers one: the input has
+// `partial` has one entry per input; partial[i] is defined only where the
+// engine offers one: the input has
 // history, earlier consumers' gradients for it were summed into a contiguous
 // tensor nothing but the engine holds, and the input is this node's input
 // once. A backward that adds its gradient for input i into partial[i]

@@ -5,6 +5,7 @@
 // to bf16 (weights through the per-step cache), the products accumulate in
 // f32 and write f32 (or bf16 activations, when linear is asked for them);
 // the bf16 operands are what backward keeps.
+#include <algorithm>
 #include <atomic>
 #include <tuple>
 #include <utility>
@@ -145,26 +146,25 @@ Tensor stacked_linear(const char* op, const Tensor& x, const std::vector<Tensor>
     out = product(x2, w.transpose(0, 1), b, op, out_dtype).view(out_shape);
   }
   const bool gx = x.requires_grad();
-  bool gw = false, gbias = false;
+  const size_t parts = weights.size();
   std::vector<bool> wanted;  // per weight, then per bias
   for (const Tensor& t : weights) wanted.push_back(t.requires_grad());
   for (const Tensor& t : biases) wanted.push_back(t.defined() && t.requires_grad());
-  for (size_t i = 0; i < weights.size(); ++i)
-    gw = gw || wanted[i], gbias = gbias || wanted[weights.size() + i];
+  const bool gw = std::find(wanted.begin(), wanted.begin() + parts, true) != wanted.begin() + parts;
+  const bool gbias = std::find(wanted.begin() + parts, wanted.end(), true) != wanted.end();
   SavedTensor saved_x(gw ? x2 : Tensor(), op), saved_w(gx ? w : Tensor(), op);
   const Shape x_shape = x.shape();
   return record_accumulating(
       op, out, inputs, [=](const Tensor& g, const std::vector<Tensor>& partial) {
         const Tensor g2 = g.reshape({-1, out_features});
         const Tensor eg = low ? to_bf16(g2) : g2;
-        std::vector<Tensor> grads(1 + 2 * (offsets.size() - 1));
+        std::vector<Tensor> grads(1 + 2 * parts);
         // Each gradient in its input's dtype (the bias's summed in g's, as
         // under torch's autocast, then widened). x's last: it may add into
         // the sum autograd holds, which must stay as it was if this throws.
         const auto [dw, db] =
             weight_grads(g2, eg, gw ? saved_x.get() : Tensor(), w_dtype, gw, gbias, op);
         // Each part's gradient: its rows of the stacked ones.
-        const size_t parts = offsets.size() - 1;
         auto part = [&](const Tensor& whole, size_t i) {
           return parts == 1 ? whole : whole.narrow(0, offsets[i], offsets[i + 1] - offsets[i]);
         };
@@ -172,9 +172,7 @@ Tensor stacked_linear(const char* op, const Tensor& x, const std::vector<Tensor>
           if (wanted[i]) grads[1 + i] = part(dw, i);
           if (wanted[parts + i]) grads[1 + parts + i] = part(db, i);
         }
-        if (gx)
-          grads[0] = input_grad(eg, saved_w.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
-                                x_shape, op);
+        if (gx) grads[0] = input_grad(eg, saved_w.get(), partial[0], x_dtype, x_shape, op);
         return grads;
       });
 }
@@ -295,9 +293,7 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
           if (gb1) db1 = dbias.to(w_dtype);
           const Tensor ed = low ? to_bf16(dpre) : dpre;
           if (gw1) dw1 = product(ed.transpose(0, 1), saved_x.get(), Tensor(), op, w_dtype);
-          if (gx)
-            dx = input_grad(ed, saved_w1.get(), partial.empty() ? Tensor() : partial[0], x_dtype,
-                            x_shape, op);
+          if (gx) dx = input_grad(ed, saved_w1.get(), partial[0], x_dtype, x_shape, op);
         }
         return std::vector<Tensor>{dx, dw1, db1, dw2, db2};
       });
