@@ -183,7 +183,6 @@ class Bench {
 
   // One optimizer step; returns its loss (waits for the device).
   double step(uint64_t index) {
-    const uint64_t calls = kernels::kernel_calls.load();
     std::vector<uint64_t> by_kernel(size_t(kernels::KernelId::count));
     for (size_t i = 0; i < by_kernel.size(); ++i) by_kernel[i] = kernels::kernel_calls_by_id[i];
     const auto start = Clock::now();
@@ -209,9 +208,11 @@ class Bench {
     }
     const double loss = out.loss.item();
     if (!device_.is_cpu()) synchronize(current_stream(device_));
-    last_calls_ = kernels::kernel_calls.load() - calls;
-    for (size_t i = 0; i < by_kernel.size(); ++i)
+    last_calls_ = 0;
+    for (size_t i = 0; i < by_kernel.size(); ++i) {
       by_kernel[i] = kernels::kernel_calls_by_id[i] - by_kernel[i];
+      last_calls_ += by_kernel[i];
+    }
     last_calls_by_kernel_ = std::move(by_kernel);
     return loss;
   }

@@ -14,8 +14,13 @@ namespace roformer {
 
 namespace kernels {
 
-std::atomic<uint64_t> kernel_calls{0};
 std::atomic<uint64_t> kernel_calls_by_id[size_t(KernelId::count)];
+
+uint64_t kernel_calls() {
+  uint64_t total = 0;
+  for (const auto& calls : kernel_calls_by_id) total += calls.load(std::memory_order_relaxed);
+  return total;
+}
 
 const char* kernel_name(KernelId id) {
   static constexpr const char* kNames[] = {

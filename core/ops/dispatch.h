@@ -47,13 +47,11 @@ using IndexErrorMessage = std::function<std::string(int64_t value, int64_t posit
 // with it. Marks the device as having checks to read.
 int32_t index_check_site(Device device, IndexErrorMessage message);
 
-// Kernel calls made through launch:: on every device since the start (one
-// relaxed increment each): the benchmarks report calls per training step,
-// which bounds the launch overhead a GPU step pays.
-extern std::atomic<uint64_t> kernel_calls;
-
-// The same per kernel of the list, in its order: which passes a step makes
-// (mlm_step_bench --kernel-calls).
+// Kernel calls made through launch:: on every device since the start, per
+// kernel of the list in its order (one relaxed increment a call): the
+// benchmarks report calls per training step, which bounds the launch
+// overhead a GPU step pays, and which passes it makes (mlm_step_bench
+// --kernel-calls).
 enum class KernelId : uint16_t {
 #define ROFORMER_KERNEL_ID(name, ...) name,
   ROFORMER_KERNELS(ROFORMER_KERNEL_ID)
@@ -62,6 +60,8 @@ enum class KernelId : uint16_t {
 };
 extern std::atomic<uint64_t> kernel_calls_by_id[size_t(KernelId::count)];
 const char* kernel_name(KernelId id);
+// All kernels' calls: the sum of kernel_calls_by_id.
+uint64_t kernel_calls();
 
 }  // namespace kernels
 
@@ -70,7 +70,6 @@ namespace launch {
 #define ROFORMER_LAUNCHER(name, ...)                                                              \
   template <class... Args>                                                                        \
   decltype(auto) name(Device device, Args&&... args) {                                            \
-    kernels::kernel_calls.fetch_add(1, std::memory_order_relaxed);                                \
     kernels::kernel_calls_by_id[size_t(kernels::KernelId::name)].fetch_add(                       \
         1, std::memory_order_relaxed);                                                            \
     return kernels::table(device).name(kernels::stream(device), kernels::to_kernel_arg(args)...); \
