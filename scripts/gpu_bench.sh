@@ -46,6 +46,9 @@
 #   ours_addgrad   ours at 512 with every gradient sum added by autograd in a
 #                  pass of its own (--precision bf16-addgrad): what the
 #                  products adding into the sums gained, side by side
+#   ours_wgmma     ours at 512 with the attention forward on wgmma (--precision
+#                  bf16-wgmma; compute capability 9.0): whether it should be
+#                  the default there
 #   ours_f32act    ours at 512 with bf16 activations off (--precision
 #                  bf16-f32act): what bf16 activations gained, side by side
 #   hf_full_512    the peer's stock forward (logits at every position), eager
@@ -182,6 +185,7 @@ run_bench() {
   seq=${BENCH_SEQS%% *}
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
+  step ours_wgmma 60 ours_step bf16-wgmma "$REFERENCE_SEQ" --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_f32act 60 ours_step bf16-f32act "$REFERENCE_SEQ" --budget-s 45

@@ -35,8 +35,10 @@
 #                 every op on CUDA against the CPU (poisoned outputs, strided
 #                 inputs, bf16, bf16 autocast), a short bf16 training run against
 #                 the CPU's f32, cuDNN SDPA (model.attention_kernel: cudnn_sdpa)
-#                 against the CPU attention and fused_rope, the model on the GPU
-#                 against the committed goldens
+#                 against the CPU attention and fused_rope, the flash kernels
+#                 in every variant (the wgmma forward and its probe, CudaWgmma,
+#                 on compute capability 9.0), the model on the GPU against the
+#                 committed goldens
 #   op_table      every op x dtype x device against f64 on the CPU
 #   goldens       tests/golden/*.py with transformers into $OUT, then the model
 #                 on the GPU (cuda_tests CudaGolden.*) and on the CPU
@@ -386,7 +388,7 @@ memcheck_step() {
     "memcheck op_table_tests *DevicesAgainstCpu* $((2 * s))" \
     "memcheck cuda_tests Cases/FlashAttention.*:FlashAttentionEdges.* $s" \
     "memcheck cuda_tests *CudaOps.*:*CudaGemm.*:*CudaOptimizer.* $s" \
-    "memcheck cuda_tests *CudaPhilox.*:*CudaUpload.*:*CudaBf16.* $s" \
+    "memcheck cuda_tests *CudaPhilox.*:*CudaUpload.*:*CudaBf16.*:*CudaWgmma.* $s" \
     "memcheck cuda_tests *CudaAllocator.* $s --report-api-errors no" \
     "racecheck cuda_tests Cases/FlashAttention.MatchesTheCpuForwardAndBackward/packed_dropout_interleaved $s"; do
     local tool binary filter limit extra

@@ -6,7 +6,7 @@
 // docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
-//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad]
+//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-wgmma]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -36,6 +36,10 @@
 // --precision bf16-addgrad: bf16 with every gradient sum added by autograd in
 // a pass of its own (set_accumulate_in_backward(false), core/autograd.h): the
 // step before the products added into the sums, beside bf16 to compare.
+// --precision bf16-wgmma: bf16 with the attention forward on Hopper's wgmma
+// (set_flash_forward_uses_wgmma, core/cuda/kernels/flash_attention.h) where
+// the device is compute capability 9.0; elsewhere (and in a build without
+// the CUDA kernels) the same step as bf16.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -74,6 +78,9 @@
 #include <vector>
 
 #include "bench/layers/synthetic_mlm_batch.h"
+#if defined(ROFORMER_BENCH_FLASH_KNOBS)
+#include "core/cuda/kernels/flash_attention.h"
+#endif
 #include "core/error.h"
 #include "core/ops/dispatch.h"
 #include "core/profile.h"
@@ -295,7 +302,8 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 }
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
-// `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad or bf16-addgrad).
+// `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad or
+// bf16-wgmma).
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label,
                         const std::string& layout) {
   return {{"framework", "ours"},
@@ -496,7 +504,8 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad] [--batch N | --start-batch "
+          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-wgmma] "
+          "[--batch N | --start-batch "
           "N] "
           "[--max-tokens N] "
           "[--max-step-s T] "
@@ -510,9 +519,11 @@ Options parse(int argc, char** argv) {
   }
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
-    if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad" && p != "bf16-addgrad")
+    if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad" &&
+        p != "bf16-addgrad" && p != "bf16-wgmma")
       throw InputError(
-          "--precision: expected bf16, f32, bf16-f32act, bf16-bgrad and/or bf16-addgrad, got '" +
+          "--precision: expected bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad and/or "
+          "bf16-wgmma, got '" +
           p + "'");
   return opt;
 }
@@ -600,6 +611,9 @@ int run(int argc, char** argv) {
       if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
       set_bias_grad_in_product(precision == "bf16-bgrad");
       set_accumulate_in_backward(precision != "bf16-addgrad");
+#if defined(ROFORMER_BENCH_FLASH_KNOBS)
+      kernels::cuda::set_flash_forward_uses_wgmma(precision == "bf16-wgmma");
+#endif
       bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {
       refused = e.what();  // bf16 not available on this device or CPU

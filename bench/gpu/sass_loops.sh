@@ -88,7 +88,10 @@ PY
     exit 1
   }
   cubin=$PWD/$out/$name.cubin
-  if ! (eval "$cmd -arch=sm_90 -cubin -Xptxas -v -o $cubin $PWD/$src") 2>"$out/$name.ptxas"; then
+  # The wgmma kernels exist for sm_90a alone (their object library's arch).
+  arch=sm_90
+  [[ $name == *wgmma* ]] && arch=sm_90a
+  if ! (eval "$cmd -arch=$arch -cubin -Xptxas -v -o $cubin $PWD/$src") 2>"$out/$name.ptxas"; then
     cat "$out/$name.ptxas" >&2
     echo "sass_loops: $src did not compile" >&2
     exit 1
@@ -103,6 +106,6 @@ if b[8] >= 8:  # ELF ABI 8: e_flags 0x..SS.. -> ABI 7: SM | 0x500 | virtual SM <
 open(sys.argv[1] + '.abi7', 'wb').write(b)
 PY
   "$nvdisasm" -c "$cubin.abi7" >"$out/$name.sass"
-  echo "== $src (sm_90; listing $out/$name.sass)"
+  echo "== $src ($arch; listing $out/$name.sass)"
   python3 bench/gpu/sass_loops.py "$out/$name.sass" --ptxas "$out/$name.ptxas"
 done

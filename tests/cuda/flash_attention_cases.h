@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -224,10 +225,12 @@ inline void expect_match(const Case& c, const Problem& p, const Result& gpu, con
 }
 
 // The flash kernels' process-wide settings (flash_attention.h): forward
-// rows a warp, the two-pass dq blocks an SM, backward passes, fused splits.
+// rows a warp, the two-pass dq blocks an SM, backward passes, fused splits,
+// the forward on wgmma (Hopper).
 struct FlashSettings {
   int rows = 16, dq_blocks = 2, passes = 1, splits = 0;
   const char* what = "";
+  bool wgmma = false;
 };
 
 // The settings each test runs under: the defaults first, then the two-pass
@@ -239,7 +242,8 @@ inline std::vector<FlashSettings> flash_variants() {
       {16, 2, 2, 0, "two-pass backward, dq 2 blocks an SM"},
       {32, 1, 2, 0, "32 rows a warp, two-pass backward, dq 1 block an SM"},
       {16, 2, 1, 1, "fused backward, one split"},
-      {16, 2, 1, 3, "fused backward, three splits (at most the key tiles)"}};
+      {16, 2, 1, 3, "fused backward, three splits (at most the key tiles)"},
+      {16, 2, 1, 0, "wgmma forward, fused backward", true}};
   if (const char* keep = std::getenv("ROFORMER_FLASH_VARIANTS")) {
     const long n = std::strtol(keep, nullptr, 10);
     if (n >= 1 && n < long(all.size())) all.resize(size_t(n));
@@ -258,13 +262,17 @@ struct FlashKnobs {
   void (*set_passes)(int);
   int (*splits)();
   void (*set_splits)(int);
+  bool (*wgmma)();
+  void (*set_wgmma)(bool);
+  bool (*wgmma_available)(int device);
 };
 
 // Sets `settings` for its scope and restores what was set before.
 class ScopedFlashSettings {
  public:
   ScopedFlashSettings(const FlashKnobs& knobs, const FlashSettings& settings)
-      : knobs_(knobs), saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(), knobs.splits(), ""} {
+      : knobs_(knobs), saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(), knobs.splits(),
+                              "",           knobs.wgmma()} {
     apply(settings);
   }
   ~ScopedFlashSettings() { apply(saved_); }
@@ -277,6 +285,7 @@ class ScopedFlashSettings {
     knobs_.set_dq_blocks(s.dq_blocks);
     knobs_.set_passes(s.passes);
     knobs_.set_splits(s.splits);
+    knobs_.set_wgmma(s.wgmma);
   }
   FlashKnobs knobs_;
   FlashSettings saved_;
@@ -323,7 +332,10 @@ inline void expect_same_results(const Result& a, const Result& b, bool same_dq) 
 
 // Runs `run` under every variant's settings, and checks each result against
 // the CPU's and against the defaults' run; the two-pass runs' dq against
-// each other bit for bit too.
+// each other bit for bit too. The wgmma forward's products may sum in
+// another order than mma.sync's: its results are held to the CPU's
+// tolerances and the defaults' keep bits; it is left out (saying so) where
+// the device (0) cannot run it.
 template <class Run>
 void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem& p,
                            const Result& cpu, Run run) {
@@ -331,11 +343,21 @@ void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem
   Result defaults, two_pass;
   for (size_t i = 0; i < variants.size(); ++i) {
     SCOPED_TRACE(variants[i].what);
+    if (variants[i].wgmma && !knobs.wgmma_available(0)) {
+      std::cout << "[ SKIPPED  ] " << variants[i].what
+                << ": the device is not compute capability 9.0\n";
+      continue;
+    }
     const ScopedFlashSettings scoped(knobs, variants[i]);
     Result r = run();
     expect_match(c, p, r, cpu);
     if (i == 0) {
       defaults = r;
+    } else if (variants[i].wgmma) {
+      if (r.bits.defined()) {
+        EXPECT_EQ(r.bits.to(Device::cpu()).to_vector<int32_t>(),
+                  defaults.bits.to(Device::cpu()).to_vector<int32_t>());
+      }
     } else {
       expect_same_results(r, defaults, false);
     }

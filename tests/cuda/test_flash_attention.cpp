@@ -28,7 +28,9 @@ const FlashKnobs kKnobs{
     &kernels::cuda::flash_forward_rows_per_warp, &kernels::cuda::set_flash_forward_rows_per_warp,
     &kernels::cuda::flash_dq_blocks_per_sm,      &kernels::cuda::set_flash_dq_blocks_per_sm,
     &kernels::cuda::flash_backward_passes,       &kernels::cuda::set_flash_backward_passes,
-    &kernels::cuda::flash_backward_splits,       &kernels::cuda::set_flash_backward_splits};
+    &kernels::cuda::flash_backward_splits,       &kernels::cuda::set_flash_backward_splits,
+    &kernels::cuda::flash_forward_uses_wgmma,    &kernels::cuda::set_flash_forward_uses_wgmma,
+    &kernels::cuda::flash_wgmma_available};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.

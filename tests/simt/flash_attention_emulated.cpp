@@ -1,4 +1,5 @@
-// core/cuda/kernels/flash_attention.cu and flash_attention_backward.cu as
+// core/cuda/kernels/flash_attention.cu, flash_attention_backward.cu and
+// flash_attention_wgmma.cu as
 // they are, compiled by g++ for the SIMT emulator: their launches run
 // through simt::launch, their scratch memory and shared-memory opt-in are the
 // emulator's, their public functions are renamed (flash_attention_emulated.h)
@@ -18,3 +19,4 @@
 //
 #include "core/cuda/kernels/flash_attention.cu"
 #include "core/cuda/kernels/flash_attention_backward.cu"
+#include "core/cuda/kernels/flash_attention_wgmma.cu"

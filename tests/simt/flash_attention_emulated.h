@@ -17,4 +17,8 @@
 #define set_flash_backward_passes set_simt_flash_backward_passes
 #define flash_backward_splits simt_flash_backward_splits
 #define set_flash_backward_splits set_simt_flash_backward_splits
+#define flash_forward_uses_wgmma simt_flash_forward_uses_wgmma
+#define set_flash_forward_uses_wgmma set_simt_flash_forward_uses_wgmma
+#define flash_wgmma_available simt_flash_wgmma_available
+#define flash_forward_wgmma simt_flash_forward_wgmma
 #include "core/cuda/kernels/flash_attention.h"

@@ -8,6 +8,7 @@
 #include <deque>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,6 +38,7 @@ size_t window_size() {
 }
 
 constexpr int kWarp = 32;
+constexpr int kWarpGroup = 4 * kWarp;
 constexpr size_t kStackBytes = 64 * 1024;  // AddressSanitizer clears a stack's shadow per switch
 constexpr size_t kGuardBytes = 4096;       // an inaccessible page below each stack
 
@@ -105,10 +107,40 @@ struct PendingCopy {
   int size = 16;  // 16 (cp.async.cg) or 4 (cp.async.ca)
 };
 
+// A warpgroup product (wgmma) in flight: each thread's part of D, and the
+// shared b16 values its operands were read as (checked unchanged once every
+// thread has retired it).
+struct WgmmaOp {
+  float result[kWarpGroup][32];
+  std::vector<std::pair<uint32_t, uint16_t>> reads;
+  int retired = 0;
+};
+struct PendingWgmma {
+  std::shared_ptr<WgmmaOp> op;
+  float* d;  // the thread's accumulator registers
+  int thread;
+};
+
+// What each thread of a warpgroup brings to a wgmma.
+struct WgmmaArrival {
+  bool from_registers = false;  // A: four registers (rs) or a descriptor (ss)
+  uint64_t desc_a = 0, desc_b = 0;
+  uint32_t a[4] = {};
+  bool scale_d = false, trans_a = false, trans_b = false;
+  float* d = nullptr;
+};
+struct WarpGroup {
+  Barrier barrier;
+  WgmmaArrival in[kWarpGroup];
+  std::shared_ptr<WgmmaOp> out;
+};
+
 struct Fiber {
   ucontext_t context;
-  std::vector<PendingCopy> open_group;             // since the last commit
-  std::deque<std::vector<PendingCopy>> committed;  // oldest first
+  std::vector<PendingWgmma> wgmma_open;                   // since the last wgmma commit
+  std::deque<std::vector<PendingWgmma>> wgmma_committed;  // oldest first
+  std::vector<PendingCopy> open_group;                    // since the last commit
+  std::deque<std::vector<PendingCopy>> committed;         // oldest first
   ThreadState state;
   bool done = false;
   const uint64_t* wait_generation = nullptr;  // runnable once *wait_generation != wait_value
@@ -120,6 +152,7 @@ struct Fiber {
 struct Block {
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
+  std::vector<WarpGroup> warpgroups;
   Barrier barrier;
   int running = 0;
   bool reverse = false;
@@ -218,6 +251,9 @@ void fiber_main() {
   if (pending > 0 && b.fault.empty())
     b.fault = "simt: thread " + std::to_string(self.state.linear) + " exited with " +
               std::to_string(pending) + " cp.async copies no wait_group covered";
+  if ((!self.wgmma_open.empty() || !self.wgmma_committed.empty()) && b.fault.empty())
+    b.fault = "simt: thread " + std::to_string(self.state.linear) +
+              " exited with wgmma products no wgmma.wait_group retired";
   self.done = true;
   switch_away(true);
 }
@@ -517,6 +553,187 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
   std::memcpy(d, out, 16);
 }
 
+// --- wgmma (sm_90a) ---------------------------------------------------------------------
+
+namespace {
+
+// A wgmma operand's descriptor, decoded (PTX ISA, "Matrix Descriptor Format").
+struct MatrixDescriptor {
+  uint32_t start, leading, stride;  // bytes
+};
+
+MatrixDescriptor decode_descriptor(uint64_t desc, const char* which) {
+  const uint32_t base_offset = uint32_t(desc >> 49) & 7u, swizzle = uint32_t(desc >> 62);
+  RF_CHECK(base_offset == 0, "simt: wgmma ", which, " descriptor with base offset ", base_offset,
+           " (only 0 is emulated: swizzle atoms on 1024-byte boundaries)");
+  RF_CHECK(swizzle == 1, "simt: wgmma ", which, " descriptor with swizzle mode ", swizzle,
+           " (only 1, the 128-byte swizzle, is emulated)");
+  return {uint32_t(desc & 0x3FFFu) << 4, uint32_t((desc >> 16) & 0x3FFFu) << 4,
+          uint32_t((desc >> 32) & 0x3FFFu) << 4};
+}
+
+// The 128-byte swizzle on a shared address: its 16-byte chunk within each
+// 128-byte row XORed with the row's index within its 1024-byte atom.
+uint32_t swizzle_128(uint32_t address) {
+  return address ^ (((address >> 7) & 7u) << 4);
+}
+
+// Reads the b16 element at an operand's unswizzled address (and notes it).
+float read_operand(const Block& b, uint32_t linear, WgmmaOp& op) {
+  const uint32_t address = swizzle_128(linear);
+  uint16_t v;
+  std::memcpy(&v, shared_bytes(b, address, 2, "wgmma operand"), 2);
+  op.reads.emplace_back(address, v);
+  return bf16_bits_to_float(v);
+}
+
+// Element (row r, k) of a K-major operand (A: r = m; B: r = n) in the
+// 128-byte-swizzle canonical layout ((8, m), (T, 2)) : ((8T, SBO), (1, T)):
+// rows of 128 bytes in 8-row atoms, the atoms SBO apart.
+uint32_t k_major_address(const MatrixDescriptor& d, int r, int k) {
+  return d.start + uint32_t(r % 8) * 128u + uint32_t(r / 8) * d.stride + 2u * uint32_t(k);
+}
+
+// Element (k, n) of an N-major B (trans-b; or (k, m) of an M-major A,
+// trans-a) in ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)): 64
+// consecutive n in a 128-byte row per k, 8-k atoms SBO apart, 64-wide n
+// blocks LBO apart.
+uint32_t n_major_address(const MatrixDescriptor& d, int k, int n) {
+  return d.start + 2u * uint32_t(n % 64) + uint32_t(n / 64) * d.leading + uint32_t(k % 8) * 128u +
+         uint32_t(k / 8) * d.stride;
+}
+
+// The newest in-flight product of fiber f for the accumulator d, or null.
+const PendingWgmma* newest_for(const Fiber& f, const float* d) {
+  for (auto it = f.wgmma_open.rbegin(); it != f.wgmma_open.rend(); ++it)
+    if (it->d == d) return &*it;
+  for (auto g = f.wgmma_committed.rbegin(); g != f.wgmma_committed.rend(); ++g)
+    for (auto it = g->rbegin(); it != g->rend(); ++it)
+      if (it->d == d) return &*it;
+  return nullptr;
+}
+
+// m64n64k16, f32 += bf16 x bf16: thread T of the warpgroup, in warp w = T / 32
+// with g = lane / 4 and t = lane % 4, holds
+//  D register i: row 16 w + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1)
+//  (mma.m16n8k16's C layout per warp, repeated over the eight 8-wide column tiles);
+//  A register j (from registers): elements v = 2 j (low half) and 2 j + 1,
+//  row 16 w + g + 8 ((v >> 1) & 1), k 2 t + (v & 1) + 8 (v >> 2).
+void wgmma_all(const Block& b, WarpGroup& w, int group) {
+  const WgmmaArrival& first = w.in[0];
+  for (int i = 1; i < kWarpGroup; ++i) {
+    const WgmmaArrival& x = w.in[i];
+    RF_CHECK(x.from_registers == first.from_registers && x.desc_b == first.desc_b &&
+                 (x.from_registers || x.desc_a == first.desc_a) && x.scale_d == first.scale_d &&
+                 x.trans_a == first.trans_a && x.trans_b == first.trans_b,
+             "simt: wgmma operands differ across the warpgroup (thread ", i,
+             " against thread 0): descriptors and flags must be the same");
+  }
+  auto op = std::make_shared<WgmmaOp>();
+  float A[64][16], B[16][64];
+  if (first.from_registers) {
+    for (int T = 0; T < kWarpGroup; ++T) {
+      const int warp = T / kWarp, lane = T % kWarp, g = lane >> 2, t = lane & 3;
+      for (int v = 0; v < 8; ++v) {
+        const uint32_t reg = w.in[T].a[v / 2];
+        const int row = 16 * warp + g + 8 * ((v >> 1) & 1), k = 2 * t + (v & 1) + 8 * (v >> 2);
+        A[row][k] = bf16_bits_to_float(v % 2 == 0 ? reg & 0xffffu : reg >> 16);
+      }
+    }
+  } else {
+    const MatrixDescriptor da = decode_descriptor(first.desc_a, "A");
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < 16; ++k)
+        A[m][k] = read_operand(
+            b, first.trans_a ? n_major_address(da, k, m) : k_major_address(da, m, k), *op);
+  }
+  const MatrixDescriptor db = decode_descriptor(first.desc_b, "B");
+  for (int k = 0; k < 16; ++k)
+    for (int n = 0; n < 64; ++n)
+      B[k][n] = read_operand(
+          b, first.trans_b ? n_major_address(db, k, n) : k_major_address(db, n, k), *op);
+  for (int T = 0; T < kWarpGroup; ++T) {
+    const int warp = T / kWarp, lane = T % kWarp, g = lane >> 2, t = lane & 3;
+    const WgmmaArrival& x = w.in[T];
+    const Fiber& f = b.fibers[size_t(group * kWarpGroup + T)];
+    const PendingWgmma* before = first.scale_d ? newest_for(f, x.d) : nullptr;
+    const float* c = before ? before->op->result[before->thread] : x.d;
+    for (int i = 0; i < 32; ++i) {
+      const int row = 16 * warp + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
+      double acc = first.scale_d ? double(c[i]) : 0.0;
+      for (int k = 0; k < 16; ++k) acc += double(A[row][k]) * double(B[k][col]);
+      op->result[T][i] = float(acc);
+    }
+  }
+  w.out = std::move(op);
+}
+
+void wgmma(const WgmmaArrival& arrival) {
+  RF_CHECK(g_block != nullptr, "simt: wgmma outside an emulated launch");
+  Block& b = *g_block;
+  Fiber& f = b.fibers[size_t(b.running)];
+  const int group = f.state.linear / kWarpGroup, thread = f.state.linear % kWarpGroup;
+  RF_CHECK(size_t(group) < b.warpgroups.size(), "simt: wgmma by thread ", f.state.linear,
+           " outside a whole warpgroup (a block of ", b.fibers.size(), " threads)");
+  WarpGroup& w = b.warpgroups[size_t(group)];
+  w.in[thread] = arrival;
+  arrive_and_wait(w.barrier, kWarpGroup, "wgmma.mma_async", [&] { wgmma_all(b, w, group); });
+  b.fibers[size_t(b.running)].wgmma_open.push_back({w.out, arrival.d, thread});
+}
+
+}  // namespace
+
+void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool scale_d,
+                        bool trans_a, bool trans_b) {
+  WgmmaArrival x;
+  x.desc_a = desc_a;
+  x.desc_b = desc_b;
+  x.scale_d = scale_d;
+  x.trans_a = trans_a;
+  x.trans_b = trans_b;
+  x.d = d;
+  wgmma(x);
+}
+
+void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool scale_d,
+                        bool trans_b) {
+  WgmmaArrival x;
+  x.from_registers = true;
+  std::memcpy(x.a, a, sizeof(x.a));
+  x.desc_b = desc_b;
+  x.scale_d = scale_d;
+  x.trans_b = trans_b;
+  x.d = d;
+  wgmma(x);
+}
+
+void wgmma_commit() {
+  RF_CHECK(g_block != nullptr, "simt: wgmma.commit_group outside an emulated launch");
+  Fiber& f = g_block->fibers[size_t(g_block->running)];
+  f.wgmma_committed.push_back(std::move(f.wgmma_open));
+  f.wgmma_open.clear();
+}
+
+void wgmma_wait(int n) {
+  RF_CHECK(g_block != nullptr, "simt: wgmma.wait_group outside an emulated launch");
+  Block& b = *g_block;
+  Fiber& f = b.fibers[size_t(b.running)];
+  while (f.wgmma_committed.size() > size_t(std::max(n, 0))) {
+    for (const PendingWgmma& p : f.wgmma_committed.front()) {
+      std::memcpy(p.d, p.op->result[p.thread], sizeof(p.op->result[0]));
+      if (++p.op->retired < kWarpGroup) continue;
+      for (const auto& [address, value] : p.op->reads) {
+        uint16_t now;
+        std::memcpy(&now, shared_bytes(b, address, 2, "wgmma operand"), 2);
+        RF_CHECK(now == value, "simt: shared address ", address,
+                 " was written while a wgmma that read it was in flight (before every thread "
+                 "of the warpgroup retired it by wgmma.wait_group)");
+      }
+    }
+    f.wgmma_committed.pop_front();
+  }
+}
+
 void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
               const std::function<void()>& body) {
   std::lock_guard<std::mutex> lock(g_launch_mutex);
@@ -538,6 +755,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
   Block b;
   b.fibers.resize(threads);
   b.warps.resize(threads / kWarp);
+  b.warpgroups.resize(threads / kWarpGroup);
   b.body = &body;
   b.dynamic_bytes = dynamic_shared_bytes;
   g_block = &b;
@@ -554,12 +772,18 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
         std::memset(window_begin(), 0xff, window_size());
         b.barrier.arrived = 0;
         for (Warp& w : b.warps) w.barrier.arrived = 0;
+        for (WarpGroup& w : b.warpgroups) {
+          w.barrier.arrived = 0;
+          w.out.reset();
+        }
         for (size_t i = 0; i < threads; ++i) {
           Fiber& f = b.fibers[i];
           f.done = false;
           f.wait_generation = nullptr;
           f.open_group.clear();
           f.committed.clear();
+          f.wgmma_open.clear();
+          f.wgmma_committed.clear();
           f.state.linear = int(i);
           f.state.thread_idx = uint3{unsigned(i % block.x), unsigned(i / block.x % block.y),
                                      unsigned(i / (size_t(block.x) * block.y))};
@@ -599,10 +823,21 @@ cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes) {
 
 cudaError_t device_attribute(int* value, cudaDeviceAttr attribute, int device) {
   RF_CHECK(device == 0, "simt: the emulated device is device 0, asked for ", device);
-  RF_CHECK(attribute == cudaDevAttrMultiProcessorCount,
-           "simt: the emulated device has no attribute ", int(attribute), " (only the SM count)");
-  *value = kEmulatedMultiprocessors;
-  return cudaSuccess;
+  switch (attribute) {
+    case cudaDevAttrMultiProcessorCount:
+      *value = kEmulatedMultiprocessors;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:  // an H100's: the wgmma kernels run
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    default:
+      RF_CHECK(false, "simt: the emulated device has no attribute ", int(attribute),
+               " (only the SM count and the compute capability)");
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace roformer::simt

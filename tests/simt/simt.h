@@ -136,6 +136,35 @@ void cp_async_wait(int n);
 void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                        const float (&c)[4]);
 
+// Hopper's warpgroup products (sm_90a), collectives of the calling thread's
+// warpgroup (four consecutive warps, 128 threads), from the PTX ISA:
+// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 d, a, b-desc,
+// scale-d, 1, 1, [trans-a,] trans-b with A from a shared-memory descriptor
+// (_ss; K-major, or M-major by trans-a) or from four registers a thread
+// (_rs); B K-major, or N-major by trans-b. Descriptors: start address, leading
+// and stride byte offsets in 16-byte units, base offset (must be 0 here),
+// swizzle mode (only the 128-byte swizzle is emulated); an operand's
+// element is read at its canonical-layout address with bits [4:6] XORed
+// with bits [7:9] of the shared address. Every thread of the warpgroup must
+// pass the same descriptors and flags. The products are computed when the
+// last thread arrives (from the shared bytes then), but land in d only at
+// the wgmma_wait that retires them, so a read of d before the wait sees the
+// old values; shared bytes an operation read that change before all 128
+// threads have retired it are a fault, as is a thread exiting with products
+// in flight. With scale_d, D = A B + the accumulator (the newest in-flight
+// product's result for the same d, else d); without, D = A B.
+// wgmma.fence and fence.proxy.async.shared::cta order nothing here (each
+// operation reads shared memory when issued).
+void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool scale_d,
+                        bool trans_a, bool trans_b);
+void wgmma_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, bool scale_d,
+                        bool trans_b);
+// wgmma.commit_group: the thread's products since the last commit become a group.
+void wgmma_commit();
+// wgmma.wait_group n: every committed group of the thread but the n newest
+// has landed in its accumulators.
+void wgmma_wait(int n);
+
 template <class T>
 T shfl_generic(unsigned mask, T value, int arg, int width, bool xor_mode) {
   static_assert(std::is_trivially_copyable_v<T> && (sizeof(T) == 4 || sizeof(T) == 8),
@@ -154,7 +183,8 @@ cudaError_t memset_bytes(void* p, int value, size_t nbytes);
 cudaError_t copy_bytes(void* dst, const void* src, size_t nbytes);
 
 // cudaDeviceGetAttribute on the emulated device: four SMs (host code that
-// sizes a grid from the SM count meets a small count); other attributes throw.
+// sizes a grid from the SM count meets a small count) and compute
+// capability 9.0 (an H100's); other attributes throw.
 constexpr int kEmulatedMultiprocessors = 4;
 cudaError_t device_attribute(int* value, cudaDeviceAttr attribute, int device);
 

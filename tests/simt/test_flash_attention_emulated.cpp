@@ -57,7 +57,10 @@ const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
                         &kernels::cuda::simt_flash_backward_passes,
                         &kernels::cuda::set_simt_flash_backward_passes,
                         &kernels::cuda::simt_flash_backward_splits,
-                        &kernels::cuda::set_simt_flash_backward_splits};
+                        &kernels::cuda::set_simt_flash_backward_splits,
+                        &kernels::cuda::simt_flash_forward_uses_wgmma,
+                        &kernels::cuda::set_simt_flash_forward_uses_wgmma,
+                        &kernels::cuda::simt_flash_wgmma_available};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.

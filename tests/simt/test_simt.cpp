@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tests/simt/bf16_bits.h"
 #include "tests/simt/simt.h"
 
 namespace roformer {
@@ -16,26 +17,9 @@ namespace {
 
 using simt::launch;
 
-uint16_t bf16_bits(float x) {
-  const __nv_bfloat16 b = __float2bfloat16_rn(x);
-  uint16_t bits;
-  std::memcpy(&bits, &b, 2);
-  return bits;
-}
-float bf16_value(uint16_t bits) {
-  const uint32_t w = uint32_t(bits) << 16;
-  float f;
-  std::memcpy(&f, &w, 4);
-  return f;
-}
-
-std::vector<uint16_t> random_bf16(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist;
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = bf16_bits(dist(gen));
-  return v;
-}
+using testing::bf16_bits;
+using testing::bf16_value;
+using testing::random_bf16;
 
 // --- mma.sync with operands loaded by ldmatrix ---------------------------------------
 

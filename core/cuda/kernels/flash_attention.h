@@ -30,6 +30,17 @@ bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelT
 int flash_forward_rows_per_warp();
 void set_flash_forward_rows_per_warp(int rows);
 
+// The forward's products: mma.sync (false, the default: every GPU) or
+// Hopper's warpgroup products (true: wgmma, flash_attention_wgmma.cu, built
+// for sm_90a; not yet timed on a GPU). The wgmma forward runs where the
+// operands' device is compute capability 9.0 (flash_wgmma_available) and
+// the mma.sync one elsewhere. The keep bits are the same either way, the
+// outputs and lse agree to f32 rounding. attention_bench measures both.
+// Process-wide.
+bool flash_forward_uses_wgmma();
+void set_flash_forward_uses_wgmma(bool on);
+bool flash_wgmma_available(int device);
+
 // The backward's scheme: 1 pass (fused: a block streams the query tiles
 // past 128 keys and computes S and dP once for dV, dK and dQ, five products;
 // dQ summed in f32 per split of the key tiles; the default, not yet timed
@@ -64,6 +75,12 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
                    const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
                    const KernelTensor& key_mask, const KernelTensor& segments,
                    const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits);
+// The wgmma forward itself (flash_forward calls it when chosen and available).
+void flash_forward_wgmma(Stream stream, const AttentionParams& params, const FlashRope& rope,
+                         const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
+                         const KernelTensor& key_mask, const KernelTensor& segments,
+                         const KernelTensor& out, const KernelTensor& lse,
+                         const KernelTensor& keep_bits);
 void flash_backward(Stream stream, const AttentionParams& params, const FlashRope& rope,
                     const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
                     const KernelTensor& key_mask, const KernelTensor& segments,

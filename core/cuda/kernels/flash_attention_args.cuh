@@ -24,6 +24,25 @@ constexpr int kThreadsPerBlock = kWarps * 32;
 constexpr int kRowsPerBlock = 16 * kWarps;
 // Keys (forward, dq pass) or queries (key-tile kernel) per streamed step.
 constexpr int kInnerTile = 64;
+
+// Where a shared tile keeps chunk c (bf16 elements 8c..8c+7, 16 bytes) of
+// row `row`, as an element offset. The mma.sync kernels pad each row by 16
+// bytes, so the eight rows an ldmatrix reads start in distinct banks.
+struct PaddedTile {
+  static constexpr int kRowStride = kLd;
+  static constexpr bool kReadByWgmma = false;
+  __device__ static int chunk(int row, int c) { return row * kLd + 8 * c; }
+};
+// The wgmma kernels' tiles (flash_attention_wgmma.cu): 128-byte rows with
+// chunk c of row r at chunk c ^ (r % 8), the 128-byte swizzle that wgmma
+// reads through a shared-memory descriptor; its 8-row atoms must start on
+// 1024-byte boundaries.
+struct SwizzledTile {
+  static constexpr int kRowStride = kD;
+  static constexpr bool kReadByWgmma = true;  // through the async proxy: fence_shared_for_wgmma
+  __device__ static int chunk(int row, int c) { return row * kD + ((c ^ (row & 7)) << 3); }
+};
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

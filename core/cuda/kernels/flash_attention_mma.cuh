@@ -138,6 +138,17 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Makes this thread's shared-memory writes (stores, landed cp.async copies)
+// visible to the async proxy that Hopper's wgmma reads shared memory
+// through (wgmma.cuh); a barrier must follow before another thread's wgmma
+// reads them. Nothing to order in the emulator, whose wgmma reads shared
+// memory when issued.
+__device__ __forceinline__ void fence_shared_for_wgmma() {
+#if !defined(ROFORMER_SIMT_EMULATION)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // The A fragment for keys (or queries) [16 kk, 16 kk + 16) of a 16 x 64
 // accumulator c[8][4]: the accumulator layout of two 8-wide tiles is the A
 // layout of one 16-wide step.

@@ -144,7 +144,7 @@ __device__ __forceinline__ void copy_angles_async(float* slots, const Block& r, 
 // Rotates the chunks of a shared tile that this thread copied with
 // copy_tile_async (rows r0... below `limit`), once its wait has covered them,
 // by angles_of(item, row, c): the chunk's eight angles.
-template <int kRows, int kThreads, class AnglesOf>
+template <int kRows, int kThreads, class Layout, class AnglesOf>
 __device__ __forceinline__ void rotate_own_chunks_with(bf16_t* s, int64_t r0, int64_t limit,
                                                        bool interleaved, AnglesOf angles_of) {
 #pragma unroll
@@ -152,8 +152,8 @@ __device__ __forceinline__ void rotate_own_chunks_with(bf16_t* s, int64_t r0, in
     const int item = threadIdx.x + n * kThreads;
     const int row = item >> 2, c = item & 3;
     if (r0 + row >= limit) continue;
-    uint4* lo = reinterpret_cast<uint4*>(s + row * kLd + 8 * c);
-    uint4* hi = reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32);
+    uint4* lo = reinterpret_cast<uint4*>(s + Layout::chunk(row, c));
+    uint4* hi = reinterpret_cast<uint4*>(s + Layout::chunk(row, c + 4));
     uint4 x = *lo, y = *hi;
     rotate_chunks(x, y, angles_of(item, row, c), interleaved);
     *lo = x;
@@ -163,12 +163,12 @@ __device__ __forceinline__ void rotate_own_chunks_with(bf16_t* s, int64_t r0, in
 
 // ... by the angles copy_angles_async staged in `slots` (its wait covers
 // both).
-template <int kRows, int kThreads>
+template <int kRows, int kThreads, class Layout = PaddedTile>
 __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots, int64_t r0,
                                                   int64_t limit, bool interleaved) {
-  rotate_own_chunks_with<kRows, kThreads>(s, r0, limit, interleaved, [slots](int item, int, int) {
-    return angles_from_slot(slots + item * kAngleSlot);
-  });
+  rotate_own_chunks_with<kRows, kThreads, Layout>(
+      s, r0, limit, interleaved,
+      [slots](int item, int, int) { return angles_from_slot(slots + item * kAngleSlot); });
 }
 
 // ... by angles read from the table in global memory (the key tiles of the
@@ -176,9 +176,9 @@ __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots,
 template <int kRows, int kThreads>
 __device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Block& r, int64_t r0,
                                                            int64_t limit, const FlashArgs& a) {
-  rotate_own_chunks_with<kRows, kThreads>(s, r0, limit, a.interleaved, [&](int, int row, int c) {
-    return angles_from_table(a, r.first + r0 + row, c);
-  });
+  rotate_own_chunks_with<kRows, kThreads, PaddedTile>(
+      s, r0, limit, a.interleaved,
+      [&](int, int row, int c) { return angles_from_table(a, r.first + r0 + row, c); });
 }
 
 // Floats of shared memory a StreamedPair's angle slots take (two buffers).

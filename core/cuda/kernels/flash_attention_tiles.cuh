@@ -17,7 +17,7 @@ namespace {
 // block's own rows, loaded once), rotated by the RoPE table when `rotate`.
 // Each thread moves chunk c of a row: every RoPE pair of either layout lies
 // within what one thread holds. Rows past `limit` are zeros.
-template <int kRows, int kThreads = kThreadsPerBlock>
+template <int kRows, int kThreads = kThreadsPerBlock, class Layout = PaddedTile>
 __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Block& r, int64_t r0,
                                           int64_t limit, const FlashArgs& a, bool rotate) {
   static_assert(kRows * 4 % kThreads == 0, "a tile's row chunks split evenly over the block");
@@ -33,15 +33,15 @@ __device__ __forceinline__ void load_tile(bf16_t* s, const Operand& o, const Blo
       hi = *reinterpret_cast<const uint4*>(p + 8 * c + 32);
       if (rotate) rotate_chunks(lo, hi, angles_from_table(a, r.first + i, c), a.interleaved);
     }
-    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c) = lo;
-    *reinterpret_cast<uint4*>(s + row * kLd + 8 * c + 32) = hi;
+    *reinterpret_cast<uint4*>(s + Layout::chunk(row, c)) = lo;
+    *reinterpret_cast<uint4*>(s + Layout::chunk(row, c + 4)) = hi;
   }
 }
 
 // Rows [r0, r0 + kRows) of a bf16 operand copied to a shared tile by
 // cp.async, split over kThreads threads as load_tile splits them (the chunks
 // rotate_own_chunks rotates); rows past `limit` are zeros, stored at once.
-template <int kRows, int kThreads>
+template <int kRows, int kThreads, class Layout = PaddedTile>
 __device__ __forceinline__ void copy_tile_async(bf16_t* s, const RowStream& rows, int64_t r0,
                                                 int64_t limit) {
   const RowStream o = rows;  // one shared load: cp.async's memory clobber would reload it per row
@@ -50,14 +50,15 @@ __device__ __forceinline__ void copy_tile_async(bf16_t* s, const RowStream& rows
     const int item = threadIdx.x + n * kThreads;
     const int row = item >> 2, c = item & 3;
     const int64_t i = r0 + row;
-    bf16_t* d = s + row * kLd + 8 * c;
+    bf16_t* lo = s + Layout::chunk(row, c);
+    bf16_t* hi = s + Layout::chunk(row, c + 4);
     if (i < limit) {
       const bf16_t* p = o.row<const bf16_t>(i);
-      cp_async<16>(d, p + 8 * c);
-      cp_async<16>(d + 32, p + 8 * c + 32);
+      cp_async<16>(lo, p + 8 * c);
+      cp_async<16>(hi, p + 8 * c + 32);
     } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(d + 32) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(lo) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(hi) = make_uint4(0, 0, 0, 0);
     }
   }
 }
@@ -65,8 +66,9 @@ __device__ __forceinline__ void copy_tile_async(bf16_t* s, const RowStream& rows
 // Two operands streamed tile by tile (K and V, or Q and dO), each through
 // two shared buffers of kInnerTile rows: tile n lives in buffer n % 2. With
 // `angles` (RoPE), the first operand is rotated as each tile arrives, by
-// angles copied with the tile into two buffers of slots.
-template <int kThreads>
+// angles copied with the tile into two buffers of slots. Layout places the
+// tiles' chunks (PaddedTile for mma.sync, SwizzledTile for wgmma).
+template <int kThreads, class Layout = PaddedTile>
 struct StreamedPair {
   bf16_t* shared0;
   bf16_t* shared1;
@@ -74,8 +76,12 @@ struct StreamedPair {
   const RowStream& operand1;
   float* angles = nullptr;  // kAngleFloats, or null: no rotation
 
-  __device__ bf16_t* first(int buffer) const { return shared0 + buffer * kInnerTile * kLd; }
-  __device__ bf16_t* second(int buffer) const { return shared1 + buffer * kInnerTile * kLd; }
+  __device__ bf16_t* first(int buffer) const {
+    return shared0 + buffer * kInnerTile * Layout::kRowStride;
+  }
+  __device__ bf16_t* second(int buffer) const {
+    return shared1 + buffer * kInnerTile * Layout::kRowStride;
+  }
   __device__ float* slots(int buffer) const {
     return angles + buffer * kInnerTile * 4 * kAngleSlot;
   }
@@ -85,8 +91,8 @@ struct StreamedPair {
   __device__ void fetch(int buffer, const Block& r, int64_t r0, int64_t limit,
                         const FlashArgs& a) const {
     if (r0 < limit) {
-      copy_tile_async<kInnerTile, kThreads>(first(buffer), operand0, r0, limit);
-      copy_tile_async<kInnerTile, kThreads>(second(buffer), operand1, r0, limit);
+      copy_tile_async<kInnerTile, kThreads, Layout>(first(buffer), operand0, r0, limit);
+      copy_tile_async<kInnerTile, kThreads, Layout>(second(buffer), operand1, r0, limit);
       if (angles) copy_angles_async<kInnerTile, kThreads>(slots(buffer), r, r0, limit, a);
     }
     cp_async_commit();
@@ -100,8 +106,8 @@ struct StreamedPair {
     fetch(buffer ^ 1, r, r0 + kInnerTile, limit, a);
     cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
     if (angles)
-      rotate_own_chunks<kInnerTile, kThreads>(first(buffer), slots(buffer), r0, limit,
-                                              a.interleaved);
+      rotate_own_chunks<kInnerTile, kThreads, Layout>(first(buffer), slots(buffer), r0, limit,
+                                                      a.interleaved);
   }
 };
 
@@ -211,11 +217,12 @@ __device__ __forceinline__ void add_key_biases(float (&s)[8][4], const float* bi
 // this thread's copies landed and its K chunks rotated, the tile's key biases
 // in sBias (a tile with a key to leave out: the others read none), then a
 // barrier. The forward and the dq pass open each key tile so.
-template <int kThreads>
-__device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads>& kv, int buffer,
+template <int kThreads, class Layout>
+__device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads, Layout>& kv, int buffer,
                                                const Block& r, int64_t j0, const FlashArgs& a,
                                                float* sBias) {
   kv.arrive(buffer, r, j0, r.Lk, a);
+  if constexpr (Layout::kReadByWgmma) fence_shared_for_wgmma();
   if (threadIdx.x < kInnerTile && key_tile_masked(a, r, j0))  // others read no bias
     sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
   __syncthreads();  // every thread's copies, rotations and biases are visible
