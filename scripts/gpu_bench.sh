@@ -46,9 +46,9 @@
 #   ours_addgrad   ours at 512 with every gradient sum added by autograd in a
 #                  pass of its own (--precision bf16-addgrad): what the
 #                  products adding into the sums gained, side by side
-#   ours_wgmma     ours at 512 with the attention forward on wgmma (--precision
-#                  bf16-wgmma; compute capability 9.0): whether it should be
-#                  the default there
+#   ours_wgmma     ours at 512 with the attention forward and fused backward on
+#                  wgmma (--precision bf16-wgmma; compute capability 9.0):
+#                  whether they should be the default there
 #   ours_f32act    ours at 512 with bf16 activations off (--precision
 #                  bf16-f32act): what bf16 activations gained, side by side
 #   hf_full_512    the peer's stock forward (logits at every position), eager

@@ -7,10 +7,10 @@
 //                   their tiles load, gradients rotated back in the epilogue
 //   ours-*-r32      the same with the forward's 32 rows per warp (4 warps a
 //                   block) in place of 16 (8 warps): flash_attention.h
-//   ours-*-wgmma    the same with the forward on Hopper's wgmma
-//                   (flash_attention_wgmma.cu; compute capability 9.0 only),
-//                   ours-fused-dropout-wgmma with dropout 0.1; the backward
-//                   is the default's, its time the default row's
+//   ours-*-wgmma    the same with the forward and the fused backward on
+//                   Hopper's wgmma (flash_attention_wgmma.cu,
+//                   flash_attention_backward_wgmma.cu; compute capability 9.0
+//                   only), ours-fused-dropout-wgmma with dropout 0.1
 //   ours-*-2pass    the same with the two-pass backward (dq per query
 //                   tile, then dk/dv per key tile: seven products) in place
 //                   of the fused one (five): flash_attention.h
@@ -148,7 +148,6 @@ void bench(int64_t S, Device device) {
   // backward is the same kernel for both). The default tiling's forward
   // times stand beside the one-block dq pass below.
   double default_plain_fwd = 0.0, default_fused_fwd = 0.0;
-  double default_plain_bwd = 0.0, default_fused_bwd = 0.0;
   for (const int rows : {16, 32}) {
     kernels::cuda::set_flash_forward_rows_per_warp(rows);
     const std::string suffix = rows == 16 ? "" : "-r32";
@@ -170,23 +169,29 @@ void bench(int64_t S, Device device) {
     if (rows == 16) {
       default_plain_fwd = plain_fwd;
       default_fused_fwd = fused_fwd;
-      default_plain_bwd = plain_bwd;
-      default_fused_bwd = fused_bwd;
     }
   }
   kernels::cuda::set_flash_forward_rows_per_warp(16);
 
-  // The forward on wgmma (the backward is the same kernels: the default
-  // rows' times), before the rows a budget may cut.
+  // The forward and backward on wgmma, before the rows a budget may cut.
   if (kernels::cuda::flash_wgmma_available(device.index)) {
     kernels::cuda::set_flash_forward_uses_wgmma(true);
+    kernels::cuda::set_flash_backward_uses_wgmma(true);
     const double plain_fwd = time_ms(
         device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
-    print("ours-plain-wgmma", S, B, plain_fwd, default_plain_bwd);
+    const double plain_bwd = time_ms(device, [&] {
+      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
+                                 dv);
+    });
+    print("ours-plain-wgmma", S, B, plain_fwd, plain_bwd);
     const double fused_fwd = time_ms(device, [&] {
       launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
     });
-    print("ours-fused-wgmma", S, B, fused_fwd, default_fused_bwd);
+    const double fused_bwd = time_ms(device, [&] {
+      launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
+                                      grad_out, dq, dk, dv);
+    });
+    print("ours-fused-wgmma", S, B, fused_fwd, fused_bwd);
     const double dropout_fwd = time_ms(device, [&] {
       launch::rope_attention_forward(device, o.dropped, table, true, q, k, v, none, out, lse,
                                      o.keep);
@@ -197,6 +202,7 @@ void bench(int64_t S, Device device) {
     });
     print("ours-fused-dropout-wgmma", S, B, dropout_fwd, dropout_bwd);
     kernels::cuda::set_flash_forward_uses_wgmma(false);
+    kernels::cuda::set_flash_backward_uses_wgmma(false);
   } else {
     std::printf("attention impl=ours-plain-wgmma S=%lld unavailable: not compute capability 9.0\n",
                 static_cast<long long>(S));

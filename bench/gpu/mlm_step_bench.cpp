@@ -36,8 +36,9 @@
 // --precision bf16-addgrad: bf16 with every gradient sum added by autograd in
 // a pass of its own (set_accumulate_in_backward(false), core/autograd.h): the
 // step before the products added into the sums, beside bf16 to compare.
-// --precision bf16-wgmma: bf16 with the attention forward on Hopper's wgmma
-// (set_flash_forward_uses_wgmma, core/cuda/kernels/flash_attention.h) where
+// --precision bf16-wgmma: bf16 with the attention forward and fused backward
+// on Hopper's wgmma (set_flash_forward_uses_wgmma and
+// set_flash_backward_uses_wgmma, core/cuda/kernels/flash_attention.h) where
 // the device is compute capability 9.0; elsewhere (and in a build without
 // the CUDA kernels) the same step as bf16.
 //
@@ -613,6 +614,7 @@ int run(int argc, char** argv) {
       set_accumulate_in_backward(precision != "bf16-addgrad");
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
       kernels::cuda::set_flash_forward_uses_wgmma(precision == "bf16-wgmma");
+      kernels::cuda::set_flash_backward_uses_wgmma(precision == "bf16-wgmma");
 #endif
       bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {

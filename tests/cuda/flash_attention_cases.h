@@ -230,7 +230,7 @@ inline void expect_match(const Case& c, const Problem& p, const Result& gpu, con
 struct FlashSettings {
   int rows = 16, dq_blocks = 2, passes = 1, splits = 0;
   const char* what = "";
-  bool wgmma = false;
+  bool wgmma = false, wgmma_backward = false;
 };
 
 // The settings each test runs under: the defaults first, then the two-pass
@@ -243,7 +243,9 @@ inline std::vector<FlashSettings> flash_variants() {
       {32, 1, 2, 0, "32 rows a warp, two-pass backward, dq 1 block an SM"},
       {16, 2, 1, 1, "fused backward, one split"},
       {16, 2, 1, 3, "fused backward, three splits (at most the key tiles)"},
-      {16, 2, 1, 0, "wgmma forward, fused backward", true}};
+      {16, 2, 1, 0, "wgmma forward, fused backward", true},
+      {16, 2, 1, 0, "wgmma forward and fused backward", true, true},
+      {16, 2, 1, 3, "wgmma forward and fused backward, three splits", true, true}};
   if (const char* keep = std::getenv("ROFORMER_FLASH_VARIANTS")) {
     const long n = std::strtol(keep, nullptr, 10);
     if (n >= 1 && n < long(all.size())) all.resize(size_t(n));
@@ -264,6 +266,8 @@ struct FlashKnobs {
   void (*set_splits)(int);
   bool (*wgmma)();
   void (*set_wgmma)(bool);
+  bool (*wgmma_backward)();
+  void (*set_wgmma_backward)(bool);
   bool (*wgmma_available)(int device);
 };
 
@@ -271,8 +275,9 @@ struct FlashKnobs {
 class ScopedFlashSettings {
  public:
   ScopedFlashSettings(const FlashKnobs& knobs, const FlashSettings& settings)
-      : knobs_(knobs), saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(), knobs.splits(),
-                              "",           knobs.wgmma()} {
+      : knobs_(knobs),
+        saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(),        knobs.splits(),
+               "",           knobs.wgmma(),     knobs.wgmma_backward()} {
     apply(settings);
   }
   ~ScopedFlashSettings() { apply(saved_); }
@@ -286,6 +291,7 @@ class ScopedFlashSettings {
     knobs_.set_passes(s.passes);
     knobs_.set_splits(s.splits);
     knobs_.set_wgmma(s.wgmma);
+    knobs_.set_wgmma_backward(s.wgmma_backward);
   }
   FlashKnobs knobs_;
   FlashSettings saved_;

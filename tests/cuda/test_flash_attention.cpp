@@ -30,6 +30,7 @@ const FlashKnobs kKnobs{
     &kernels::cuda::flash_backward_passes,       &kernels::cuda::set_flash_backward_passes,
     &kernels::cuda::flash_backward_splits,       &kernels::cuda::set_flash_backward_splits,
     &kernels::cuda::flash_forward_uses_wgmma,    &kernels::cuda::set_flash_forward_uses_wgmma,
+    &kernels::cuda::flash_backward_uses_wgmma,   &kernels::cuda::set_flash_backward_uses_wgmma,
     &kernels::cuda::flash_wgmma_available};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused

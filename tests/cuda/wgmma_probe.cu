@@ -18,8 +18,7 @@ __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, const f
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
   namespace k = kernels::cuda;
   RF_DYNAMIC_SHARED(smem);
-  const uint32_t misalign = uint32_t(__cvta_generic_to_shared(smem)) % 1024u;
-  uint16_t* sA = reinterpret_cast<uint16_t*>(smem + (1024u - misalign) % 1024u);
+  uint16_t* sA = reinterpret_cast<uint16_t*>(k::swizzle_aligned(smem));
   uint16_t* sBt = sA + 64 * 64;  // b^T: rows are b's columns (read K-major, as K)
   uint16_t* sB = sBt + 64 * 64;  // b (read N-major, as V)
   const int T = threadIdx.x, warp = T / 32, lane = T % 32, g = lane / 4, t = lane % 4;
@@ -71,7 +70,7 @@ __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, const f
 #endif
 }
 
-constexpr size_t kProbeShared = 1024 + 3 * 64 * 64 * sizeof(uint16_t);
+constexpr size_t kProbeShared = kernels::cuda::kSwizzleAtom + 3 * 64 * 64 * sizeof(uint16_t);
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // core/cuda/kernels/flash_attention.cu, flash_attention_backward.cu and
-// flash_attention_wgmma.cu as
+// their wgmma counterparts as
 // they are, compiled by g++ for the SIMT emulator: their launches run
 // through simt::launch, their scratch memory and shared-memory opt-in are the
 // emulator's, their public functions are renamed (flash_attention_emulated.h)
@@ -19,4 +19,5 @@
 //
 #include "core/cuda/kernels/flash_attention.cu"
 #include "core/cuda/kernels/flash_attention_backward.cu"
+#include "core/cuda/kernels/flash_attention_backward_wgmma.cu"
 #include "core/cuda/kernels/flash_attention_wgmma.cu"

@@ -21,4 +21,7 @@
 #define set_flash_forward_uses_wgmma set_simt_flash_forward_uses_wgmma
 #define flash_wgmma_available simt_flash_wgmma_available
 #define flash_forward_wgmma simt_flash_forward_wgmma
+#define flash_backward_uses_wgmma simt_flash_backward_uses_wgmma
+#define set_flash_backward_uses_wgmma set_simt_flash_backward_uses_wgmma
+#define launch_key_tiles_wgmma simt_launch_key_tiles_wgmma
 #include "core/cuda/kernels/flash_attention.h"

@@ -1,5 +1,5 @@
 // core/cuda/kernels/flash_attention.cu, flash_attention_backward.cu and
-// flash_attention_wgmma.cu for
+// their wgmma counterparts for
 // the SIMT emulator as the attention kernels of the list call them
 // (kernel_emulation.h: kernels::simt_cuda::flash_forward...);
 // flash_attention_emulated.cpp builds them for its own tests under other
@@ -8,4 +8,5 @@
 //
 #include "core/cuda/kernels/flash_attention.cu"
 #include "core/cuda/kernels/flash_attention_backward.cu"
+#include "core/cuda/kernels/flash_attention_backward_wgmma.cu"
 #include "core/cuda/kernels/flash_attention_wgmma.cu"

@@ -158,7 +158,8 @@ struct Block {
   bool reverse = false;
   // The schedule of this block (run_grid cycles through four): lockstep
   // switches warps at every collective; warp-serial runs a warp until all its
-  // threads wait at a barrier (or exit) before another runs. cp.async copies
+  // threads wait at a barrier (or exit) before another runs (its warpgroup's
+  // other warps first). cp.async copies
   // land at the wait that covers them (late) or when issued (early): a GPU
   // may land one anywhere between, so a read before the wait meets stale
   // bytes in one and a write racing the copy meets new bytes in the other.
@@ -181,14 +182,16 @@ bool runnable(const Fiber& f) {
 
 // The next runnable fiber after the running one in the block's order (the
 // running one itself last), or -1; warp-serial blocks look in the running
-// fiber's warp first.
+// fiber's warp first, then in its warpgroup (so a warpgroup that a missing
+// barrier lets run ahead through its wgmma collectives does).
 int next_runnable(const Block& b) {
   const int n = int(b.fibers.size()), step = b.reverse ? n - 1 : 1;
-  const int warp = b.running / kWarp;
-  for (int pass = b.warp_serial ? 0 : 1; pass < 2; ++pass)
+  const int warp = b.running / kWarp, group = b.running / kWarpGroup;
+  for (int pass = b.warp_serial ? 0 : 2; pass < 3; ++pass)
     for (int k = 1; k <= n; ++k) {
       const int j = (b.running + k * step) % n;
-      if ((pass == 1 || j / kWarp == warp) && runnable(b.fibers[size_t(j)])) return j;
+      const bool near = pass == 2 || (pass == 0 ? j / kWarp == warp : j / kWarpGroup == group);
+      if (near && runnable(b.fibers[size_t(j)])) return j;
     }
   return -1;
 }

@@ -8,8 +8,9 @@
 //   __syncthreads() and at warp collectives, in lane order (reversed on every
 //   other block, so a missing barrier meets both orders); blocks 0 and 1 of
 //   every four switch warps at each collective (lockstep), blocks 2 and 3 run
-//   a warp until it waits at a barrier (warp-serial), so a warp that a
-//   missing barrier lets run ahead meets the others' unfinished work;
+//   a warp until it waits at a barrier, then the other warps of its
+//   warpgroup (warp-serial), so a warp or warpgroup that a missing barrier
+//   lets run ahead meets the others' unfinished work;
 // - `__shared__` variables are function statics (blocks run one at a time, so
 //   the running block's threads share them) placed, with the dynamic shared
 //   memory, in one section, the shared window: __cvta_generic_to_shared gives

@@ -60,6 +60,8 @@ const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
                         &kernels::cuda::set_simt_flash_backward_splits,
                         &kernels::cuda::simt_flash_forward_uses_wgmma,
                         &kernels::cuda::set_simt_flash_forward_uses_wgmma,
+                        &kernels::cuda::simt_flash_backward_uses_wgmma,
+                        &kernels::cuda::set_simt_flash_backward_uses_wgmma,
                         &kernels::cuda::simt_flash_wgmma_available};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
@@ -85,6 +87,9 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   EXPECT_THROW(kernels::cuda::set_simt_flash_backward_splits(-1), Error);
   EXPECT_THROW(kernels::cuda::set_simt_flash_backward_splits(65), Error);
   EXPECT_EQ(kernels::cuda::simt_flash_backward_splits(), 0);
+  // The wgmma kernels are chosen, not the default, until a GPU has timed them.
+  EXPECT_FALSE(kernels::cuda::simt_flash_forward_uses_wgmma());
+  EXPECT_FALSE(kernels::cuda::simt_flash_backward_uses_wgmma());
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in

@@ -41,6 +41,14 @@ bool flash_forward_uses_wgmma();
 void set_flash_forward_uses_wgmma(bool on);
 bool flash_wgmma_available(int device);
 
+// The fused backward's key-tile kernel on wgmma (true;
+// flash_attention_backward_wgmma.cu, sm_90a; not yet timed on a GPU) or on
+// mma.sync (false, the default), under the same rule: where the device is
+// compute capability 9.0. The two-pass backward stays on mma.sync. dk, dv
+// and dq agree with the mma.sync kernel's to f32 rounding. Process-wide.
+bool flash_backward_uses_wgmma();
+void set_flash_backward_uses_wgmma(bool on);
+
 // The backward's scheme: 1 pass (fused: a block streams the query tiles
 // past 128 keys and computes S and dP once for dV, dK and dQ, five products;
 // dQ summed in f32 per split of the key tiles; the default, not yet timed

@@ -14,6 +14,50 @@
 
 namespace roformer::kernels::cuda {
 
+// The launch arguments have names of their own (outside the anonymous
+// namespace below): the sm_90a kernels of the wgmma files are launched
+// through functions the other kernel files call with them.
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.6931471805599453f;
+
+// Rows of a [B, H, S, D] or [T, H, D] tensor: row i of sequence b, head h is
+// at ptr + b * sb + h * sh + (first + i) * sr (elements).
+struct Operand {
+  void* ptr = nullptr;
+  int64_t sb = 0, sh = 0, sr = 0;
+};
+
+struct FlashArgs {
+  Operand q, k, v, out, lse, bits, grad_out, dq, dk, dv, delta;
+  DType out_dtype = DType::f32, grad_dtype = DType::f32;
+  int64_t Sq = 0, Sk = 0;  // padded lengths
+  bool varlen = false;
+  const int64_t* segments = nullptr;  // device [N, 4]
+  int64_t seg_s0 = 0, seg_s1 = 0;
+  KernelTensor mask;             // padded key mask or undefined
+  const float* table = nullptr;  // rope [2, P, 32], or null
+  int64_t table_rows = 0;
+  bool interleaved = true;
+  float scale = 1.0f, scale_log2 = kLog2e;
+  DropoutRule drop;
+  float inv_keep = 1.0f;
+};
+
+// Where the fused backward sums dq: slice s (s < splits) of an f32 scratch
+// laid out like q's rows ([rows][H][64]) belongs to the blocks of split s.
+struct DqPartials {
+  Operand rows;              // slice 0
+  int64_t split_stride = 0;  // floats from one slice to the next
+  int64_t splits = 1;
+};
+
+// The fused backward's key-tile kernel on Hopper's wgmma
+// (flash_attention_backward_wgmma.cu, built for sm_90a), launched by
+// flash_backward in place of the mma.sync one (flash_attention_backward.cu)
+// on `grid` with `splits` blocks a sequence; `angle_bytes`: RoPE's slots.
+void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
+                            const DqPartials& partials, size_t angle_bytes);
+
 namespace {
 
 constexpr int kD = 64;       // head dimension of this path
@@ -41,32 +85,6 @@ struct SwizzledTile {
   static constexpr int kRowStride = kD;
   static constexpr bool kReadByWgmma = true;  // through the async proxy: fence_shared_for_wgmma
   __device__ static int chunk(int row, int c) { return row * kD + ((c ^ (row & 7)) << 3); }
-};
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// Rows of a [B, H, S, D] or [T, H, D] tensor: row i of sequence b, head h is
-// at ptr + b * sb + h * sh + (first + i) * sr (elements).
-struct Operand {
-  void* ptr = nullptr;
-  int64_t sb = 0, sh = 0, sr = 0;
-};
-
-struct FlashArgs {
-  Operand q, k, v, out, lse, bits, grad_out, dq, dk, dv, delta;
-  DType out_dtype = DType::f32, grad_dtype = DType::f32;
-  int64_t Sq = 0, Sk = 0;  // padded lengths
-  bool varlen = false;
-  const int64_t* segments = nullptr;  // device [N, 4]
-  int64_t seg_s0 = 0, seg_s1 = 0;
-  KernelTensor mask;             // padded key mask or undefined
-  const float* table = nullptr;  // rope [2, P, 32], or null
-  int64_t table_rows = 0;
-  bool interleaved = true;
-  float scale = 1.0f, scale_log2 = kLog2e;
-  DropoutRule drop;
-  float inv_keep = 1.0f;
 };
 
 // The sequence, head and tile a block works on.

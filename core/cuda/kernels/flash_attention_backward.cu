@@ -21,7 +21,7 @@
 // follows the SM count).
 #include <atomic>
 
-#include "core/cuda/kernels/flash_attention_tiles.cuh"
+#include "core/cuda/kernels/flash_attention_key_tiles.cuh"
 
 namespace roformer::kernels::cuda {
 
@@ -233,108 +233,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
 
 // --- the key-tile kernel: dk, dv (and, fused, dq) ------------------------------------------
 
-// What the key-tile kernel reads of each query row of a tile besides Q and
-// dO: lse, D and the keep words of the block's 128 keys, in two buffers like
-// the tiles. fetch queues them by cp.async (4-byte copies: token-stream rows
-// are H floats apart) into the open copy group, so the wait that covers a
-// tile covers its row data: no global load's latency before each tile's
-// barrier.
-struct QueryRowData {
-  float* base;  // [2][kInnerTile] lse, [2][kInnerTile] D, [2][kInnerTile][4] keep words
-  static_assert(kThreadsPerBlock == 4 * kInnerTile, "a thread per keep word of a tile");
-
-  __device__ float* lse(int buffer) const { return base + buffer * kInnerTile; }
-  __device__ float* delta(int buffer) const { return base + (2 + buffer) * kInnerTile; }
-  __device__ uint32_t* bits(int buffer) const {
-    return reinterpret_cast<uint32_t*>(base + 4 * kInnerTile) + buffer * 4 * kInnerTile;
-  }
-  __device__ float* end() const { return base + 12 * kInnerTile; }
-
-  // After this thread's wait: the lse it copied in log2 units (+inf for a
-  // row with no key, lse -inf, or past the end: its probabilities then come
-  // out 0 with no test per element), the D it copied times the softmax
-  // scale. Each element is its copier's, so no barrier comes before; the
-  // one after the wait publishes them.
-  __device__ void prepare(int buffer, float scale) const {
-    const int tid = threadIdx.x;
-    if (tid < kInnerTile) {
-      float& x = lse(buffer)[tid];
-      x = x == -INFINITY ? INFINITY : x * kLog2e;
-    } else if (tid < 2 * kInnerTile) {
-      delta(buffer)[tid - kInnerTile] *= scale;
-    }
-  }
-
-  // Rows i0... into `buffer` (lse, D and the keep words from their
-  // RowStreams): thread t < 64 copies row t's lse, 64 <= t < 128 row t - 64's
-  // D, and thread t keep word t % 4 of row t / 4. Rows past Lq (and words
-  // past a row's end) get -inf, 0 and 0 by plain stores, seen after the
-  // barrier that follows the wait.
-  __device__ void fetch(int buffer, const RowStream& lse_rows, const RowStream& delta_rows,
-                        const RowStream& bits_rows, int64_t Lq, int64_t i0, int64_t first_word,
-                        int64_t row_words, bool keep_words) const {
-    const int tid = threadIdx.x;
-    if (tid < 2 * kInnerTile) {
-      const bool is_delta = tid >= kInnerTile;
-      const int row = tid % kInnerTile;
-      const int64_t i = i0 + row;
-      float* d = (is_delta ? delta(buffer) : lse(buffer)) + row;
-      const RowStream from = is_delta ? delta_rows : lse_rows;
-      if (i < Lq)
-        cp_async<4>(d, from.row<const float>(i));
-      else
-        *d = is_delta ? 0.0f : -INFINITY;
-    }
-    if (keep_words) {
-      const int qi = tid >> 2, w = tid & 3;
-      const int64_t i = i0 + qi;
-      uint32_t* d = bits(buffer) + tid;
-      if (i < Lq && first_word + w < row_words)
-        cp_async<4>(d, bits_rows.row<const uint32_t>(i) + first_word + w);
-      else
-        *d = 0u;
-    }
-  }
-};
-
-// Where the fused scheme sums dq: slice s (s < splits) of an f32 scratch
-// laid out like q's rows ([rows][H][64]) belongs to the blocks of split s.
-struct DqPartials {
-  Operand rows;              // slice 0
-  int64_t split_stride = 0;  // floats from one slice to the next
-  int64_t splits = 1;
-};
-
-// Floats a row of a staged dq partial tile takes in shared memory: a quad's
-// float2 reads (rows g..g + 3 of a half warp, 72 floats apart) fall in
-// distinct banks.
-constexpr int kAccLd = kD + 8;
-
-// The running dq sums of query tiles, staged into two shared buffers of
-// kInnerTile x kAccLd floats by cp.async with the tiles (the fused kernel
-// adds a key tile's dQ to them): the wait that covers a Q tile covers its
-// sums.
-struct DqPartialTiles {
-  float* base;
-  static_assert(kInnerTile * 16 % kThreadsPerBlock == 0, "a tile's 16-byte chunks split evenly");
-
-  __device__ float* tile(int buffer) const { return base + buffer * kInnerTile * kAccLd; }
-  __device__ float* end() const { return base + 2 * kInnerTile * kAccLd; }
-
-  // Rows i0... of `slice` into `buffer`; rows past Lq are not read (in a
-  // token stream they are another sequence's).
-  __device__ void fetch(int buffer, const RowStream& slice_rows, int64_t Lq, int64_t i0) const {
-    const RowStream slice = slice_rows;  // one shared load for the block's rows
-#pragma unroll
-    for (int n = 0; n < kInnerTile * 16 / kThreadsPerBlock; ++n) {
-      const int item = threadIdx.x + n * kThreadsPerBlock;
-      const int row = item >> 4, c = item & 15;
-      if (i0 + row < Lq)
-        cp_async<16>(tile(buffer) + row * kAccLd + 4 * c, slice.row<const float>(i0 + row) + 4 * c);
-    }
-  }
-};
-
 // dk and dv for 128 key rows (8 warps x 16), queries in tiles of 64; the
 // block takes key tiles tile, tile + tiles, ... of its sequence (the grid's
 // `tiles` blocks a sequence). K and V come by cp.async with the first query
@@ -459,30 +357,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         for (int ks = 0; ks < 4; ++ks) load_a(va[0][ks], v_tile, warp * 16, ks * 16, lane);
         mma_rows(dpt, va, o_tile, lane);
       }
-      if (masked) {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[0][nt][e] += key_bias_of[e >> 1];
-      }
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
-          const int key = warp * 16 + g + 8 * hf;  // in the block's 128 keys
-          const float p = exp2_approx(fmaf(st[0][nt][e], a.scale_log2, -sLse2[col]));
-          // dS = P (dP z - D) scale, with the scale inside: P (dP z scale - D scale).
-          if constexpr (kDropout) {
-            const bool kept = (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u;
-            st[0][nt][e] = kept ? p * a.inv_keep : 0.0f;
-            dpt[0][nt][e] =
-                p * fmaf(dpt[0][nt][e], kept ? a.inv_keep * a.scale : 0.0f, -sDScaled[col]);
-          } else {
-            st[0][nt][e] = p;
-            dpt[0][nt][e] = p * fmaf(dpt[0][nt][e], a.scale, -sDScaled[col]);
-          }
-        }
+      key_tile_probabilities<kDropout>(st[0], dpt[0], masked, key_bias_of, sLse2, sDScaled, sBits,
+                                       a, warp * 16, g, t);
       if constexpr (kDq) {
         // dS^T rounded to bf16 as the dK product rounds it: row key, pairs of
         // query columns (a quad's stores fall in distinct banks).
@@ -591,7 +467,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // top of the kernels); two dq blocks an SM must fit.
 constexpr size_t kDqShared = size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) +
                              kInnerTile * sizeof(float);
-constexpr size_t kRowDataShared = 12 * kInnerTile * sizeof(float);
 constexpr size_t kDkvShared =
     size_t(2 * (kRowsPerBlock + 2 * kInnerTile) * kLd) * sizeof(bf16_t) + kRowDataShared;
 constexpr size_t kFusedShared = kDkvShared + size_t(3 * kRowsPerBlock * kLd) * sizeof(bf16_t) +
@@ -605,6 +480,7 @@ static_assert(kFusedShared + kAngleBytes + kStreamBytes + kReservedPerBlock <= k
 std::atomic<int> dq_blocks_per_sm{2};
 std::atomic<int> backward_passes{1};
 std::atomic<int> backward_splits{0};
+std::atomic<bool> backward_wgmma{false};
 
 // Splits at most, chosen automatically: each adds a slice of f32 sums the
 // size of dq in f32.
@@ -650,6 +526,14 @@ void set_flash_backward_passes(int passes) {
   RF_CHECK(passes == 1 || passes == 2,
            "flash attention: the backward runs in 1 (fused) or 2 passes, got ", passes);
   backward_passes.store(passes);
+}
+
+bool flash_backward_uses_wgmma() {
+  return backward_wgmma.load();
+}
+
+void set_flash_backward_uses_wgmma(bool on) {
+  backward_wgmma.store(on);
 }
 
 int flash_backward_splits() {
@@ -732,7 +616,11 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
     partials.rows = {sums_base, q.sizes[2] * heads * kD, kD, heads * kD};
   else
     partials.rows = {sums_base, 0, kD, heads * kD};
-  if (keys) {
+  if (keys && backward_wgmma.load(std::memory_order_relaxed) &&
+      flash_wgmma_available(stream.device_index)) {
+    launch_key_tiles_wgmma(stream, a, launch_grid(Grid{gk.sequences, splits}, heads), splits,
+                           partials, angles);
+  } else if (keys) {
     const size_t shared = kFusedShared + angles;
     const auto kernel =
         a.drop.on ? flash_key_tile_kernel<true, true> : flash_key_tile_kernel<true, false>;

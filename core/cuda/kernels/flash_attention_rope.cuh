@@ -173,10 +173,10 @@ __device__ __forceinline__ void rotate_own_chunks(bf16_t* s, const float* slots,
 
 // ... by angles read from the table in global memory (the key tiles of the
 // key-tile kernel, which has no room for angle slots).
-template <int kRows, int kThreads>
+template <int kRows, int kThreads, class Layout = PaddedTile>
 __device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Block& r, int64_t r0,
                                                            int64_t limit, const FlashArgs& a) {
-  rotate_own_chunks_with<kRows, kThreads, PaddedTile>(
+  rotate_own_chunks_with<kRows, kThreads, Layout>(
       s, r0, limit, a.interleaved,
       [&](int, int row, int c) { return angles_from_table(a, r.first + r0 + row, c); });
 }

@@ -18,19 +18,12 @@ namespace roformer::kernels::cuda {
 
 namespace {
 
-// The 128-byte swizzle repeats every 1024 bytes; the descriptors assume its
-// atoms start there (base offset 0), so the tiles are placed on that
-// boundary within the dynamic shared memory, which may start anywhere after
-// the static RowStreams.
-constexpr size_t kSwizzleAtom = 1024;
-
 template <bool kDropout>
 __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     flash_forward_wgmma_kernel(FlashArgs a, int64_t tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
   RF_DYNAMIC_SHARED(smem);
-  const uint32_t misalign = uint32_t(__cvta_generic_to_shared(smem)) % kSwizzleAtom;
-  bf16_t* sQ = reinterpret_cast<bf16_t*>(smem + (kSwizzleAtom - misalign) % kSwizzleAtom);
+  bf16_t* sQ = reinterpret_cast<bf16_t*>(swizzle_aligned(smem));
   bf16_t* sK = sQ + kRowsPerBlock * kD;  // two tiles of kInnerTile rows
   bf16_t* sV = sK + 2 * kInnerTile * kD;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kD);

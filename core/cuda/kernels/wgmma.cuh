@@ -15,6 +15,17 @@ namespace roformer::kernels::cuda {
 
 namespace {
 
+// The 128-byte swizzle repeats every 1024 bytes of shared address; the
+// descriptors below assume its atoms start there (base offset 0). A
+// kernel's dynamic shared memory may start anywhere after its static
+// variables, so the tiles are placed from the first such boundary in it
+// (kSwizzleAtom bytes more than they take).
+constexpr size_t kSwizzleAtom = 1024;
+__device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* dynamic_shared) {
+  const uint32_t misalign = uint32_t(__cvta_generic_to_shared(dynamic_shared)) % kSwizzleAtom;
+  return dynamic_shared + (kSwizzleAtom - misalign) % kSwizzleAtom;
+}
+
 // The descriptor of a SwizzledTile operand read K-major (rows of the tile
 // are A's rows or B's columns, the product's k along each row; Q and K) or
 // N-major (B[k][n] = tile[k][n]; V): bits 0-13 the start address, 16-29 the

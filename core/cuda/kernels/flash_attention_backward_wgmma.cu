@@ -1,0 +1,254 @@
+// The fused attention backward's key-tile kernel on Hopper's warpgroup
+// products (wgmma, sm_90a; built for that architecture alone,
+// core/cuda/CMakeLists.txt): the scheme of the mma.sync one
+// (flash_attention_backward.cu, which launches this one when
+// set_flash_backward_uses_wgmma chose it) with its five products on wgmma.
+// A block owns 128 keys as two warpgroups of 64 and streams the query tiles
+// of 64 past them; per query tile each warpgroup computes
+//   S^T = K Q^T and dP^T = V dO^T   (both operands from shared memory),
+//   dV += P^T dO and dK += dS^T Q   (P^T and dS^T from registers, dO and Q
+//                                    read N-major),
+// and dQ = dS K over its 64 keys (dS^T staged in shared memory, read
+// M-major; K read N-major), the two halves of dQ summed through shared
+// memory and added to the split's running sums as the mma.sync kernel adds
+// them. Tiles live in the 128-byte
+// swizzle (SwizzledTile); the softmax, dropout and the running sums are the
+// mma.sync kernel's, element for element, so the results agree with it to
+// f32 rounding (the products may sum in another order) and dk, dv, dq keep
+// their one owner each: the same bits on every run.
+#include "core/cuda/kernels/flash_attention_key_tiles.cuh"
+#include "core/cuda/kernels/wgmma.cuh"
+
+namespace roformer::kernels::cuda {
+
+namespace {
+
+template <bool kDropout>
+__global__ void __launch_bounds__(kThreadsPerBlock, 1)
+    flash_key_tile_wgmma_kernel(FlashArgs a, int64_t tiles, DqPartials partials) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
+  RF_DYNAMIC_SHARED(smem);
+  // bf16 tiles first, each a whole number of 1024-byte swizzle atoms.
+  bf16_t* sK = reinterpret_cast<bf16_t*>(swizzle_aligned(smem));
+  bf16_t* sV = sK + kRowsPerBlock * kD;
+  bf16_t* sK2 = sV + kRowsPerBlock * kD;  // the next key tile's K and V
+  bf16_t* sV2 = sK2 + kRowsPerBlock * kD;
+  bf16_t* sQ = sV2 + kRowsPerBlock * kD;   // two tiles of kInnerTile rows
+  bf16_t* sO = sQ + 2 * kInnerTile * kD;   // dO, two tiles
+  bf16_t* sDs = sO + 2 * kInnerTile * kD;  // dS^T [keys][queries]
+  const DqPartialTiles sums{reinterpret_cast<float*>(sDs + kRowsPerBlock * kD)};
+  float* sDq = sums.end();  // [kInnerTile][kAccLd]: dQ rows one warpgroup hands the other
+  const QueryRowData rows{sDq + kInnerTile * kAccLd};  // two buffers
+  float* sAngles = rows.end();
+  const Block r = block_of(a, tiles);
+  const bool rope = a.table != nullptr;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int group = warp / 4;  // the warpgroup: keys 64 group... of the block's 128
+  Operand slice = partials.rows;
+  if (slice.ptr) slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  const bool sums_kept = slice.ptr != nullptr;
+  const int64_t row_words = (r.Lk + 31) / 32;
+  enum { kK, kV, kQ, kO, kLse, kDelta, kBits, kSums, kStreamCount };
+  __shared__ RowStream streams[kStreamCount];
+  if (threadIdx.x == 0) {
+    streams[kK] = row_stream<const bf16_t>(a.k, r);
+    streams[kV] = row_stream<const bf16_t>(a.v, r);
+    streams[kQ] = row_stream<const bf16_t>(a.q, r);
+    streams[kO] = row_stream<const bf16_t>(a.grad_out, r);
+    streams[kLse] = row_stream<const float>(a.lse, r);
+    streams[kDelta] = row_stream<const float>(a.delta, r);
+    streams[kBits] = kDropout ? row_stream<const uint32_t>(a.bits, r) : RowStream{nullptr, 0};
+    streams[kSums] = sums_kept ? row_stream<float>(slice, r) : RowStream{nullptr, 0};
+  }
+  __syncthreads();
+  const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{sQ, sO, streams[kQ], streams[kO],
+                                                        rope ? sAngles : nullptr};
+  bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
+  for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
+    const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
+    const bool first = kt == r.tile || !sums_kept;
+    const bool last = (kt + tiles) * kRowsPerBlock >= r.Lk;
+    const bool dq_final = last && partials.splits == 1;
+    const bool came_early = kt != r.tile && r.Lq > 0;
+    if (r.Lq > 0) {
+      rows.fetch(0, streams[kLse], streams[kDelta], streams[kBits], r.Lq, 0, first_word, row_words,
+                 kDropout);
+      if (!first) sums.fetch(0, streams[kSums], r.Lq, 0);
+    }
+    if (!came_early) {
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kK], j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kV], j0, r.Lk);
+    }
+    qo.fetch(0, r, 0, r.Lq, a);
+    const int64_t key0 = j0 + warp * 16;
+    const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
+    float key_bias_of[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      key_bias_of[hf] = masked ? key_bias(a, r, key0 + g + 8 * hf) : 0.0f;
+    // This warpgroup's 64 keys of K and V (whole swizzle atoms).
+    const bf16_t* k_rows = k_tile + group * 64 * kD;
+    const bf16_t* v_rows = v_tile + group * 64 * kD;
+    float dk[8][4] = {}, dv[8][4] = {};
+    int buffer = 0;
+    for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
+      const bf16_t* q_tile = qo.first(buffer);
+      const bf16_t* o_tile = qo.second(buffer);
+      if (i0 + kInnerTile < r.Lq) {
+        rows.fetch(buffer ^ 1, streams[kLse], streams[kDelta], streams[kBits], r.Lq,
+                   i0 + kInnerTile, first_word, row_words, kDropout);
+        if (!first) sums.fetch(buffer ^ 1, streams[kSums], r.Lq, i0 + kInnerTile);
+      }
+      if (i0 == 0 && !last) {
+        const int64_t j_next = j0 + tiles * kRowsPerBlock;
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kK], j_next,
+                                                                       r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kV], j_next,
+                                                                       r.Lk);
+      }
+      qo.arrive(buffer, r, i0, r.Lq, a);
+      if (i0 == 0 && rope)
+        rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
+                                                                                  r.Lk, a);
+      rows.prepare(buffer, a.scale);
+      const float* sLse2 = rows.lse(buffer);
+      const float* sDScaled = rows.delta(buffer);
+      const uint32_t* sBits = rows.bits(buffer);
+      fence_shared_for_wgmma();  // the tiles this thread wrote or rotated, for the products
+      __syncthreads();
+      // S^T and dP^T: rows this warpgroup's keys, columns the tile's queries.
+      float st[8][4], dpt[8][4];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss(st, k_major_step(k_rows, ks), k_major_step(q_tile, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss(dpt, k_major_step(v_rows, ks), k_major_step(o_tile, ks), ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulator(st);
+      fence_accumulator(dpt);
+      key_tile_probabilities<kDropout>(st, dpt, masked, key_bias_of, sLse2, sDScaled, sBits, a,
+                                       warp * 16, g, t);
+      // dS^T rounded to bf16 as the dK product rounds it, for dQ: row key,
+      // pairs of query columns.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<uint32_t*>(sDs + SwizzledTile::chunk(warp * 16 + g + 8 * hf, nt) +
+                                       2 * t) = pack_bf16(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
+      fence_shared_for_wgmma();
+      uint32_t pa[4][4], dsa[4][4];  // P^T and dS^T as the products' A (k: queries)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        accumulator_as_a(pa[kk], st, kk);
+        accumulator_as_a(dsa[kk], dpt, kk);
+      }
+      fence_accumulator(dv);
+      fence_accumulator(dk);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs(dv, pa[kk], n_major_step(o_tile, kk));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs(dk, dsa[kk], n_major_step(q_tile, kk));
+      wgmma_commit();
+      __syncthreads();  // every warp's dS^T rows are in sDs
+      // dQ of the tile's 64 queries, dS K summed over the block's 128 keys:
+      // each warpgroup sums its own 64 (A = dS read from dS^T, M-major; B =
+      // K [key][dim], N-major). Both issue it, so no wgmma sits in a branch
+      // (ptxas serializes every wgmma of a kernel that has one there).
+      float acc[8][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks)
+        wgmma_ss<true, true>(acc, n_major_step(sDs + group * 64 * kD, ks), n_major_step(k_rows, ks),
+                             ks > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulator(acc);
+      fence_accumulator(dv);
+      fence_accumulator(dk);
+      // The two halves meet in shared memory: query rows 0-31 in the first
+      // warpgroup's warps 0 and 1, rows 32-63 in the second's warps 6 and 7;
+      // the other four warps hand their rows over. (a + b is b + a, so both
+      // owners sum the same bits.)
+      const int local = warp % 4;  // rows 16 local... of the tile
+      const bool owner = (local < 2) == (group == 0);
+      if (!owner) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<float2*>(sDq + (local * 16 + g + 8 * hf) * kAccLd + nt * 8 + 2 * t) =
+                make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+      }
+      __syncthreads();  // the handed-over rows are in sDq
+      if (owner) {
+        const float* staged = sums.tile(buffer);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int row = local * 16 + g + 8 * hf;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            const float2 o = *reinterpret_cast<const float2*>(sDq + row * kAccLd + nt * 8 + 2 * t);
+            acc[nt][2 * hf] += o.x;
+            acc[nt][2 * hf + 1] += o.y;
+          }
+          if (first || i0 + row >= r.Lq) continue;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {  // the sums of the split's earlier key tiles
+            const float2 o =
+                *reinterpret_cast<const float2*>(staged + row * kAccLd + nt * 8 + 2 * t);
+            acc[nt][2 * hf] += o.x;
+            acc[nt][2 * hf + 1] += o.y;
+          }
+        }
+        const int64_t q0 = i0 + local * 16;  // this warp's 16 query rows
+        const float one[2] = {1.0f, 1.0f};
+        if (dq_final)
+          store_rows(acc, a.dq, a.grad_dtype, r, q0, r.Lq, one, a, rope, g, t);
+        else if (sums_kept)
+          store_row_tiles(
+              acc, [](int n) { return n; }, StreamRows{streams[kSums]}, DType::f32, r, q0, r.Lq,
+              one, a, false, g, t);
+      }
+      __syncthreads();  // this buffer's, the row data's and sDs's readers are done
+    }
+    const float one[2] = {1.0f, 1.0f};
+    store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
+    store_rows(dv, a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
+    bf16_t* const k_done = k_tile;  // the early copies' buffers hold the next key tile
+    bf16_t* const v_done = v_tile;
+    k_tile = next_k, v_tile = next_v;
+    next_k = k_done, next_v = v_done;
+  }
+  cp_async_wait<0>();  // a guard, as in the mma.sync kernel: nothing is in flight here
+#else
+  // Built for another architecture than sm_90a: never launched.
+  (void)a;
+  (void)tiles;
+  (void)partials;
+#endif
+}
+
+// The dynamic shared memory before the angles, with room to align the tiles;
+// one block an SM.
+constexpr size_t kKeyTileWgmmaShared =
+    kSwizzleAtom + size_t(5 * kRowsPerBlock + 4 * kInnerTile) * kD * sizeof(bf16_t) +
+    size_t(3 * kInnerTile * kAccLd) * sizeof(float) + kRowDataShared;
+static_assert(kKeyTileWgmmaShared + kAngleBytes + kStreamBytes + kReservedPerBlock <= kSharedPerSm,
+              "the wgmma key-tile kernel no longer fits an SM");
+
+}  // namespace
+
+void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
+                            const DqPartials& partials, size_t angle_bytes) {
+  const auto kernel =
+      a.drop.on ? flash_key_tile_wgmma_kernel<true> : flash_key_tile_wgmma_kernel<false>;
+  const size_t shared = kKeyTileWgmmaShared + angle_bytes;
+  allow_shared(kernel, shared);
+  RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, splits, partials);
+}
+
+}  // namespace roformer::kernels::cuda
