@@ -3,11 +3,12 @@
 # without a GPU: bench/gpu/sass_loops.sh [BUILD_DIR] [SOURCE...]
 #
 # Compiles each source (default: the flash attention forward and backward)
-# to an sm_90 cubin with the flags BUILD_DIR's compile_commands.json gives it
-# (a build configured with -DCMAKE_CUDA_ARCHITECTURES=90; default: build),
-# disassembles it, and prints per kernel loop its instructions, HMMA and
-# MUFU counts and instructions per HMMA (bench/gpu/sass_loops.py), and
-# ptxas's registers and spills. Listings go to $SASS_OUT (default
+# to an sm_90 cubin (sm_90a for the *wgmma* files) with the flags BUILD_DIR's
+# compile_commands.json gives it (a build configured with
+# -DCMAKE_CUDA_ARCHITECTURES=90; default: build), disassembles it, and prints
+# per kernel loop its instructions, HMMA and MUFU counts and instructions per
+# HMMA (bench/gpu/sass_loops.py), ptxas's registers and spills, and its
+# warnings that it serialized wgmma. Listings go to $SASS_OUT (default
 # BUILD_DIR/sass).
 #
 # The CUDA 13 toolkit here ships no disassembler (no cuobjdump, no
@@ -108,4 +109,8 @@ PY
   "$nvdisasm" -c "$cubin.abi7" >"$out/$name.sass"
   echo "== $src ($arch; listing $out/$name.sass)"
   python3 bench/gpu/sass_loops.py "$out/$name.sass" --ptxas "$out/$name.ptxas"
+  # ptxas's warnings that it serialized wgmma (a wgmma in a branch, say): the
+  # kernel stays correct but each product waits for the one before.
+  grep -o "(C75[0-9]*) Potential Performance Loss: [^']*" "$out/$name.ptxas" | sort -u |
+    sed 's/^/  ptxas: /' || true
 done

@@ -233,9 +233,14 @@ struct FlashSettings {
   bool wgmma = false, wgmma_backward = false;
 };
 
+// The wgmma forward and fused backward with the automatic split count.
+inline FlashSettings wgmma_variant() {
+  return {16, 2, 1, 0, "wgmma forward and fused backward", true, true};
+}
+
 // The settings each test runs under: the defaults first, then the two-pass
-// backward. ROFORMER_FLASH_VARIANTS=N keeps the first N (scripts/gpu_check.sh
-// racechecks the first two: a sanitizer's slowdown times five is too long).
+// backward; the wgmma kernels last. ROFORMER_FLASH_VARIANTS=N keeps the first N
+// (scripts/gpu_check.sh racechecks the first two: a sanitizer's slowdown times five is too long).
 inline std::vector<FlashSettings> flash_variants() {
   std::vector<FlashSettings> all{
       {16, 2, 1, 0, "defaults: 16 rows a warp, fused backward, automatic splits"},
@@ -244,7 +249,7 @@ inline std::vector<FlashSettings> flash_variants() {
       {16, 2, 1, 1, "fused backward, one split"},
       {16, 2, 1, 3, "fused backward, three splits (at most the key tiles)"},
       {16, 2, 1, 0, "wgmma forward, fused backward", true},
-      {16, 2, 1, 0, "wgmma forward and fused backward", true, true},
+      wgmma_variant(),
       {16, 2, 1, 3, "wgmma forward and fused backward, three splits", true, true}};
   if (const char* keep = std::getenv("ROFORMER_FLASH_VARIANTS")) {
     const long n = std::strtol(keep, nullptr, 10);
@@ -346,7 +351,7 @@ template <class Run>
 void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem& p,
                            const Result& cpu, Run run) {
   const std::vector<FlashSettings> variants = flash_variants();
-  Result defaults, two_pass;
+  Result defaults, two_pass, wgmma_backward;
   for (size_t i = 0; i < variants.size(); ++i) {
     SCOPED_TRACE(variants[i].what);
     if (variants[i].wgmma && !knobs.wgmma_available(0)) {
@@ -363,6 +368,14 @@ void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem
       if (r.bits.defined()) {
         EXPECT_EQ(r.bits.to(Device::cpu()).to_vector<int32_t>(),
                   defaults.bits.to(Device::cpu()).to_vector<int32_t>());
+      }
+      // The wgmma backward's split counts: dk and dv the same bits, dq
+      // within f32 summation order, as on mma.sync.
+      if (variants[i].wgmma_backward) {
+        if (wgmma_backward.dq.defined())
+          expect_same_results(r, wgmma_backward, false);
+        else
+          wgmma_backward = r;
       }
     } else {
       expect_same_results(r, defaults, false);

@@ -62,36 +62,46 @@ TEST(FlashAttentionEdges, TheFusedBackwardGivesTheSameBitsOnEveryRun) {
       std::find_if(all.begin(), all.end(), [](const Case& c) { return c.name == "plain_long"; });
   ASSERT_NE(it, all.end());
   const Problem p = make_problem(*it);
-  for (const int splits : {0, 3}) {
-    SCOPED_TRACE("splits " + std::to_string(splits));
-    const ScopedFlashSettings scoped(kKnobs, {16, 2, 1, splits, "fused"});
-    const Result a = run(*it, p, kGpu, DType::bf16), b = run(*it, p, kGpu, DType::bf16);
-    expect_same_results(a, b, true);
+  for (const bool wgmma : {false, true}) {
+    if (wgmma && !kernels::cuda::flash_wgmma_available(0)) continue;  // said by the cases
+    for (const int splits : {0, 3}) {
+      SCOPED_TRACE(std::string(wgmma ? "wgmma" : "mma.sync") + ", splits " +
+                   std::to_string(splits));
+      const ScopedFlashSettings scoped(kKnobs, {16, 2, 1, splits, "fused", wgmma, wgmma});
+      const Result a = run(*it, p, kGpu, DType::bf16), b = run(*it, p, kGpu, DType::bf16);
+      expect_same_results(a, b, true);
+    }
   }
 }
 
 constexpr int64_t kH = 3;  // heads of the edge cases
 
 // No query rows (Sq = 0) but keys: the key and value gradients are zeros,
-// written (they start as NaN), as the CPU and the simple kernel write them.
+// written (they start as NaN), as the CPU and the simple kernel write them;
+// on mma.sync and, on compute capability 9.0, on wgmma.
 TEST(FlashAttentionEdges, NoQueryRowsGiveZeroKeyGradients) {
   RF_REQUIRE_GPU();
-  const int64_t Sk = 70;
-  auto gpu = [](const Shape& shape, uint64_t seed) {
-    return bf16_values(shape, seed).to(DType::bf16).to(kGpu);
-  };
-  const Tensor q = Tensor::zeros({2, kH, 0, 64}, DType::bf16, kGpu);  // (randn: no empty shapes)
-  const Tensor k = gpu({2, kH, Sk, 64}, 2), v = gpu({2, kH, Sk, 64}, 3);
-  const Tensor grad_out = Tensor::zeros({2, kH, 0, 64}, DType::bf16, kGpu);
-  auto nan = [](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, kGpu); };
-  const Tensor out = nan({2, kH, 0, 64}), lse = nan({2, kH, 0}), dq = nan({2, kH, 0, 64});
-  const Tensor dk = nan({2, kH, Sk, 64}), dv = nan({2, kH, Sk, 64});
-  kernels::AttentionParams params;
-  params.scale = 0.125;
-  launch::attention_backward(kGpu, params, q, k, v, Tensor(), out, lse, Tensor(), grad_out, dq, dk,
-                             dv);
-  for (const Tensor* g : {&dk, &dv})
-    for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+  for (const FlashSettings& settings : {flash_variants()[0], wgmma_variant()}) {
+    if (settings.wgmma && !kernels::cuda::flash_wgmma_available(0)) continue;
+    SCOPED_TRACE(settings.what);
+    const ScopedFlashSettings scoped(kKnobs, settings);
+    const int64_t Sk = 70;
+    auto gpu = [](const Shape& shape, uint64_t seed) {
+      return bf16_values(shape, seed).to(DType::bf16).to(kGpu);
+    };
+    const Tensor q = Tensor::zeros({2, kH, 0, 64}, DType::bf16, kGpu);  // (randn: no empty shapes)
+    const Tensor k = gpu({2, kH, Sk, 64}, 2), v = gpu({2, kH, Sk, 64}, 3);
+    const Tensor grad_out = Tensor::zeros({2, kH, 0, 64}, DType::bf16, kGpu);
+    auto nan = [](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, kGpu); };
+    const Tensor out = nan({2, kH, 0, 64}), lse = nan({2, kH, 0}), dq = nan({2, kH, 0, 64});
+    const Tensor dk = nan({2, kH, Sk, 64}), dv = nan({2, kH, Sk, 64});
+    kernels::AttentionParams params;
+    params.scale = 0.125;
+    launch::attention_backward(kGpu, params, q, k, v, Tensor(), out, lse, Tensor(), grad_out, dq,
+                               dk, dv);
+    for (const Tensor* g : {&dk, &dv})
+      for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+  }
 }
 
 // A RoPE table with fewer rows than q's sequence is refused, not read past

@@ -40,17 +40,18 @@ __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, const f
   };
   for (int nt = 0; nt < 8; ++nt)
     for (int e = 0; e < 4; ++e) o[nt][e] = c[at(nt, e)];
+  // a's rows of this warp in mma.sync's A layout, every k step, written
+  // before the fence (no register a wgmma reads may change after it).
+  uint32_t frag[4][4];
+  for (int ks = 0; ks < 4; ++ks)
+    for (int j = 0; j < 4; ++j) {
+      const int row = 16 * warp + g + 8 * (j & 1), col = 16 * ks + 2 * t + 8 * (j >> 1);
+      frag[ks][j] = uint32_t(a[row * 64 + col]) | (uint32_t(a[row * 64 + col + 1]) << 16);
+    }
   k::wgmma_fence();
   for (int ks = 0; ks < 4; ++ks)
     k::wgmma_ss(s, k::k_major_step(tile_a, ks), k::k_major_step(tile_bt, ks), ks > 0);
-  for (int ks = 0; ks < 4; ++ks) {
-    uint32_t frag[4];  // a's rows of this warp, k step ks, in mma.sync's A layout
-    for (int j = 0; j < 4; ++j) {
-      const int row = 16 * warp + g + 8 * (j & 1), col = 16 * ks + 2 * t + 8 * (j >> 1);
-      frag[j] = uint32_t(a[row * 64 + col]) | (uint32_t(a[row * 64 + col + 1]) << 16);
-    }
-    k::wgmma_rs(o, frag, k::n_major_step(tile_b, ks));
-  }
+  for (int ks = 0; ks < 4; ++ks) k::wgmma_rs(o, frag[ks], k::n_major_step(tile_b, ks));
   // a^T b: A M-major (trans-a: its k along sA's rows), B N-major (trans-b).
   for (int ks = 0; ks < 4; ++ks)
     k::wgmma_ss<true, true>(u, k::n_major_step(tile_a, ks), k::n_major_step(tile_b, ks), ks > 0);
@@ -67,6 +68,9 @@ __global__ void wgmma_probe_kernel(const uint16_t* a, const uint16_t* b, const f
     }
 #else
   (void)a, (void)b, (void)c, (void)ss, (void)rs, (void)ts;
+#if defined(__CUDA_ARCH__)
+  __trap();  // built without sm_90a's features: fail, not pass on unwritten outputs
+#endif
 #endif
 }
 

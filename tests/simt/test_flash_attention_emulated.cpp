@@ -105,25 +105,30 @@ std::vector<Case> emulated_cases() {
   return out;
 }
 
-// No query rows (Sq = 0) but keys: the dk/dv pass alone runs and writes the
-// zero key and value gradients (they start as NaN).
+// No query rows (Sq = 0) but keys: the key-tile kernel alone runs and writes
+// the zero key and value gradients (they start as NaN), on mma.sync and on
+// wgmma.
 TEST(FlashAttentionEmulatedEdges, NoQueryRowsGiveZeroKeyGradients) {
-  const int64_t H = 3, Sk = 70;
-  const Device cpu = Device::cpu();
-  const Tensor q = Tensor::zeros({2, H, 0, 64}, DType::bf16, cpu);
-  const Tensor k = bf16_values({2, H, Sk, 64}, 2).to(DType::bf16);
-  const Tensor v = bf16_values({2, H, Sk, 64}, 3).to(DType::bf16);
-  auto nan = [&](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, cpu); };
-  const Tensor out = nan({2, H, 0, 64}), lse = nan({2, H, 0}), dq = nan({2, H, 0, 64});
-  const Tensor dk = nan({2, H, Sk, 64}), dv = nan({2, H, Sk, 64});
-  kernels::AttentionParams params;
-  params.scale = 0.125;
-  kernels::cuda::simt_flash_backward(
-      kernels::Stream{}, params, kernels::cuda::FlashRope{}, kernel_tensor(q), kernel_tensor(k),
-      kernel_tensor(v), KernelTensor{}, KernelTensor{}, kernel_tensor(out), kernel_tensor(lse),
-      KernelTensor{}, kernel_tensor(q), kernel_tensor(dq), kernel_tensor(dk), kernel_tensor(dv));
-  for (const Tensor* g : {&dk, &dv})
-    for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+  for (const FlashSettings& settings : {flash_variants()[0], wgmma_variant()}) {
+    SCOPED_TRACE(settings.what);
+    const ScopedFlashSettings scoped(kKnobs, settings);
+    const int64_t H = 3, Sk = 70;
+    const Device cpu = Device::cpu();
+    const Tensor q = Tensor::zeros({2, H, 0, 64}, DType::bf16, cpu);
+    const Tensor k = bf16_values({2, H, Sk, 64}, 2).to(DType::bf16);
+    const Tensor v = bf16_values({2, H, Sk, 64}, 3).to(DType::bf16);
+    auto nan = [&](const Shape& shape) { return Tensor::full(shape, NAN, DType::f32, cpu); };
+    const Tensor out = nan({2, H, 0, 64}), lse = nan({2, H, 0}), dq = nan({2, H, 0, 64});
+    const Tensor dk = nan({2, H, Sk, 64}), dv = nan({2, H, Sk, 64});
+    kernels::AttentionParams params;
+    params.scale = 0.125;
+    kernels::cuda::simt_flash_backward(
+        kernels::Stream{}, params, kernels::cuda::FlashRope{}, kernel_tensor(q), kernel_tensor(k),
+        kernel_tensor(v), KernelTensor{}, KernelTensor{}, kernel_tensor(out), kernel_tensor(lse),
+        KernelTensor{}, kernel_tensor(q), kernel_tensor(dq), kernel_tensor(dk), kernel_tensor(dv));
+    for (const Tensor* g : {&dk, &dv})
+      for (double x : host(*g)) ASSERT_EQ(x, 0.0);
+  }
 }
 
 // A caller that understates params.longest_segment (here 100 for a segment
@@ -132,29 +137,32 @@ TEST(FlashAttentionEmulatedEdges, NoQueryRowsGiveZeroKeyGradients) {
 // for its running dq sums and must not write into it (the kernels' unit is
 // built with AddressSanitizer, which reports a write past the 1-byte
 // stand-in). The gradients are wrong (rows past the grid's tile even get no
-// D), as the forward's output would be.
+// D), as the forward's output would be. On mma.sync and on wgmma.
 TEST(FlashAttentionEmulatedEdges, AnUnderstatedLongestSegmentWritesNothingOutOfBounds) {
-  const int64_t T = 130, H = 2;
-  const Device cpu = Device::cpu();
-  const Tensor x = bf16_values({T, H, 64}, 1).to(DType::bf16);
-  const Tensor segments = Tensor::from_vector(std::vector<int64_t>{0, T, 0, 0}, {1, 4});
-  const Tensor out = Tensor::zeros({T, H, 64}, DType::f32, cpu);
-  const Tensor lse = Tensor::zeros({T, H}, DType::f32, cpu);
-  const Tensor dq = Tensor::full({T, H, 64}, NAN, DType::f32, cpu);
-  const Tensor dk = Tensor::full({T, H, 64}, NAN, DType::f32, cpu);
-  const Tensor dv = Tensor::full({T, H, 64}, NAN, DType::f32, cpu);
-  kernels::AttentionParams params;
-  params.scale = 0.125;
-  params.longest_segment = 100;
-  const ScopedFlashSettings fused(kKnobs, flash_variants()[0]);
-  kernels::cuda::simt_flash_backward(kernels::Stream{}, params, kernels::cuda::FlashRope{},
-                                     kernel_tensor(x), kernel_tensor(x), kernel_tensor(x),
-                                     KernelTensor{}, kernel_tensor(segments), kernel_tensor(out),
-                                     kernel_tensor(lse), KernelTensor{}, kernel_tensor(x),
-                                     kernel_tensor(dq), kernel_tensor(dk), kernel_tensor(dv));
-  // dq's rows the grid covers were written (in the last key tile's pass).
-  const std::vector<double> got = host(dq);
-  for (size_t e = 0; e < size_t(100 * H * 64); ++e) ASSERT_FALSE(std::isnan(got[e])) << e;
+  for (const FlashSettings& settings : {flash_variants()[0], wgmma_variant()}) {
+    SCOPED_TRACE(settings.what);
+    const int64_t T = 130, H = 2;
+    const Device cpu = Device::cpu();
+    const Tensor x = bf16_values({T, H, 64}, 1).to(DType::bf16);
+    const Tensor segments = Tensor::from_vector(std::vector<int64_t>{0, T, 0, 0}, {1, 4});
+    const Tensor out = Tensor::zeros({T, H, 64}, DType::f32, cpu);
+    const Tensor lse = Tensor::zeros({T, H}, DType::f32, cpu);
+    const Tensor dq = Tensor::full({T, H, 64}, NAN, DType::f32, cpu);
+    const Tensor dk = Tensor::full({T, H, 64}, NAN, DType::f32, cpu);
+    const Tensor dv = Tensor::full({T, H, 64}, NAN, DType::f32, cpu);
+    kernels::AttentionParams params;
+    params.scale = 0.125;
+    params.longest_segment = 100;
+    const ScopedFlashSettings fused(kKnobs, settings);
+    kernels::cuda::simt_flash_backward(kernels::Stream{}, params, kernels::cuda::FlashRope{},
+                                       kernel_tensor(x), kernel_tensor(x), kernel_tensor(x),
+                                       KernelTensor{}, kernel_tensor(segments), kernel_tensor(out),
+                                       kernel_tensor(lse), KernelTensor{}, kernel_tensor(x),
+                                       kernel_tensor(dq), kernel_tensor(dk), kernel_tensor(dv));
+    // dq's rows the grid covers were written (in the last key tile's pass).
+    const std::vector<double> got = host(dq);
+    for (size_t e = 0; e < size_t(100 * H * 64); ++e) ASSERT_FALSE(std::isnan(got[e])) << e;
+  }
 }
 
 // A RoPE table with fewer rows than q's sequence is refused before any launch.

@@ -17,6 +17,7 @@
 // - padded batches (key mask) and token streams (segments of (first token,
 //   length, row, position)) share the kernels: a block works on one
 //   sequence (a batch row or a segment), one head, one tile.
+#include <array>
 #include <atomic>
 
 #include "core/cuda/kernels/flash_attention_forward.cuh"
@@ -148,10 +149,20 @@ void set_flash_forward_uses_wgmma(bool on) {
 }
 
 bool flash_wgmma_available(int device) {
+  // Asked at every launch while the wgmma kernels are chosen: each device's
+  // answer is kept (0 not yet asked, 1 no, 2 yes).
+  static std::array<std::atomic<int>, 64> known{};
+  const bool cached = device >= 0 && size_t(device) < known.size();
+  if (cached) {
+    const int answer = known[size_t(device)].load(std::memory_order_relaxed);
+    if (answer != 0) return answer == 2;
+  }
   int major = 0, minor = 0;
   RF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   RF_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  return major == 9 && minor == 0;  // sm_90a code runs on sm_90 alone
+  const bool yes = major == 9 && minor == 0;  // sm_90a code runs on sm_90 alone
+  if (cached) known[size_t(device)].store(yes ? 2 : 1, std::memory_order_relaxed);
+  return yes;
 }
 
 bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelTensor& v) {

@@ -160,6 +160,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       // K [key][dim], N-major). Both issue it, so no wgmma sits in a branch
       // (ptxas serializes every wgmma of a kernel that has one there).
       float acc[8][4];
+      wgmma_fence();  // acc's registers may have held what other code wrote
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss<true, true>(acc, n_major_step(sDs + group * 64 * kD, ks), n_major_step(k_rows, ks),
@@ -225,10 +226,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   }
   cp_async_wait<0>();  // a guard, as in the mma.sync kernel: nothing is in flight here
 #else
-  // Built for another architecture than sm_90a: never launched.
+  // Built without sm_90a's features: a launch fails loudly (as the forward's).
   (void)a;
   (void)tiles;
   (void)partials;
+#if defined(__CUDA_ARCH__)
+  __trap();
+#endif
 #endif
 }
 

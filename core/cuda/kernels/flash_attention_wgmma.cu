@@ -92,10 +92,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   }
   store_rows(o, a.out, a.out_dtype, r, row0, r.Lq, inv, a, false, g, t);
 #else
-  // Built for another architecture than sm_90a: never launched
-  // (flash_wgmma_available is false there).
+  // Built without sm_90a's features (the object library's architecture
+  // lost): a launch must fail loudly, not leave its outputs unwritten.
   (void)a;
   (void)tiles;
+#if defined(__CUDA_ARCH__)
+  __trap();
+#endif
 #endif
 }
 
@@ -114,6 +117,9 @@ void flash_forward_wgmma(Stream stream, const AttentionParams& params, const Fla
                          const KernelTensor& key_mask, const KernelTensor& segments,
                          const KernelTensor& out, const KernelTensor& lse,
                          const KernelTensor& keep_bits) {
+  RF_CHECK(flash_supported(q, k, v), "flash attention: operands not supported");
+  RF_CHECK(flash_wgmma_available(stream.device_index), "flash attention: the wgmma forward needs ",
+           "a GPU of compute capability 9.0 (device ", stream.device_index, " is not)");
   FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
   const int64_t heads = q.sizes[1];
   const Grid g = grid_of(params, q, k, segments, false);
