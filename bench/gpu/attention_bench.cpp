@@ -31,7 +31,8 @@
 //   bwd_tflops=...
 // bench/gpu/attention_table.sh runs it beside bench/gpu/attention_bench_torch.py.
 // `attention_bench --once S...` launches ours-plain and ours-fused-dropout
-// once each, untimed, for ncu (bench/gpu/attention_table.sh kernels).
+// (and ours-plain-wgmma on compute capability 9.0) once each, untimed, for
+// ncu (bench/gpu/attention_table.sh kernels).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -118,8 +119,9 @@ Operands operands(int64_t S, Device device) {
 }
 
 // One launch each of our plain and our fused-dropout (RoPE inside, p = 0.1:
-// the model's) forward and backward, untimed: for a kernel profiler (ncu) to
-// measure exactly these (bench/gpu/attention_table.sh kernels).
+// the model's) forward and backward, and the plain pair on wgmma where the
+// GPU has it, untimed: for a kernel profiler (ncu) to measure exactly these
+// (bench/gpu/attention_table.sh kernels).
 void launch_once(int64_t S, Device device) {
   const Operands o = operands(S, device);
   const Tensor none;
@@ -130,9 +132,21 @@ void launch_once(int64_t S, Device device) {
                                  o.lse, o.keep);
   launch::rope_attention_backward(device, o.dropped, o.table, true, o.q, o.k, o.v, none, o.out,
                                   o.lse, o.keep, o.grad_out, o.dq, o.dk, o.dv);
+  // And the plain pair on wgmma, where the GPU has it (the profiler then
+  // sees both generations of the kernels side by side).
+  const bool wgmma = kernels::cuda::flash_wgmma_available(device.index);
+  if (wgmma) {
+    kernels::cuda::set_flash_forward_uses_wgmma(true);
+    kernels::cuda::set_flash_backward_uses_wgmma(true);
+    launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
+    launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none,
+                               o.grad_out, o.dq, o.dk, o.dv);
+    kernels::cuda::set_flash_forward_uses_wgmma(false);
+    kernels::cuda::set_flash_backward_uses_wgmma(false);
+  }
   launch::synchronize(device);
-  std::printf("attention_bench: one launch each of ours-plain and ours-fused-dropout at S=%lld\n",
-              static_cast<long long>(S));
+  std::printf("attention_bench: one launch each of ours-plain and ours-fused-dropout%s at S=%lld\n",
+              wgmma ? " (and ours-plain-wgmma)" : "", static_cast<long long>(S));
 }
 
 void bench(int64_t S, Device device) {

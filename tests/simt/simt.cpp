@@ -111,6 +111,7 @@ struct PendingCopy {
 // shared b16 values its operands were read as (checked unchanged once every
 // thread has retired it).
 struct WgmmaOp {
+  float a[64][16], b[16][64];  // A and B as read
   float result[kWarpGroup][32];
   std::vector<std::pair<uint32_t, uint16_t>> reads;
   int retired = 0;
@@ -560,19 +561,48 @@ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b
 
 namespace {
 
+// A fault the wgmma emulation finds on a fiber's stack becomes the launch's
+// error (the first one wins) without a C++ throw there: the block then ends
+// at its next switch point (switch_away leaves for the launch once there is
+// an error) and run_grid rethrows it. (An exception thrown on a fiber stack
+// this deep made AddressSanitizer's no-return handling report its own
+// sigaltstack probe as an overflow.)
+void record_fault(Block& b, const std::string& message) {
+  if (!b.error) b.error = std::make_exception_ptr(Error(message));
+}
+
 // A wgmma operand's descriptor, decoded (PTX ISA, "Matrix Descriptor Format").
 struct MatrixDescriptor {
   uint32_t start, leading, stride;  // bytes
 };
 
-MatrixDescriptor decode_descriptor(uint64_t desc, const char* which) {
+// The decoded descriptor, or false (a fault recorded) for a base offset or
+// swizzle mode the emulator does not model.
+bool decode_descriptor(Block& b, uint64_t desc, const char* which, MatrixDescriptor& out) {
   const uint32_t base_offset = uint32_t(desc >> 49) & 7u, swizzle = uint32_t(desc >> 62);
-  RF_CHECK(base_offset == 0, "simt: wgmma ", which, " descriptor with base offset ", base_offset,
-           " (only 0 is emulated: swizzle atoms on 1024-byte boundaries)");
-  RF_CHECK(swizzle == 1, "simt: wgmma ", which, " descriptor with swizzle mode ", swizzle,
-           " (only 1, the 128-byte swizzle, is emulated)");
-  return {uint32_t(desc & 0x3FFFu) << 4, uint32_t((desc >> 16) & 0x3FFFu) << 4,
-          uint32_t((desc >> 32) & 0x3FFFu) << 4};
+  if (base_offset != 0) {
+    record_fault(b,
+                 detail::concat("simt: wgmma ", which, " descriptor with base offset ", base_offset,
+                                " (only 0 is emulated: swizzle atoms on 1024-byte boundaries)"));
+    return false;
+  }
+  if (swizzle != 1) {
+    record_fault(b, detail::concat("simt: wgmma ", which, " descriptor with swizzle mode ", swizzle,
+                                   " (only 1, the 128-byte swizzle, is emulated)"));
+    return false;
+  }
+  out = {uint32_t(desc & 0x3FFFu) << 4, uint32_t((desc >> 16) & 0x3FFFu) << 4,
+         uint32_t((desc >> 32) & 0x3FFFu) << 4};
+  return true;
+}
+
+// Whether `size` bytes at a shared address lie inside what the launch gave
+// (shared_bytes' test, without its throw).
+bool shared_in_bounds(const Block& b, uint32_t address, int size) {
+  if (size_t(address) + size_t(size) > window_size()) return false;
+  const size_t dyn = size_t(g_dynamic - window_begin());
+  return !(address >= dyn && address < dyn + kMaxDynamicShared &&
+           address + size_t(size) > dyn + b.dynamic_bytes);
 }
 
 // The 128-byte swizzle on a shared address: its 16-byte chunk within each
@@ -581,11 +611,17 @@ uint32_t swizzle_128(uint32_t address) {
   return address ^ (((address >> 7) & 7u) << 4);
 }
 
-// Reads the b16 element at an operand's unswizzled address (and notes it).
-float read_operand(const Block& b, uint32_t linear, WgmmaOp& op) {
+// Reads the b16 element at an operand's unswizzled address (and notes it);
+// NaN and a fault recorded outside the launch's shared memory.
+float read_operand(Block& b, uint32_t linear, WgmmaOp& op) {
   const uint32_t address = swizzle_128(linear);
+  if (!shared_in_bounds(b, address, 2)) {
+    record_fault(b, detail::concat("simt: wgmma operand at shared address ", address,
+                                   " outside the launch's shared memory"));
+    return NAN;
+  }
   uint16_t v;
-  std::memcpy(&v, shared_bytes(b, address, 2, "wgmma operand"), 2);
+  std::memcpy(&v, window_begin() + address, 2);
   op.reads.emplace_back(address, v);
   return bf16_bits_to_float(v);
 }
@@ -622,18 +658,28 @@ const PendingWgmma* newest_for(const Fiber& f, const float* d) {
 //  (mma.m16n8k16's C layout per warp, repeated over the eight 8-wide column tiles);
 //  A register j (from registers): elements v = 2 j (low half) and 2 j + 1,
 //  row 16 w + g + 8 ((v >> 1) & 1), k 2 t + (v & 1) + 8 (v >> 2).
-void wgmma_all(const Block& b, WarpGroup& w, int group) {
+void wgmma_all(Block& b, WarpGroup& w, int group) {
   const WgmmaArrival& first = w.in[0];
+  auto op = std::make_shared<WgmmaOp>();
+  w.out = op;
+  // A fault: the results are NaN (the block ends at its next switch point).
+  auto faulted = [&] {
+    for (auto& row : op->result)
+      for (float& x : row) x = NAN;
+  };
   for (int i = 1; i < kWarpGroup; ++i) {
     const WgmmaArrival& x = w.in[i];
-    RF_CHECK(x.from_registers == first.from_registers && x.desc_b == first.desc_b &&
-                 (x.from_registers || x.desc_a == first.desc_a) && x.scale_d == first.scale_d &&
-                 x.trans_a == first.trans_a && x.trans_b == first.trans_b,
-             "simt: wgmma operands differ across the warpgroup (thread ", i,
-             " against thread 0): descriptors and flags must be the same");
+    if (!(x.from_registers == first.from_registers && x.desc_b == first.desc_b &&
+          (x.from_registers || x.desc_a == first.desc_a) && x.scale_d == first.scale_d &&
+          x.trans_a == first.trans_a && x.trans_b == first.trans_b)) {
+      record_fault(b, detail::concat("simt: wgmma operands differ across the warpgroup (thread ", i,
+                                     " against thread 0): descriptors and flags must be the same"));
+      return faulted();
+    }
   }
-  auto op = std::make_shared<WgmmaOp>();
-  float A[64][16], B[16][64];
+  // The operands, off the fiber's stack (64 KB; AddressSanitizer's frames grow).
+  auto& A = op->a;
+  auto& B = op->b;
   if (first.from_registers) {
     for (int T = 0; T < kWarpGroup; ++T) {
       const int warp = T / kWarp, lane = T % kWarp, g = lane >> 2, t = lane & 3;
@@ -644,13 +690,15 @@ void wgmma_all(const Block& b, WarpGroup& w, int group) {
       }
     }
   } else {
-    const MatrixDescriptor da = decode_descriptor(first.desc_a, "A");
+    MatrixDescriptor da;
+    if (!decode_descriptor(b, first.desc_a, "A", da)) return faulted();
     for (int m = 0; m < 64; ++m)
       for (int k = 0; k < 16; ++k)
         A[m][k] = read_operand(
             b, first.trans_a ? n_major_address(da, k, m) : k_major_address(da, m, k), *op);
   }
-  const MatrixDescriptor db = decode_descriptor(first.desc_b, "B");
+  MatrixDescriptor db;
+  if (!decode_descriptor(b, first.desc_b, "B", db)) return faulted();
   for (int k = 0; k < 16; ++k)
     for (int n = 0; n < 64; ++n)
       B[k][n] = read_operand(
@@ -668,7 +716,6 @@ void wgmma_all(const Block& b, WarpGroup& w, int group) {
       op->result[T][i] = float(acc);
     }
   }
-  w.out = std::move(op);
 }
 
 void wgmma(const WgmmaArrival& arrival) {
@@ -676,8 +723,12 @@ void wgmma(const WgmmaArrival& arrival) {
   Block& b = *g_block;
   Fiber& f = b.fibers[size_t(b.running)];
   const int group = f.state.linear / kWarpGroup, thread = f.state.linear % kWarpGroup;
-  RF_CHECK(size_t(group) < b.warpgroups.size(), "simt: wgmma by thread ", f.state.linear,
-           " outside a whole warpgroup (a block of ", b.fibers.size(), " threads)");
+  if (size_t(group) >= b.warpgroups.size()) {
+    record_fault(
+        b, detail::concat("simt: wgmma by thread ", f.state.linear,
+                          " outside a whole warpgroup (a block of ", b.fibers.size(), " threads)"));
+    return;
+  }
   WarpGroup& w = b.warpgroups[size_t(group)];
   w.in[thread] = arrival;
   arrive_and_wait(w.barrier, kWarpGroup, "wgmma.mma_async", [&] { wgmma_all(b, w, group); });
@@ -725,12 +776,16 @@ void wgmma_wait(int n) {
     for (const PendingWgmma& p : f.wgmma_committed.front()) {
       std::memcpy(p.d, p.op->result[p.thread], sizeof(p.op->result[0]));
       if (++p.op->retired < kWarpGroup) continue;
-      for (const auto& [address, value] : p.op->reads) {
+      for (const auto& [address, value] : p.op->reads) {  // in bounds: they were read
         uint16_t now;
-        std::memcpy(&now, shared_bytes(b, address, 2, "wgmma operand"), 2);
-        RF_CHECK(now == value, "simt: shared address ", address,
-                 " was written while a wgmma that read it was in flight (before every thread "
-                 "of the warpgroup retired it by wgmma.wait_group)");
+        std::memcpy(&now, window_begin() + address, 2);
+        if (now != value) {
+          record_fault(b, detail::concat("simt: shared address ", address,
+                                         " was written while a wgmma that read it was in flight "
+                                         "(before every thread of the warpgroup retired it by "
+                                         "wgmma.wait_group)"));
+          break;
+        }
       }
     }
     f.wgmma_committed.pop_front();

@@ -1,9 +1,13 @@
 // Tensor-core softmax attention for bf16 q, k, v at head dim 64 (the
 // FlashAttention-2 scheme, written for this project). This file is the
-// forward; flash_attention_backward.cu the backward; the building blocks both
-// share: flash_attention_tiles.cuh (tiles, streaming, stores) on
+// forward (its per-tile softmax and dropout in flash_attention_forward.cuh);
+// flash_attention_backward.cu the backward; the building blocks both share:
+// flash_attention_tiles.cuh (tiles, streaming, stores) on
 // flash_attention_rope.cuh, flash_attention_mma.cuh and
-// flash_attention_args.cuh.
+// flash_attention_args.cuh. On Hopper, flash_attention_wgmma.cu and
+// flash_attention_backward_wgmma.cu may take the forward and the fused
+// backward's key tiles (set_flash_forward_uses_wgmma and
+// set_flash_backward_uses_wgmma).
 // - forward: a block owns 128 query rows (8 warps x 16); key/value tiles of
 //   64 rows pass through shared memory; S = Q K^T and O += P V run on
 //   mma.sync m16n8k16 (bf16 in, f32 accumulation) with an online softmax in
