@@ -91,6 +91,14 @@ table() {
         printf "target S=%s: forward %.1f (%s) >= 300 %s; backward %.1f (%s) >= 200 %s\n", \
           lengths[j], bf, fi_, (bf >= 300 ? "met" : "not met"), bb, bi_, (bb >= 200 ? "met" : "not met")
       }
+      # The wgmma kernels against mma.sync at each length, on the path the
+      # model takes (RoPE inside): whether they should be the default on Hopper.
+      for (j = 1; j <= m; ++j) {
+        a = "ours-fused" SUBSEP lengths[j]; w = "ours-fused-wgmma" SUBSEP lengths[j]
+        if (!(a in fwd) || !(w in fwd) || fwd[w] == "n/a" || fwd[a] + 0 <= 0 || bwd[a] + 0 <= 0) continue
+        printf "wgmma / mma.sync S=%s (ours-fused): forward %.2fx, backward %.2fx\n", \
+          lengths[j], fwd[w] / fwd[a], bwd[w] / bwd[a]
+      }
     }'
 }
 
