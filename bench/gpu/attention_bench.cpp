@@ -158,6 +158,33 @@ void bench(int64_t S, Device device) {
   const kernels::AttentionParams& params = o.params;
   const Tensor none;
 
+  // Our kernels under the current flash settings (flash_attention.h), in
+  // milliseconds: plain attention, and RoPE inside (`p`: with or without
+  // dropout, `keep` its bits).
+  const kernels::AttentionParams& dropped = o.dropped;
+  const Tensor& keep = o.keep;
+  auto plain_fwd = [&] {
+    return time_ms(
+        device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
+  };
+  auto plain_bwd = [&] {
+    return time_ms(device, [&] {
+      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
+                                 dv);
+    });
+  };
+  auto fused_fwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
+    return time_ms(device, [&] {
+      launch::rope_attention_forward(device, p, table, true, q, k, v, none, out, lse, bits);
+    });
+  };
+  auto fused_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
+    return time_ms(device, [&] {
+      launch::rope_attention_backward(device, p, table, true, q, k, v, none, out, lse, bits,
+                                      grad_out, dq, dk, dv);
+    });
+  };
+
   // Plain attention, and RoPE inside, under both forward tilings (the
   // backward is the same kernel for both). The default tiling's forward
   // times stand beside the one-block dq pass below.
@@ -165,24 +192,13 @@ void bench(int64_t S, Device device) {
   for (const int rows : {16, 32}) {
     kernels::cuda::set_flash_forward_rows_per_warp(rows);
     const std::string suffix = rows == 16 ? "" : "-r32";
-    const double plain_fwd = time_ms(
-        device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
-    const double plain_bwd = time_ms(device, [&] {
-      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
-                                 dv);
-    });
-    print(("ours-plain" + suffix).c_str(), S, B, plain_fwd, plain_bwd);
-    const double fused_fwd = time_ms(device, [&] {
-      launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
-    });
-    const double fused_bwd = time_ms(device, [&] {
-      launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
-                                      grad_out, dq, dk, dv);
-    });
-    print(("ours-fused" + suffix).c_str(), S, B, fused_fwd, fused_bwd);
+    const double plain_f = plain_fwd(), plain_b = plain_bwd();
+    print(("ours-plain" + suffix).c_str(), S, B, plain_f, plain_b);
+    const double fused_f = fused_fwd(params, none), fused_b = fused_bwd(params, none);
+    print(("ours-fused" + suffix).c_str(), S, B, fused_f, fused_b);
     if (rows == 16) {
-      default_plain_fwd = plain_fwd;
-      default_fused_fwd = fused_fwd;
+      default_plain_fwd = plain_f;
+      default_fused_fwd = fused_f;
     }
   }
   kernels::cuda::set_flash_forward_rows_per_warp(16);
@@ -191,30 +207,12 @@ void bench(int64_t S, Device device) {
   if (kernels::cuda::flash_wgmma_available(device.index)) {
     kernels::cuda::set_flash_forward_uses_wgmma(true);
     kernels::cuda::set_flash_backward_uses_wgmma(true);
-    const double plain_fwd = time_ms(
-        device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
-    const double plain_bwd = time_ms(device, [&] {
-      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
-                                 dv);
-    });
-    print("ours-plain-wgmma", S, B, plain_fwd, plain_bwd);
-    const double fused_fwd = time_ms(device, [&] {
-      launch::rope_attention_forward(device, params, table, true, q, k, v, none, out, lse, none);
-    });
-    const double fused_bwd = time_ms(device, [&] {
-      launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
-                                      grad_out, dq, dk, dv);
-    });
-    print("ours-fused-wgmma", S, B, fused_fwd, fused_bwd);
-    const double dropout_fwd = time_ms(device, [&] {
-      launch::rope_attention_forward(device, o.dropped, table, true, q, k, v, none, out, lse,
-                                     o.keep);
-    });
-    const double dropout_bwd = time_ms(device, [&] {
-      launch::rope_attention_backward(device, o.dropped, table, true, q, k, v, none, out, lse,
-                                      o.keep, grad_out, dq, dk, dv);
-    });
-    print("ours-fused-dropout-wgmma", S, B, dropout_fwd, dropout_bwd);
+    const double plain_f = plain_fwd(), plain_b = plain_bwd();
+    print("ours-plain-wgmma", S, B, plain_f, plain_b);
+    const double fused_f = fused_fwd(params, none), fused_b = fused_bwd(params, none);
+    print("ours-fused-wgmma", S, B, fused_f, fused_b);
+    const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
+    print("ours-fused-dropout-wgmma", S, B, dropout_f, dropout_b);
     kernels::cuda::set_flash_forward_uses_wgmma(false);
     kernels::cuda::set_flash_backward_uses_wgmma(false);
   } else {
@@ -229,31 +227,16 @@ void bench(int64_t S, Device device) {
   for (const int dq_blocks : {2, 1}) {
     kernels::cuda::set_flash_dq_blocks_per_sm(dq_blocks);
     const std::string suffix = dq_blocks == 2 ? "-2pass" : "-2pass-dq1";
-    const double plain_bwd = time_ms(device, [&] {
-      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
-                                 dv);
-    });
-    const double fused_bwd = time_ms(device, [&] {
-      launch::rope_attention_backward(device, params, table, true, q, k, v, none, out, lse, none,
-                                      grad_out, dq, dk, dv);
-    });
-    print(("ours-plain" + suffix).c_str(), S, B, default_plain_fwd, plain_bwd);
-    print(("ours-fused" + suffix).c_str(), S, B, default_fused_fwd, fused_bwd);
+    const double plain_b = plain_bwd(), fused_b = fused_bwd(params, none);
+    print(("ours-plain" + suffix).c_str(), S, B, default_plain_fwd, plain_b);
+    print(("ours-fused" + suffix).c_str(), S, B, default_fused_fwd, fused_b);
   }
   kernels::cuda::set_flash_dq_blocks_per_sm(2);
   kernels::cuda::set_flash_backward_passes(1);
 
   // With attention dropout, as the model trains (p = 0.1).
-  const kernels::AttentionParams& dropped = o.dropped;
-  const Tensor& keep = o.keep;
-  const double dropout_fwd = time_ms(device, [&] {
-    launch::rope_attention_forward(device, dropped, table, true, q, k, v, none, out, lse, keep);
-  });
-  const double dropout_bwd = time_ms(device, [&] {
-    launch::rope_attention_backward(device, dropped, table, true, q, k, v, none, out, lse, keep,
-                                    grad_out, dq, dk, dv);
-  });
-  print("ours-fused-dropout", S, B, dropout_fwd, dropout_bwd);
+  const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
+  print("ours-fused-dropout", S, B, dropout_f, dropout_b);
 
   // RoPE as separate kernels with rotated copies (what the model did before),
   // the attention by `p`'s engine.

@@ -289,19 +289,27 @@ float bf16_bits_to_float(uint32_t bits16) {
   return f;
 }
 
-// The 16 aligned shared bytes at `address`, inside what the launch gave
-// (`what`: the instruction, for the error).
-// `size` bytes (4 or 16, aligned to their size) at a shared address.
+// What is wrong with `size` bytes at a shared address, or "" when they lie
+// inside what the launch gave (the shared window, and no further into the
+// dynamic shared memory than the launch's size).
+std::string shared_range_fault(const Block& b, uint32_t address, int size) {
+  if (size_t(address) + size_t(size) > window_size())
+    return detail::concat(" shared address ", address, " outside shared memory");
+  const size_t dyn = size_t(g_dynamic - window_begin());
+  if (address >= dyn && address < dyn + kMaxDynamicShared &&
+      address + size_t(size) > dyn + b.dynamic_bytes)
+    return detail::concat(" reaches dynamic shared byte ", address + size_t(size) - dyn, " of ",
+                          b.dynamic_bytes, " launched");
+  return {};
+}
+
+// `size` bytes (4 or 16, aligned to their size) at a shared address, inside
+// what the launch gave (`what`: the instruction, for the error).
 unsigned char* shared_bytes(const Block& b, uint32_t address, int size, const char* what) {
   RF_CHECK(address % uint32_t(size) == 0, "simt: ", what, " shared address ", address, " is not ",
            size, "-byte aligned");
-  RF_CHECK(size_t(address) + size_t(size) <= window_size(), "simt: ", what, " shared address ",
-           address, " outside shared memory");
-  const size_t dyn = size_t(g_dynamic - window_begin());
-  if (address >= dyn && address < dyn + kMaxDynamicShared)
-    RF_CHECK(address + size_t(size) <= dyn + b.dynamic_bytes, "simt: ", what,
-             " reaches dynamic shared byte ", address + size_t(size) - dyn, " of ", b.dynamic_bytes,
-             " launched");
+  const std::string fault = shared_range_fault(b, address, size);
+  RF_CHECK(fault.empty(), "simt: ", what, fault);
   return window_begin() + address;
 }
 unsigned char* shared_16(const Block& b, uint32_t address, const char* what) {
@@ -596,15 +604,6 @@ bool decode_descriptor(Block& b, uint64_t desc, const char* which, MatrixDescrip
   return true;
 }
 
-// Whether `size` bytes at a shared address lie inside what the launch gave
-// (shared_bytes' test, without its throw).
-bool shared_in_bounds(const Block& b, uint32_t address, int size) {
-  if (size_t(address) + size_t(size) > window_size()) return false;
-  const size_t dyn = size_t(g_dynamic - window_begin());
-  return !(address >= dyn && address < dyn + kMaxDynamicShared &&
-           address + size_t(size) > dyn + b.dynamic_bytes);
-}
-
 // The 128-byte swizzle on a shared address: its 16-byte chunk within each
 // 128-byte row XORed with the row's index within its 1024-byte atom.
 uint32_t swizzle_128(uint32_t address) {
@@ -615,9 +614,9 @@ uint32_t swizzle_128(uint32_t address) {
 // NaN and a fault recorded outside the launch's shared memory.
 float read_operand(Block& b, uint32_t linear, WgmmaOp& op) {
   const uint32_t address = swizzle_128(linear);
-  if (!shared_in_bounds(b, address, 2)) {
-    record_fault(b, detail::concat("simt: wgmma operand at shared address ", address,
-                                   " outside the launch's shared memory"));
+  const std::string fault = shared_range_fault(b, address, 2);
+  if (!fault.empty()) {
+    record_fault(b, "simt: wgmma operand" + fault);
     return NAN;
   }
   uint16_t v;

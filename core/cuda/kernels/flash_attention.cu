@@ -103,21 +103,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   // copies no wait covers.
   cp_async_wait<0>();
 #pragma unroll
-  for (int mt = 0; mt < kM; ++mt) {
-    const int64_t tile_row0 = row0 + 16 * mt;
-    float inv[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      l[mt][hf] = quad_sum(l[mt][hf]);
-      const bool empty = m[mt][hf] == -INFINITY;  // no key to attend to: zeros
-      inv[hf] = empty ? 0.0f : 1.0f / l[mt][hf];
-      const int64_t i = tile_row0 + g + 8 * hf;
-      if (t == 0 && i < r.Lq)
-        *row_of<float>(a.lse, r, i) =
-            empty ? -INFINITY : (m[mt][hf] * a.scale_log2 + log2f(l[mt][hf])) * kLn2;
-    }
-    store_rows(o[mt], a.out, a.out_dtype, r, tile_row0, r.Lq, inv, a, false, g, t);
-  }
+  for (int mt = 0; mt < kM; ++mt)
+    finish_forward_rows(o[mt], m[mt], l[mt], a, r, row0 + 16 * mt, g, t);
 }
 
 // The forward's dynamic shared memory before the angles (the layout at the

@@ -261,29 +261,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int wm = warp & 3, wn = warp >> 2;  // dQ's warp layout: rows 16 wm, column tiles wn + 2 n
   const auto dq_tile_of = [wn](int n) { return wn + 2 * n; };
-  // This split's running dq sums. None (null) when the host sized the grid
-  // for one key tile a sequence: then a longer sequence (a longest_segment
-  // understated by the caller) is summed wrong, never written out of bounds.
-  Operand slice = partials.rows;
-  if (slice.ptr) slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  const Operand slice = split_slice(partials, r);
   const bool sums_kept = slice.ptr != nullptr;
   const int64_t row_words = (r.Lk + 31) / 32;
-  // The rows of what the loops copy (RowStream).
-  enum { kK, kV, kQ, kO, kLse, kDelta, kBits, kSums, kStreamCount };
-  __shared__ RowStream streams[kStreamCount];
-  static_assert(kStreamCount * sizeof(RowStream) <= kStreamBytes, "kStreamBytes too small");
-  if (threadIdx.x == 0) {
-    streams[kK] = row_stream<const bf16_t>(a.k, r);
-    streams[kV] = row_stream<const bf16_t>(a.v, r);
-    streams[kQ] = row_stream<const bf16_t>(a.q, r);
-    streams[kO] = row_stream<const bf16_t>(a.grad_out, r);
-    streams[kLse] = row_stream<const float>(a.lse, r);
-    streams[kDelta] = row_stream<const float>(a.delta, r);
-    streams[kBits] = kDropout ? row_stream<const uint32_t>(a.bits, r) : RowStream{nullptr, 0};
-    streams[kSums] = sums_kept ? row_stream<float>(slice, r) : RowStream{nullptr, 0};
-  }
+  __shared__ RowStream streams[kKeyTileStreams];
+  if (threadIdx.x == 0) fill_key_tile_streams<kDropout>(streams, a, r, slice);
   __syncthreads();
-  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, streams[kQ], streams[kO],
+  const StreamedPair<kThreadsPerBlock> qo{sQ, sO, streams[kStreamQ], streams[kStreamO],
                                           rope ? sAngles : nullptr};
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
@@ -297,13 +281,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     // row data (and the running sums, and K and V unless they came early)
     // join the first tile's group.
     if (r.Lq > 0) {
-      rows.fetch(0, streams[kLse], streams[kDelta], streams[kBits], r.Lq, 0, first_word, row_words,
-                 kDropout);
-      if (kDq && !first) sums.fetch(0, streams[kSums], r.Lq, 0);
+      rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, 0,
+                 first_word, row_words, kDropout);
+      if (kDq && !first) sums.fetch(0, streams[kStreamSums], r.Lq, 0);
     }
     if (!came_early) {
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(k_tile, streams[kK], j0, r.Lk);
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(v_tile, streams[kV], j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(k_tile, streams[kStreamK], j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(v_tile, streams[kStreamV], j0, r.Lk);
     }
     qo.fetch(0, r, 0, r.Lq, a);
     // This thread's two keys' biases (0, or -inf: masked or past the end),
@@ -311,9 +295,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     const int64_t key0 = j0 + warp * 16;
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
     float key_bias_of[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      key_bias_of[hf] = masked ? key_bias(a, r, key0 + g + 8 * hf) : 0.0f;
+    key_biases_of(key_bias_of, a, r, key0, masked, g);
     float dk[1][8][4] = {}, dv[1][8][4] = {};
     int buffer = 0;
     for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
@@ -322,17 +304,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       // The next tile's row data and sums join the group arrive commits with
       // its Q and dO.
       if (i0 + kInnerTile < r.Lq) {
-        rows.fetch(buffer ^ 1, streams[kLse], streams[kDelta], streams[kBits], r.Lq,
-                   i0 + kInnerTile, first_word, row_words, kDropout);
-        if (kDq && !first) sums.fetch(buffer ^ 1, streams[kSums], r.Lq, i0 + kInnerTile);
+        rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
+                   r.Lq, i0 + kInnerTile, first_word, row_words, kDropout);
+        if (kDq && !first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, i0 + kInnerTile);
       }
       // The block's next key tile, early: its copies join the group of query
       // tile 1, so the wait before tile 1 (or the next key tile's first)
       // covers them, a query tile's work after they were issued.
       if (kDq && i0 == 0 && !last) {
         const int64_t j_next = j0 + tiles * kRowsPerBlock;
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_k, streams[kK], j_next, r.Lk);
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_v, streams[kV], j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_k, streams[kStreamK], j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock>(next_v, streams[kStreamV], j_next, r.Lk);
       }
       qo.arrive(buffer, r, i0, r.Lq, a);
       // This key tile's K and V have landed (at this wait, or earlier when
@@ -409,8 +391,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
           store_row_tiles(acc, dq_tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, i0 + wm * 16,
                           r.Lq, one, a, rope, g, t);
         else if (sums_kept)
-          store_row_tiles(acc, dq_tile_of, StreamRows{streams[kSums]}, DType::f32, r, i0 + wm * 16,
-                          r.Lq, one, a, false, g, t);
+          store_row_tiles(acc, dq_tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r,
+                          i0 + wm * 16, r.Lq, one, a, false, g, t);
       }
       __syncthreads();  // this buffer's, the row data's (and sDs's) readers are done
     }

@@ -44,25 +44,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   const bool rope = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int group = warp / 4;  // the warpgroup: keys 64 group... of the block's 128
-  Operand slice = partials.rows;
-  if (slice.ptr) slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  const Operand slice = split_slice(partials, r);
   const bool sums_kept = slice.ptr != nullptr;
   const int64_t row_words = (r.Lk + 31) / 32;
-  enum { kK, kV, kQ, kO, kLse, kDelta, kBits, kSums, kStreamCount };
-  __shared__ RowStream streams[kStreamCount];
-  if (threadIdx.x == 0) {
-    streams[kK] = row_stream<const bf16_t>(a.k, r);
-    streams[kV] = row_stream<const bf16_t>(a.v, r);
-    streams[kQ] = row_stream<const bf16_t>(a.q, r);
-    streams[kO] = row_stream<const bf16_t>(a.grad_out, r);
-    streams[kLse] = row_stream<const float>(a.lse, r);
-    streams[kDelta] = row_stream<const float>(a.delta, r);
-    streams[kBits] = kDropout ? row_stream<const uint32_t>(a.bits, r) : RowStream{nullptr, 0};
-    streams[kSums] = sums_kept ? row_stream<float>(slice, r) : RowStream{nullptr, 0};
-  }
+  __shared__ RowStream streams[kKeyTileStreams];
+  if (threadIdx.x == 0) fill_key_tile_streams<kDropout>(streams, a, r, slice);
   __syncthreads();
-  const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{sQ, sO, streams[kQ], streams[kO],
-                                                        rope ? sAngles : nullptr};
+  const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{
+      sQ, sO, streams[kStreamQ], streams[kStreamO], rope ? sAngles : nullptr};
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
@@ -71,21 +60,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bool dq_final = last && partials.splits == 1;
     const bool came_early = kt != r.tile && r.Lq > 0;
     if (r.Lq > 0) {
-      rows.fetch(0, streams[kLse], streams[kDelta], streams[kBits], r.Lq, 0, first_word, row_words,
-                 kDropout);
-      if (!first) sums.fetch(0, streams[kSums], r.Lq, 0);
+      rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, 0,
+                 first_word, row_words, kDropout);
+      if (!first) sums.fetch(0, streams[kStreamSums], r.Lq, 0);
     }
     if (!came_early) {
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kK], j0, r.Lk);
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kV], j0, r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kStreamK], j0,
+                                                                     r.Lk);
+      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kStreamV], j0,
+                                                                     r.Lk);
     }
     qo.fetch(0, r, 0, r.Lq, a);
     const int64_t key0 = j0 + warp * 16;
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
     float key_bias_of[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      key_bias_of[hf] = masked ? key_bias(a, r, key0 + g + 8 * hf) : 0.0f;
+    key_biases_of(key_bias_of, a, r, key0, masked, g);
     // This warpgroup's 64 keys of K and V (whole swizzle atoms).
     const bf16_t* k_rows = k_tile + group * 64 * kD;
     const bf16_t* v_rows = v_tile + group * 64 * kD;
@@ -95,16 +84,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       const bf16_t* q_tile = qo.first(buffer);
       const bf16_t* o_tile = qo.second(buffer);
       if (i0 + kInnerTile < r.Lq) {
-        rows.fetch(buffer ^ 1, streams[kLse], streams[kDelta], streams[kBits], r.Lq,
-                   i0 + kInnerTile, first_word, row_words, kDropout);
-        if (!first) sums.fetch(buffer ^ 1, streams[kSums], r.Lq, i0 + kInnerTile);
+        rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
+                   r.Lq, i0 + kInnerTile, first_word, row_words, kDropout);
+        if (!first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, i0 + kInnerTile);
       }
       if (i0 == 0 && !last) {
         const int64_t j_next = j0 + tiles * kRowsPerBlock;
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kK], j_next,
-                                                                       r.Lk);
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kV], j_next,
-                                                                       r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
+                                                                       j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
+                                                                       j_next, r.Lk);
       }
       qo.arrive(buffer, r, i0, r.Lq, a);
       if (i0 == 0 && rope)
@@ -211,8 +200,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
           store_rows(acc, a.dq, a.grad_dtype, r, q0, r.Lq, one, a, rope, g, t);
         else if (sums_kept)
           store_row_tiles(
-              acc, [](int n) { return n; }, StreamRows{streams[kSums]}, DType::f32, r, q0, r.Lq,
-              one, a, false, g, t);
+              acc, [](int n) { return n; }, StreamRows{streams[kStreamSums]}, DType::f32, r, q0,
+              r.Lq, one, a, false, g, t);
       }
       __syncthreads();  // this buffer's, the row data's and sDs's readers are done
     }

@@ -2,8 +2,8 @@
 // accumulator layout: lane 4 g + t holds rows g and g + 8, columns 8 nt + 2 t
 // and + 1), shared by the mma.sync forward (flash_attention.cu) and the wgmma
 // one (flash_attention_wgmma.cu), whose warps hold their rows of a 64-row
-// accumulator in the same layout: the online softmax, and dropout by the
-// shared Philox rule with its keep bits.
+// accumulator in the same layout: the online softmax, dropout by the shared
+// Philox rule with its keep bits, and the rows' log-sum-exp and output.
 #pragma once
 
 #include "core/cuda/kernels/flash_attention_tiles.cuh"
@@ -144,6 +144,27 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)
       l[hf] += p;  // the softmax sums every probability; dropout acts after
       o[nt][e] *= corr[hf];
     }
+}
+
+// The end of the forward for a warp's 16 rows (row0 + g, + 8): the quad's
+// partial row sums l added up, the row's log-sum-exp written (natural log,
+// as the CPU writes it; -inf for a row with no key) and its output rows
+// divided by the sum (zeros for a row with no key).
+__device__ __forceinline__ void finish_forward_rows(const float (&o)[8][4], const float (&m)[2],
+                                                    float (&l)[2], const FlashArgs& a,
+                                                    const Block& r, int64_t row0, int g, int t) {
+  float inv[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    l[hf] = quad_sum(l[hf]);
+    const bool empty = m[hf] == -INFINITY;  // no key to attend to: zeros
+    inv[hf] = empty ? 0.0f : 1.0f / l[hf];
+    const int64_t i = row0 + g + 8 * hf;
+    if (t == 0 && i < r.Lq)
+      *row_of<float>(a.lse, r, i) =
+          empty ? -INFINITY : (m[hf] * a.scale_log2 + log2f(l[hf])) * kLn2;
+  }
+  store_rows(o, a.out, a.out_dtype, r, row0, r.Lq, inv, a, false, g, t);
 }
 
 }  // namespace

@@ -104,6 +104,54 @@ struct DqPartialTiles {
   }
 };
 
+// The rows a key-tile kernel's loops copy (RowStream), in the shared table
+// its thread 0 fills (fill_key_tile_streams) before a barrier.
+enum KeyTileStream {
+  kStreamK,
+  kStreamV,
+  kStreamQ,
+  kStreamO,
+  kStreamLse,
+  kStreamDelta,
+  kStreamBits,
+  kStreamSums,
+  kKeyTileStreams
+};
+static_assert(kKeyTileStreams * sizeof(RowStream) <= kStreamBytes, "kStreamBytes too small");
+
+// This block's split's running dq sums: its slice of the scratch, or none
+// (null) when the host sized the grid for one key tile a sequence: then a
+// longer sequence (a longest_segment understated by the caller) is summed
+// wrong, never written out of bounds.
+__device__ __forceinline__ Operand split_slice(const DqPartials& partials, const Block& r) {
+  Operand slice = partials.rows;
+  if (slice.ptr) slice.ptr = static_cast<float*>(slice.ptr) + r.tile * partials.split_stride;
+  return slice;
+}
+
+template <bool kDropout>
+__device__ __forceinline__ void fill_key_tile_streams(RowStream (&streams)[kKeyTileStreams],
+                                                      const FlashArgs& a, const Block& r,
+                                                      const Operand& slice) {
+  streams[kStreamK] = row_stream<const bf16_t>(a.k, r);
+  streams[kStreamV] = row_stream<const bf16_t>(a.v, r);
+  streams[kStreamQ] = row_stream<const bf16_t>(a.q, r);
+  streams[kStreamO] = row_stream<const bf16_t>(a.grad_out, r);
+  streams[kStreamLse] = row_stream<const float>(a.lse, r);
+  streams[kStreamDelta] = row_stream<const float>(a.delta, r);
+  streams[kStreamBits] = kDropout ? row_stream<const uint32_t>(a.bits, r) : RowStream{nullptr, 0};
+  streams[kStreamSums] = slice.ptr ? row_stream<float>(slice, r) : RowStream{nullptr, 0};
+}
+
+// This thread's two keys' biases (rows key0 + g, + 8: 0, or -inf for a key
+// masked or past the end), added to their scores only in a key tile with
+// such a key (`masked`).
+__device__ __forceinline__ void key_biases_of(float (&bias)[2], const FlashArgs& a, const Block& r,
+                                              int64_t key0, bool masked, int g) {
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) bias[hf] = masked ? key_bias(a, r, key0 + g + 8 * hf) : 0.0f;
+}
+
 // A warp's S^T and dP^T for a query tile (rows: keys key0 + g, + 8 of the
 // block's; columns: the tile's 64 queries, 8 nt + 2 t (+ 1)) become P^T (with
 // dropout's keep bits applied and scaled, as dV takes it) and dS^T = P (dP z

@@ -79,18 +79,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     __syncthreads();  // this buffer's readers are done before it is refilled
   }
   cp_async_wait<0>();  // as the mma.sync forward: no path exits with copies in flight
-  float inv[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    l[hf] = quad_sum(l[hf]);
-    const bool empty = m[hf] == -INFINITY;  // no key to attend to: zeros
-    inv[hf] = empty ? 0.0f : 1.0f / l[hf];
-    const int64_t i = row0 + g + 8 * hf;
-    if (t == 0 && i < r.Lq)
-      *row_of<float>(a.lse, r, i) =
-          empty ? -INFINITY : (m[hf] * a.scale_log2 + log2f(l[hf])) * kLn2;
-  }
-  store_rows(o, a.out, a.out_dtype, r, row0, r.Lq, inv, a, false, g, t);
+  finish_forward_rows(o, m, l, a, r, row0, g, t);
 #else
   // Built without sm_90a's features (the object library's architecture
   // lost): a launch must fail loudly, not leave its outputs unwritten.
