@@ -162,7 +162,10 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
     // rows of the column-major D^T; [m], its columns, for kRowSumsOfA.
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(g.bias_dtype, "the bias"));
-    RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t(0));  // one for every entry
+    // One bias for every entry; the row sums take one matrix and no stride
+    // (cuBLASLt 13 on an H100 answered BGRADB with a stride set: invalid value).
+    if (g.epilogue != GemmEpilogue::kRowSumsOfA)
+      RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, int64_t(0));
   }
   const bool gelu =
       g.epilogue == GemmEpilogue::kGeluAux || g.epilogue == GemmEpilogue::kDGeluBiasGrad;
@@ -240,8 +243,13 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         ctx.handle.get(), op.h, x.h, y.h, d.h, d.h, pref.h, 1, &result, &returned);
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
-      check_status(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    // An epilogue cuBLASLt does not take for this problem comes back as "not
+    // supported" or, for BGRADB on cuBLASLt 13 (H100), "invalid value": both
+    // mean no algorithm, so callers with an unfused way take it.
+    const bool refused =
+        status == CUBLAS_STATUS_NOT_SUPPORTED ||
+        (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != GemmEpilogue::kNone);
+    if (!refused) check_status(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
     std::lock_guard<std::mutex> lock(cache_mutex);
     (*cache)[key] = algo;

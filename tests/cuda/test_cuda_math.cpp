@@ -136,15 +136,22 @@ TEST(CudaGemm, GeluEpiloguesMatchTheTanhGeluInDouble) {
 }
 
 // The row-sums epilogue (cuBLASLt's BGRADB): a linear's weight gradient
-// dw = g^T x and its bias gradient, g's column sums, from one product, in
-// f32 and in bf16 (f32 dw), against double on the rounded inputs. The
-// linear_weight_grads kernel falls back to the product and `sum` where
-// cuBLASLt refuses, so a refusal is reported here (as a skip), not hidden.
+// dw = g^T x and its bias gradient, g's column sums, from one product (f32
+// dw), for f32 operands and sums, bf16 operands and sums (what the model
+// asks for) and bf16 operands with f32 sums, against double on the rounded
+// inputs. The linear_weight_grads kernel falls back to the product and `sum`
+// where cuBLASLt refuses, so a refusal is reported here (as a skip naming
+// the combinations), not hidden; the others are still checked. (H100,
+// cuBLASLt 13, 2026-11-27: f32 taken, bf16 sums refused.)
 TEST(CudaGemm, RowSumsEpilogueGivesALinearsBiasGradient) {
   RF_REQUIRE_GPU();
   const int64_t T = 300, n_out = 48, k_in = 40;
-  std::string refused;  // the dtypes cuBLASLt refused: the others are still checked
-  for (const DType dt : {DType::f32, DType::bf16}) {
+  std::string refused;
+  const std::pair<DType, DType> combinations[] = {
+      {DType::f32, DType::f32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}};
+  for (const auto& [dt, sums_dt] : combinations) {
+    const std::string what =
+        std::string(dtype_name(dt)) + " operands, " + dtype_name(sums_dt) + " sums";
     Generator gen{uint64_t(44 + int(dt)), 0};
     const Tensor g = Tensor::randn({T, n_out}, gen).to(dt),
                  x = Tensor::randn({T, k_in}, gen).to(dt);
@@ -159,32 +166,28 @@ TEST(CudaGemm, RowSumsEpilogueGivesALinearsBiasGradient) {
       }
     const Tensor dg = g.to(kGpu), dx = x.to(kGpu);
     const Tensor dw = Tensor::full({n_out, k_in}, NAN).to(kGpu);
-    const Tensor db = Tensor::full({n_out}, NAN, dt).to(kGpu);
+    const Tensor db = Tensor::full({n_out}, NAN, sums_dt).to(kGpu);
     cuda::GemmArgs a;
     a.m = n_out, a.n = k_in, a.k = T;
     a.a = dg.data(), a.lda = n_out, a.trans_a = true;  // g^T: g [T, N] read transposed
     a.b = dx.data(), a.ldb = k_in;
     a.c = dw.data(), a.ldc = k_in;
     a.input_dtype = dt, a.output_dtype = DType::f32;
-    a.bias = db.data(), a.bias_dtype = dt;
+    a.bias = db.data(), a.bias_dtype = sums_dt;
     a.epilogue = cuda::GemmEpilogue::kRowSumsOfA;
     if (!cuda::try_gemm(a, 0, nullptr)) {
-      refused += std::string(refused.empty() ? "" : ", ") + dtype_name(dt);
+      refused += (refused.empty() ? "" : "; ") + what;
       continue;
     }
-    EXPECT_LT(relative_error(dw.to_vector<double>(), ref_dw), 1e-5) << dtype_name(dt) << " dw";
-    EXPECT_LT(relative_error(db.to_vector<double>(), ref_db), dt == DType::bf16 ? 1e-2 : 1e-5)
-        << dtype_name(dt) << " db";
+    EXPECT_LT(relative_error(dw.to_vector<double>(), ref_dw), 1e-5) << what << ": dw";
+    EXPECT_LT(relative_error(db.to_vector<double>(), ref_db), sums_dt == DType::bf16 ? 1e-2 : 1e-5)
+        << what << ": db";
   }
   if (!refused.empty())
     GTEST_SKIP() << "cuBLASLt refuses BGRADB for " << refused
                  << ": linear_weight_grads takes the product and the column sums apart there";
 }
 
-// The linear_weight_grads kernel on the GPU with the epilogue asked for and
-// without (product, then sum): the same gradients, on a shape of the model's
-// (k = 4,096 tokens, a 768-wide output), so the next GPU check covers the
-// path mlm_step_bench --precision bf16-bgrad times.
 TEST(CudaGemm, LinearWeightGradsAreTheSameFusedOrNot) {
   RF_REQUIRE_GPU();
   Generator gen{46, 0};
