@@ -31,7 +31,8 @@
 # sequence length, 512 first (the length of the targets), so drifts of the
 # machine hit both alike and a budget cut loses the least important rows:
 #   device         nvidia-smi, nvcc, torch and transformers versions
-#   ours_S, hf_S   for S in BENCH_SEQS (512 1536 128): bf16 (ours: f32 where
+#   ours_S, hf_S   for S in BENCH_SEQS (512 1536 128; the peer only at those
+#                  also in HF_SEQS, if set): bf16 (ours: f32 where
 #                  the device refuses bf16), the largest micro-batch that fits
 #                  (doubling search, out-of-memory errors caught, no doubling
 #                  after a 3 s step), median of 5 steps after 2; the peer's
@@ -46,9 +47,10 @@
 #   ours_addgrad   ours at 512 with every gradient sum added by autograd in a
 #                  pass of its own (--precision bf16-addgrad): what the
 #                  products adding into the sums gained, side by side
-#   ours_wgmma     ours at 512 with the attention forward and fused backward on
-#                  wgmma (--precision bf16-wgmma; compute capability 9.0):
-#                  whether they should be the default there
+#   ours_mmasync   ours at 512 with the attention forward and fused backward on
+#                  mma.sync rather than wgmma (--precision bf16-mmasync; on
+#                  compute capability 9.0, where wgmma is the default): what
+#                  wgmma gains, side by side
 #   ours_f32act    ours at 512 with bf16 activations off (--precision
 #                  bf16-f32act): what bf16 activations gained, side by side
 #   hf_full_512    the peer's stock forward (logits at every position), eager
@@ -179,13 +181,13 @@ run_bench() {
   for seq in $BENCH_SEQS; do
     ((n++ == 2)) && step attention 150 attention_step
     step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused --budget-s 45
-    step "hf_$seq" 120 hf_step "$seq"
+    [[ " ${HF_SEQS:-$BENCH_SEQS} " == *" $seq "* ]] && step "hf_$seq" 120 hf_step "$seq"
   done
   ((n <= 2)) && step attention 150 attention_step
   seq=${BENCH_SEQS%% *}
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
-  step ours_wgmma 60 ours_step bf16-wgmma "$REFERENCE_SEQ" --budget-s 45
+  step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_f32act 60 ours_step bf16-f32act "$REFERENCE_SEQ" --budget-s 45
