@@ -1,8 +1,9 @@
 // attention_bench: our attention kernels and cuDNN's at head dim 64 in bf16 on the GPU,
 // forward and backward TFLOP/s for S = 512, 1536, 4096, 16384 (B x S = 32768
 // tokens, 12 heads, no mask, no dropout but in one row), these ways:
-//   ours-plain      attention_forward / attention_backward (no RoPE): the
-//                   kernel to set beside torch's SDPA, which has no RoPE
+//   ours-plain      attention_forward / attention_backward (no RoPE) on
+//                   mma.sync: the kernel to set beside torch's SDPA, which
+//                   has no RoPE
 //   ours-fused      rope_attention_forward / _backward: Q and K rotated while
 //                   their tiles load, gradients rotated back in the epilogue
 //   ours-*-r32      the same with the forward's 32 rows per warp (4 warps a
@@ -10,7 +11,8 @@
 //   ours-*-wgmma    the same with the forward and the fused backward on
 //                   Hopper's wgmma (flash_attention_wgmma.cu,
 //                   flash_attention_backward_wgmma.cu; compute capability 9.0
-//                   only), ours-fused-dropout-wgmma with dropout 0.1
+//                   only, and the default there), ours-fused-dropout-wgmma
+//                   with dropout 0.1
 //   ours-*-2pass    the same with the two-pass backward (dq per query
 //                   tile, then dk/dv per key tile: seven products) in place
 //                   of the fused one (five): flash_attention.h
@@ -297,6 +299,11 @@ int main(int argc, char** argv) {
       lengths.clear();
       for (int i = 1 + int(once); i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
     }
+    // The rows without -wgmma are the mma.sync kernels (every GPU's); on
+    // compute capability 9.0 wgmma is the default, so it is switched off
+    // here and on only for the -wgmma rows.
+    kernels::cuda::set_flash_forward_uses_wgmma(false);
+    kernels::cuda::set_flash_backward_uses_wgmma(false);
     for (int64_t S : lengths) once ? launch_once(S, Device::cuda(0)) : bench(S, Device::cuda(0));
     return 0;
   } catch (const std::exception& e) {

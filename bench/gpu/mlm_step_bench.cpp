@@ -6,7 +6,7 @@
 // docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
-//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-wgmma]
+//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -36,11 +36,12 @@
 // --precision bf16-addgrad: bf16 with every gradient sum added by autograd in
 // a pass of its own (set_accumulate_in_backward(false), core/autograd.h): the
 // step before the products added into the sums, beside bf16 to compare.
-// --precision bf16-wgmma: bf16 with the attention forward and fused backward
-// on Hopper's wgmma (set_flash_forward_uses_wgmma and
-// set_flash_backward_uses_wgmma, core/cuda/kernels/flash_attention.h) where
-// the device is compute capability 9.0; elsewhere (and in a build without
-// the CUDA kernels) the same step as bf16.
+// --precision bf16-mmasync: bf16 with the attention forward and fused
+// backward on mma.sync rather than Hopper's wgmma, the default where the
+// device is compute capability 9.0 (set_flash_forward_uses_wgmma and
+// set_flash_backward_uses_wgmma, core/cuda/kernels/flash_attention.h):
+// what wgmma gains, side by side; elsewhere (and in a build without the
+// CUDA kernels) the same step as bf16.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -304,7 +305,7 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
 // `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad or
-// bf16-wgmma).
+// bf16-mmasync).
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label,
                         const std::string& layout) {
   return {{"framework", "ours"},
@@ -505,7 +506,7 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-wgmma] "
+          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync] "
           "[--batch N | --start-batch "
           "N] "
           "[--max-tokens N] "
@@ -521,10 +522,10 @@ Options parse(int argc, char** argv) {
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
     if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad" &&
-        p != "bf16-addgrad" && p != "bf16-wgmma")
+        p != "bf16-addgrad" && p != "bf16-mmasync")
       throw InputError(
           "--precision: expected bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad and/or "
-          "bf16-wgmma, got '" +
+          "bf16-mmasync, got '" +
           p + "'");
   return opt;
 }
@@ -613,8 +614,8 @@ int run(int argc, char** argv) {
       set_bias_grad_in_product(precision == "bf16-bgrad");
       set_accumulate_in_backward(precision != "bf16-addgrad");
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
-      kernels::cuda::set_flash_forward_uses_wgmma(precision == "bf16-wgmma");
-      kernels::cuda::set_flash_backward_uses_wgmma(precision == "bf16-wgmma");
+      kernels::cuda::set_flash_forward_uses_wgmma(precision != "bf16-mmasync");
+      kernels::cuda::set_flash_backward_uses_wgmma(precision != "bf16-mmasync");
 #endif
       bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {

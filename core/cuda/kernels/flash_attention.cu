@@ -117,7 +117,7 @@ static_assert(2 * (kForwardShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 // The forward's tiling and products, process-wide (flash_forward_rows_per_warp,
 // flash_forward_uses_wgmma).
 std::atomic<int> forward_rows_per_warp{16};
-std::atomic<bool> forward_wgmma{false};
+std::atomic<bool> forward_wgmma{true};
 
 }  // namespace
 

@@ -30,32 +30,36 @@ bool flash_supported(const KernelTensor& q, const KernelTensor& k, const KernelT
 int flash_forward_rows_per_warp();
 void set_flash_forward_rows_per_warp(int rows);
 
-// The forward's products: mma.sync (false, the default: every GPU) or
-// Hopper's warpgroup products (true: wgmma, flash_attention_wgmma.cu, built
-// for sm_90a; not yet timed on a GPU). The wgmma forward runs where the
-// operands' device is compute capability 9.0 (flash_wgmma_available) and
-// the mma.sync one elsewhere. The keep bits are the same either way, the
-// outputs and lse agree to f32 rounding. attention_bench measures both.
-// Process-wide.
+// The forward's products: Hopper's warpgroup products (true, the default:
+// wgmma, flash_attention_wgmma.cu, built for sm_90a) or mma.sync (false).
+// The wgmma forward runs where the operands' device is compute capability
+// 9.0 (flash_wgmma_available) and the mma.sync one elsewhere, whatever this
+// says. The keep bits are the same either way, the outputs and lse agree to
+// f32 rounding. On an H100 (2026-11-27) wgmma ran the forward 1.13x (S=512)
+// to 1.24x (S=16384) faster with RoPE inside, 1.23x to 1.34x without;
+// attention_bench measures both. Process-wide.
 bool flash_forward_uses_wgmma();
 void set_flash_forward_uses_wgmma(bool on);
 bool flash_wgmma_available(int device);
 
-// The fused backward's key-tile kernel on wgmma (true;
-// flash_attention_backward_wgmma.cu, sm_90a; not yet timed on a GPU) or on
-// mma.sync (false, the default), under the same rule: where the device is
-// compute capability 9.0. The two-pass backward stays on mma.sync. dk, dv
-// and dq agree with the mma.sync kernel's to f32 rounding. Process-wide.
+// The fused backward's key-tile kernel on wgmma (true, the default;
+// flash_attention_backward_wgmma.cu, sm_90a) or on mma.sync (false), under
+// the same rule: where the device is compute capability 9.0. The two-pass
+// backward stays on mma.sync. dk, dv and dq agree with the mma.sync
+// kernel's to f32 rounding. On an H100 (2026-11-27): 1.24x (S=512) to 1.31x
+// faster with RoPE inside. Process-wide.
 bool flash_backward_uses_wgmma();
 void set_flash_backward_uses_wgmma(bool on);
 
 // The backward's scheme: 1 pass (fused: a block streams the query tiles
 // past 128 keys and computes S and dP once for dV, dK and dQ, five products;
-// dQ summed in f32 per split of the key tiles; the default, not yet timed
-// against 2) or 2 passes (dq per query tile, then dk/dv per key tile: S and
-// dP twice, seven products). dk and dv are the same bits either way; dq
-// differs in f32 summation order. attention_bench measures both.
-// Process-wide; other values throw.
+// dQ summed in f32 per split of the key tiles; the default) or 2 passes (dq
+// per query tile, then dk/dv per key tile: S and dP twice, seven products).
+// dk and dv are the same bits either way; dq differs in f32 summation order.
+// On an H100 (2026-11-27, mma.sync) the fused pass was faster with RoPE
+// inside up to S=1536 (1.17x at 512), the two passes from 4096 (1.18x), and
+// the wgmma fused backward beat both at every length; attention_bench
+// measures all. Process-wide; other values throw.
 int flash_backward_passes();
 void set_flash_backward_passes(int passes);
 
@@ -69,9 +73,9 @@ void set_flash_backward_splits(int splits);
 
 // Blocks an SM the two-pass backward's dq pass is compiled for: 2 (Q's and
 // dO's fragments read from shared memory each key tile, 128 registers: 16
-// warps an SM; the default, not yet timed against 1) or 1 (they stay in
-// registers: 8 warps). The same bits either way; attention_bench measures
-// both. Process-wide; other values throw.
+// warps an SM; the default, 1.05x to 1.09x faster on an H100) or 1 (they
+// stay in registers: 8 warps). The same bits either way; attention_bench
+// measures both. Process-wide; other values throw.
 int flash_dq_blocks_per_sm();
 void set_flash_dq_blocks_per_sm(int blocks);
 

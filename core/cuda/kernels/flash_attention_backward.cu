@@ -462,7 +462,7 @@ static_assert(kFusedShared + kAngleBytes + kStreamBytes + kReservedPerBlock <= k
 std::atomic<int> dq_blocks_per_sm{2};
 std::atomic<int> backward_passes{1};
 std::atomic<int> backward_splits{0};
-std::atomic<bool> backward_wgmma{false};
+std::atomic<bool> backward_wgmma{true};
 
 // Splits at most, chosen automatically: each adds a slice of f32 sums the
 // size of dq in f32.

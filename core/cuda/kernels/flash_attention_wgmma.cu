@@ -10,7 +10,8 @@
 // accumulator layout, so the online softmax, dropout and the stores are the
 // mma.sync forward's own (flash_attention_forward.cuh); results agree with
 // it to f32 rounding (the products may sum in another order), the keep bits
-// exactly. Chosen by set_flash_forward_wgmma (flash_attention.h).
+// exactly. The default on compute capability 9.0
+// (set_flash_forward_uses_wgmma, flash_attention.h).
 #include "core/cuda/kernels/flash_attention_forward.cuh"
 #include "core/cuda/kernels/wgmma.cuh"
 
