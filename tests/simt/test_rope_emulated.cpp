@@ -1,7 +1,8 @@
 // The rotary position embedding kernels' own source (core/cuda/kernels/
 // rope.cu) run through the SIMT emulator against the CPU kernels: the cos/sin
 // table of strided positions, and the rotation (interleaved or halves,
-// forward or inverse) of contiguous and transposed x. No GPU needed.
+// forward or inverse) of x in layouts that take the packed kernel and layouts
+// that take the per-pair one. No GPU needed.
 #include <gtest/gtest.h>
 
 #include "tests/simt/emulated_test_support.h"
@@ -23,34 +24,49 @@ Tensor table_on(bool emulated, const Tensor& positions, int64_t D, DType t) {
   return table;
 }
 
+// x [2, 3, S, D] in four memory layouts: contiguous; over [2, S, 3, D]
+// memory (the model's heads of a [B, S, H * D] projection); rows two elements
+// apart from their neighbours' ends (no Pack8 row starts); the last dim
+// strided. The first two take the packed kernel where D allows it (a
+// multiple of 8 interleaved, of 16 for halves), the others the per-pair one.
+Tensor rope_input(const std::string& layout, int64_t S, int64_t D, DType t) {
+  if (layout == "transposed") return random({2, S, 3, D}, 1, t).transpose(1, 2);
+  if (layout == "padded rows") return random({2, 3, S, D + 2}, 1, t).narrow(3, 0, D);
+  if (layout == "strided last dim") return random({2, 3, S, D, 2}, 1, t).select(4, 1);
+  return random({2, 3, S, D}, 1, t);
+}
+
 TEST(RopeEmulated, TableAndRotationMatchTheCpu) {
-  const int64_t S = 40, D = 16;
+  const int64_t S = 40;
   std::vector<int64_t> p(2 * S);
   for (size_t i = 0; i < p.size(); ++i) p[i] = int64_t(i * 3 % 97);
   for (DType it : {DType::i64, DType::i32}) {
     // Every other position: a strided positions vector.
     const Tensor positions = Tensor::from_vector(p, {S, 2}).to(it).select(1, 1);
     for (DType t : {DType::f32, DType::bf16, DType::f64}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + " positions " + dtype_name(it));
-      const DType table_dtype = t == DType::f64 ? DType::f64 : DType::f32;
-      const Tensor table = table_on(false, positions, D, table_dtype);
-      expect_close(table_on(true, positions, D, table_dtype), table,
-                   table_dtype == DType::f32 ? 1e-7 : 1e-15, "table");
-      for (bool transposed : {false, true}) {
-        // x [2, 3, S, D], or the same shape over [2, S, 3, D] memory.
-        const Tensor x =
-            transposed ? random({2, S, 3, D}, 1, t).transpose(1, 2) : random({2, 3, S, D}, 1, t);
-        for (bool interleaved : {false, true}) {
-          for (bool inverse : {false, true}) {
-            SCOPED_TRACE(std::string(transposed ? "transposed" : "contiguous") +
-                         (interleaved ? " interleaved" : " halves") + (inverse ? " inverse" : ""));
-            const Tensor ref = poisoned(x.shape(), t), got = poisoned(x.shape(), t);
-            cpu::rope(cpu_stream(), kernel_tensor(x.contiguous()), kernel_tensor(table),
-                      interleaved, inverse, kernel_tensor(ref));
-            EmulatedStream s;
-            emu::rope(s.get(), kernel_tensor(x), kernel_tensor(table), interleaved, inverse,
-                      kernel_tensor(got));
-            expect_close(got, ref, tolerance(t), "rope");
+      // 16: packs for both layouts; 24: interleaved only; 12: neither.
+      for (const int64_t D : {16, 24, 12}) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " positions " + dtype_name(it) + " D " +
+                     std::to_string(D));
+        const DType table_dtype = t == DType::f64 ? DType::f64 : DType::f32;
+        const Tensor table = table_on(false, positions, D, table_dtype);
+        expect_close(table_on(true, positions, D, table_dtype), table,
+                     table_dtype == DType::f32 ? 1e-7 : 1e-15, "table");
+        for (const std::string layout :
+             {"contiguous", "transposed", "padded rows", "strided last dim"}) {
+          const Tensor x = rope_input(layout, S, D, t);
+          for (bool interleaved : {false, true}) {
+            for (bool inverse : {false, true}) {
+              SCOPED_TRACE(layout + (interleaved ? " interleaved" : " halves") +
+                           (inverse ? " inverse" : ""));
+              const Tensor ref = poisoned(x.shape(), t), got = poisoned(x.shape(), t);
+              cpu::rope(cpu_stream(), kernel_tensor(x.contiguous()), kernel_tensor(table),
+                        interleaved, inverse, kernel_tensor(ref));
+              EmulatedStream s;
+              emu::rope(s.get(), kernel_tensor(x), kernel_tensor(table), interleaved, inverse,
+                        kernel_tensor(got));
+              expect_close(got, ref, tolerance(t), "rope");
+            }
           }
         }
       }
