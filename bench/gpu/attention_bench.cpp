@@ -22,6 +22,8 @@
 //                   written forward, read backward), as RoFormer-base trains
 //   ours-separate   the rope kernel writes rotated copies of q and k, then
 //                   attention; backward: attention, then dq and dk rotated back
+//                   (also on wgmma, and with dropout there:
+//                   ours-separate-wgmma, ours-separate-dropout-wgmma)
 //   cudnn-plain     cuDNN's fused attention (core/cuda/cudnn_sdpa.cpp), no RoPE
 //   cudnn-separate  the rope kernels, then cuDNN's attention: what
 //                   model.attention_kernel: cudnn_sdpa runs
@@ -205,7 +207,30 @@ void bench(int64_t S, Device device) {
   }
   kernels::cuda::set_flash_forward_rows_per_warp(16);
 
-  // The forward and backward on wgmma, before the rows a budget may cut.
+  // RoPE as separate kernels with rotated copies (model.attention_kernel:
+  // separate), the attention by `p`'s engine (`bits`: dropout's keep bits).
+  const Tensor rq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor rk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor dq_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  const Tensor dk_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
+  auto separate = [&](const char* impl, const kernels::AttentionParams& p, const Tensor& bits) {
+    const double fwd = time_ms(device, [&] {
+      launch::rope(device, q, table, true, false, rq);
+      launch::rope(device, k, table, true, false, rk);
+      launch::attention_forward(device, p, rq, rk, v, none, out, lse, bits);
+    });
+    const double bwd = time_ms(device, [&] {
+      launch::attention_backward(device, p, rq, rk, v, none, out, lse, bits, grad_out, dq_rot,
+                                 dk_rot, dv);
+      launch::rope(device, dq_rot, table, true, true, dq);
+      launch::rope(device, dk_rot, table, true, true, dk);
+    });
+    print(impl, S, B, fwd, bwd);
+  };
+
+  // The forward and backward on wgmma, before the rows a budget may cut;
+  // and RoPE as separate kernels around the plain wgmma kernels, with and
+  // without dropout: whether rotating once beats rotating in every block.
   if (kernels::cuda::flash_wgmma_available(device.index)) {
     kernels::cuda::set_flash_forward_uses_wgmma(true);
     kernels::cuda::set_flash_backward_uses_wgmma(true);
@@ -215,6 +240,8 @@ void bench(int64_t S, Device device) {
     print("ours-fused-wgmma", S, B, fused_f, fused_b);
     const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
     print("ours-fused-dropout-wgmma", S, B, dropout_f, dropout_b);
+    separate("ours-separate-wgmma", params, none);
+    separate("ours-separate-dropout-wgmma", dropped, keep);
     kernels::cuda::set_flash_forward_uses_wgmma(false);
     kernels::cuda::set_flash_backward_uses_wgmma(false);
   } else {
@@ -240,27 +267,7 @@ void bench(int64_t S, Device device) {
   const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
   print("ours-fused-dropout", S, B, dropout_f, dropout_b);
 
-  // RoPE as separate kernels with rotated copies (what the model did before),
-  // the attention by `p`'s engine.
-  const Tensor rq = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const Tensor rk = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const Tensor dq_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  const Tensor dk_rot = Tensor::empty({B, kHeads, S, kDim}, bf16, device);
-  auto separate = [&](const char* impl, const kernels::AttentionParams& p) {
-    const double fwd = time_ms(device, [&] {
-      launch::rope(device, q, table, true, false, rq);
-      launch::rope(device, k, table, true, false, rk);
-      launch::attention_forward(device, p, rq, rk, v, none, out, lse, none);
-    });
-    const double bwd = time_ms(device, [&] {
-      launch::attention_backward(device, p, rq, rk, v, none, out, lse, none, grad_out, dq_rot,
-                                 dk_rot, dv);
-      launch::rope(device, dq_rot, table, true, true, dq);
-      launch::rope(device, dk_rot, table, true, true, dk);
-    });
-    print(impl, S, B, fwd, bwd);
-  };
-  separate("ours-separate", params);
+  separate("ours-separate", params, none);
 
   // cuDNN's fused attention (model.attention_kernel: cudnn_sdpa): plain, and
   // after the rope kernels as the model runs it. No engine for a shape: a line
@@ -275,7 +282,7 @@ void bench(int64_t S, Device device) {
                                  dv);
     });
     print("cudnn-plain", S, B, cudnn_fwd, cudnn_bwd);
-    separate("cudnn-separate", vendor);
+    separate("cudnn-separate", vendor, none);
   } catch (const Error& e) {
     std::printf("attention impl=cudnn-plain S=%lld unavailable: %s\n", static_cast<long long>(S),
                 e.what());
