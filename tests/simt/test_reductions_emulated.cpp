@@ -213,6 +213,19 @@ TEST(LayerNormEmulated, WarpPerRowShapesMatchTheCpu) {
   expect_layer_norm_matches({9, 1024}, DType::f32, false, false, false, true, true);
 }
 
+// The warp-per-row backward sums the parameter gradients over its chunk of
+// 16 rows as it goes: 150 rows are nine whole chunks and one of 6 over two
+// blocks of 8 warps (the second with 6 warps idle), 40 rows two chunks and
+// one of 8 (f32 on a residual with a bf16 x, and bf16); dweight alone and
+// dbias alone take the same kernel.
+TEST(LayerNormEmulated, WarpChunksSumTheParameterGradients) {
+  expect_layer_norm_matches({150, 256}, DType::f32, true, true, true);
+  expect_layer_norm_matches({40, 768}, DType::f32, true, true, true, true, true);
+  expect_layer_norm_matches({40, 768}, DType::bf16, true, true, true);
+  expect_layer_norm_matches({40, 64}, DType::f64, true, true, false);
+  expect_layer_norm_matches({40, 64}, DType::f32, true, false, true);
+}
+
 TEST(LayerNormEmulated, NoRowsGiveZeroParameterGradients) {
   expect_layer_norm_matches({0, 40}, DType::f32, true, true, true);
 }

@@ -3,10 +3,13 @@
 // columns in whole 16-byte words (a multiple of 8, every operand aligned)
 // take a warp each, held in registers; other rows a block each. Backward:
 // dx per row the same way; dweight and dbias as column sums in two passes
-// (fixed row chunks, then the chunks in order): deterministic, no atomics.
-// The chunks are gridDim.y (at most 65535): chunks grow past kRowChunk rows
-// when there are more than 65535 of them.
+// (fixed row chunks, then the chunks in a fixed order): deterministic, no
+// atomics. A warp-per-row backward sums its chunk of kWarpChunk rows while it
+// computes their dx (x and dy read once); the block-per-row one leaves the
+// sums to a kernel of their own, whose chunks are gridDim.y (at most 65535):
+// they grow past kRowChunk rows when there are more than 65535 of them.
 #include <initializer_list>
+#include <optional>
 
 #include "core/cuda/kernels/common.cuh"
 #include "core/kernels/layer_norm_dtypes.h"
@@ -139,51 +142,86 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-template <class T, int kPacks>
-__global__ void __launch_bounds__(kRowThreads)
+// Rows a warp of the backward takes in turn when it also sums the parameter
+// gradients: its partial sums of dy * xhat and dy stay in registers over
+// the chunk, then go out as one row of `partial` each.
+constexpr int64_t kWarpChunk = 16;
+
+// dx for `chunk` consecutive rows a warp (one without the parameter
+// gradients); with kParams, partial[w][c] and partial[chunks + w][c] get
+// warp w's sums of dy * xhat and dy over its rows (chunks = the warps with
+// rows).
+// Two blocks an SM (16 warps, 128 registers) up to 768 columns: the sums'
+// registers would leave one (ptxas sm_90, f32 at 768: 134 registers, or 128
+// with one 8-byte spill).
+template <class T, int kPacks, bool kParams>
+__global__ void __launch_bounds__(kRowThreads, kPacks <= 3 ? 2 : 1)
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
                               const T* dy, T* dx, bf16_t* dx_low, int64_t rows, int64_t cols,
-                              acc_t<T> eps) {
+                              acc_t<T> eps, int64_t chunk, acc_t<T>* partial) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % 32;
-  const int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
-  if (r >= rows) return;
-  const int64_t packs = cols / 8, first = r * packs;
-  const A m = mean[r], rstd = A(1) / sqrt(var[r] + eps);
-  A gw[kPacks][8], xhat[kPacks][8];
-  A sg = 0, sgx = 0;
+  const int64_t warp = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
+  const int64_t chunks = (rows + chunk - 1) / chunk;
+  if (warp >= chunks) return;
+  const int64_t packs = cols / 8;
+  const int64_t r_end = (warp + 1) * chunk < rows ? (warp + 1) * chunk : rows;
+  A sum_gx[kParams ? kPacks : 1][8] = {}, sum_g[kParams ? kPacks : 1][8] = {};
+  for (int64_t r = warp * chunk; r < r_end; ++r) {
+    const int64_t first = r * packs;
+    const A m = mean[r], rstd = A(1) / sqrt(var[r] + eps);
+    A gw[kPacks][8], xhat[kPacks][8];
+    A sg = 0, sgx = 0;
 #pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
-    if (p >= packs) continue;
-    const Pack8<T> xp = reinterpret_cast<const Pack8<T>*>(x)[first + p];
-    const Pack8<T> gp = reinterpret_cast<const Pack8<T>*>(dy)[first + p];
-    Pack8<T> wp{};
-    if (w) wp = reinterpret_cast<const Pack8<T>*>(w)[p];
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      const Pack8<T> xp = reinterpret_cast<const Pack8<T>*>(x)[first + p];
+      const Pack8<T> gp = reinterpret_cast<const Pack8<T>*>(dy)[first + p];
+      Pack8<T> wp{};
+      if (w) wp = reinterpret_cast<const Pack8<T>*>(w)[p];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      gw[k][e] = convert<A>(gp.v[e]) * (w ? convert<A>(wp.v[e]) : A(1));
-      xhat[k][e] = (convert<A>(xp.v[e]) - m) * rstd;
-      sg += gw[k][e];
-      sgx += gw[k][e] * xhat[k][e];
+      for (int e = 0; e < 8; ++e) {
+        const A g = convert<A>(gp.v[e]);
+        gw[k][e] = g * (w ? convert<A>(wp.v[e]) : A(1));
+        xhat[k][e] = (convert<A>(xp.v[e]) - m) * rstd;
+        sg += gw[k][e];
+        sgx += gw[k][e] * xhat[k][e];
+        if constexpr (kParams) {
+          sum_gx[k][e] += g * xhat[k][e];
+          sum_g[k][e] += g;
+        }
+      }
+    }
+    sg = warp_reduce(sg, SumOp{}) / A(cols);
+    sgx = warp_reduce(sgx, SumOp{}) / A(cols);
+    // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * weight.
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      Pack8<T> out;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
+      reinterpret_cast<Pack8<T>*>(dx)[first + p] = out;
+      if (dx_low) {
+        Pack8<bf16_t> low;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) low.v[e] = convert<bf16_t>(out.v[e]);
+        reinterpret_cast<Pack8<bf16_t>*>(dx_low)[first + p] = low;
+      }
     }
   }
-  sg = warp_reduce(sg, SumOp{}) / A(cols);
-  sgx = warp_reduce(sgx, SumOp{}) / A(cols);
-  // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * weight.
+  if constexpr (kParams) {
 #pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t p = lane + 32 * k;
-    if (p >= packs) continue;
-    Pack8<T> out;
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
-    reinterpret_cast<Pack8<T>*>(dx)[first + p] = out;
-    if (dx_low) {
-      Pack8<bf16_t> low;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) low.v[e] = convert<bf16_t>(out.v[e]);
-      reinterpret_cast<Pack8<bf16_t>*>(dx_low)[first + p] = low;
+      for (int e = 0; e < 8; ++e) {
+        partial[warp * cols + 8 * p + e] = sum_gx[k][e];
+        partial[(chunks + warp) * cols + 8 * p + e] = sum_g[k][e];
+      }
     }
   }
 }
@@ -263,19 +301,36 @@ __global__ void layer_norm_param_partials(const T* x, const acc_t<T>* mean, cons
   partial[(chunks + chunk) * cols + c] = sb;
 }
 
+// dw[c] and db[c] from the chunks' partial sums (partial[k][c] and
+// partial[chunks + k][c]): a block of 32 x 32 threads takes 32 columns, each
+// of its 32 rows of threads every 32nd chunk, and one row adds the 32 sums in
+// order: the same bits on every run, and 32 loads in flight a column.
+constexpr int kFinishRows = 32;
+
 template <class T>
-__global__ void layer_norm_param_finish(const acc_t<T>* partial, T* dw, T* db, int64_t chunks,
-                                        int64_t cols) {
+__global__ void __launch_bounds__(32 * kFinishRows)
+    layer_norm_param_finish(const acc_t<T>* partial, T* dw, T* db, int64_t chunks, int64_t cols) {
   using A = acc_t<T>;
-  RF_GRID_LOOP(c, cols) {
-    A sw = 0, sb = 0;
-    for (int64_t k = 0; k < chunks; ++k) {
+  __shared__ A shared_w[kFinishRows][33], shared_b[kFinishRows][33];
+  const int64_t c = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  A sw = 0, sb = 0;
+  if (c < cols) {
+    for (int64_t k = threadIdx.y; k < chunks; k += kFinishRows) {
       sw += partial[k * cols + c];
       sb += partial[(chunks + k) * cols + c];
     }
-    if (dw) dw[c] = convert<T>(sw);
-    if (db) db[c] = convert<T>(sb);
   }
+  shared_w[threadIdx.y][threadIdx.x] = sw;
+  shared_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  A w = 0, b = 0;
+  for (int y = 0; y < kFinishRows; ++y) {
+    w += shared_w[y][threadIdx.x];
+    b += shared_b[y][threadIdx.x];
+  }
+  if (dw) dw[c] = convert<T>(w);
+  if (db) db[c] = convert<T>(b);
 }
 
 template <class T>
@@ -342,33 +397,42 @@ void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTenso
     using T = decltype(tag);
     using A = acc_t<T>;
     const int packs = warp_row_packs(cols, {x.data, optional<T>(weight), dy.data, dx.data, low});
-    if (rows > 0 && packs > 0)
+    const bool params = (dweight.defined() || dbias.defined()) && cols > 0;
+    // The parameter gradients' partial sums: a warp's chunk each (written by
+    // the dx kernel), or fixed row chunks of a kernel of their own.
+    const int64_t chunk_rows = packs > 0 ? kWarpChunk : grid_y_chunk(rows, kRowChunk);
+    const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
+    std::optional<Scratch> partial;
+    if (params) partial.emplace(stream, size_t(2 * chunks * cols) * sizeof(A));
+    A* const partial_data = params ? partial->as<A>() : nullptr;
+    if (rows > 0 && packs > 0) {
+      // Without parameter gradients a warp takes one row (more warps in flight).
+      const int64_t warp_rows = params ? kWarpChunk : 1;
+      const int64_t warps = (rows + warp_rows - 1) / warp_rows;
       with_packs(packs, [&](auto k) {
-        RF_LAUNCH((layer_norm_dx_warp_kernel<T, decltype(k)::value>),
-                  unsigned((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), kRowThreads, 0,
-                  native(stream), x.as<const T>(), optional<T>(weight), mean.as<const A>(),
-                  var.as<const A>(), dy.as<const T>(), dx.as<T>(), low, rows, cols, A(eps));
+        const auto kernel = params ? layer_norm_dx_warp_kernel<T, decltype(k)::value, true>
+                                   : layer_norm_dx_warp_kernel<T, decltype(k)::value, false>;
+        RF_LAUNCH(kernel, unsigned((warps + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock),
+                  kRowThreads, 0, native(stream), x.as<const T>(), optional<T>(weight),
+                  mean.as<const A>(), var.as<const A>(), dy.as<const T>(), dx.as<T>(), low, rows,
+                  cols, A(eps), warp_rows, partial_data);
       });
-    else if (rows > 0)
+    } else if (rows > 0) {
       RF_LAUNCH((layer_norm_dx_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
                 x.as<const T>(), optional<T>(weight), mean.as<const A>(), var.as<const A>(),
                 dy.as<const T>(), dx.as<T>(), low, cols, A(eps));
-    if (!dweight.defined() && !dbias.defined()) return;
-    if (cols == 0) return;
-    const int64_t chunk_rows = grid_y_chunk(rows, kRowChunk);
-    const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
-    Scratch partial(stream, size_t(2 * chunks * cols) * sizeof(A));
-    if (rows > 0) {
-      const dim3 grid(unsigned((cols + kThreads - 1) / kThreads), unsigned(chunks));
-      RF_LAUNCH((layer_norm_param_partials<T>), grid, kThreads, 0, native(stream), x.as<const T>(),
-                mean.as<const A>(), var.as<const A>(), dy.as<const T>(), partial.as<A>(), rows,
-                cols, chunk_rows, A(eps));
-    } else {
-      RF_CUDA_CHECK(
-          cudaMemsetAsync(partial.as<void>(), 0, size_t(2 * cols) * sizeof(A), native(stream)));
+      if (params) {
+        const dim3 grid(unsigned((cols + kThreads - 1) / kThreads), unsigned(chunks));
+        RF_LAUNCH((layer_norm_param_partials<T>), grid, kThreads, 0, native(stream),
+                  x.as<const T>(), mean.as<const A>(), var.as<const A>(), dy.as<const T>(),
+                  partial_data, rows, cols, chunk_rows, A(eps));
+      }
     }
-    RF_LAUNCH((layer_norm_param_finish<T>), grid_for(cols), kThreads, 0, native(stream),
-              partial.as<const A>(), dweight.defined() ? dweight.as<T>() : nullptr,
+    if (!params) return;
+    if (rows == 0)
+      RF_CUDA_CHECK(cudaMemsetAsync(partial_data, 0, size_t(2 * cols) * sizeof(A), native(stream)));
+    RF_LAUNCH((layer_norm_param_finish<T>), unsigned((cols + 31) / 32), dim3(32, kFinishRows), 0,
+              native(stream), partial_data, dweight.defined() ? dweight.as<T>() : nullptr,
               dbias.defined() ? dbias.as<T>() : nullptr, chunks, cols);
   });
 }
