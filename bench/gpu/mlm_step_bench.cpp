@@ -305,16 +305,19 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
 // `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad or
-// bf16-mmasync).
+// bf16-mmasync); an attention kernel other than auto is named in the set-up.
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label,
-                        const std::string& layout) {
+                        const Options& opt) {
+  const std::string kernel = opt.attention_kernel == AttentionKernel::kAuto
+                                 ? ""
+                                 : " " + std::string(enum_name(opt.attention_kernel));
   return {{"framework", "ours"},
-          {"setup", "ours " + label},
+          {"setup", "ours " + label + kernel},
           {"device", run.run.device.str()},
           {"precision", label},
           {"seq", S},
           {"head", "masked rows"},
-          {"layout", layout}};
+          {"layout", opt.layout}};
 }
 
 // The kernel calls of one step by kernel, most called first.
@@ -361,7 +364,7 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
                        const Options& opt, const std::string& label) {
   const Device device = run.run.device;
   const auto began = Clock::now();
-  nlohmann::json r = row_head(run, S, label, opt.layout);
+  nlohmann::json r = row_head(run, S, label, opt);
   r["attention_kernel"] = std::string(enum_name(mc.attention_kernel));
   std::vector<Trial> trials;
   const int64_t B = opt.batch > 0 ? opt.batch : search_batch(bench, device, S, opt, trials);
@@ -627,13 +630,13 @@ int run(int argc, char** argv) {
     for (const int64_t S : opt.seqs) {
       nlohmann::json r;
       if (!refused.empty()) {
-        r = row_head(run, S, precision, opt.layout);
+        r = row_head(run, S, precision, opt);
         r.update({{"status", "skip"}, {"message", refused}});
       } else {
         try {
           r = measure(*bench, mc, run, S, opt, precision);
         } catch (const std::exception& e) {  // the other lengths may still run
-          r = row_head(run, S, precision, opt.layout);
+          r = row_head(run, S, precision, opt);
           r.update({{"status", "error"}, {"message", e.what()}});
           bench->clear_batch();
           bench->recover();
