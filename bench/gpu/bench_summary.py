@@ -116,8 +116,9 @@ def comparable_peers(ok, seq):
 def targets(ok, seqs):
     """Issue 14's targets, as far as these rows answer them."""
     lines = []
-    ours = {(r["seq"], r["precision"]): r for r in ok if r["framework"] == "ours"}
-    mine = ours.get((512, "bf16"))
+    # The default set-up's rows: A/B rows share its precision ("ours bf16 separate").
+    ours = {(r["seq"], r["setup"]): r for r in ok if r["framework"] == "ours"}
+    mine = ours.get((512, "ours bf16"))
     peers = comparable_peers(ok, 512)
     if mine and peers:
         best = max(peers, key=lambda r: r["tokens_per_s"])
@@ -127,7 +128,7 @@ def targets(ok, seqs):
     if mine:
         lines.append(f"target: >= 45% MFU at seq 512: {100 * mine['mfu']:.1f}% -> "
                      f"{'met' if mine['mfu'] >= 0.45 else 'not met'}")
-    long_run = ours.get((1536, "bf16"))
+    long_run = ours.get((1536, "ours bf16"))
     if mine and long_run:
         cost = mine["tokens_per_s"] / long_run["tokens_per_s"]
         lines.append(f"target: cost per token at 1536 <= 1.3x that at 512: {cost:.2f}x -> "
