@@ -79,9 +79,10 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
                      const Tensor& b2, DType out_dtype);
 // Process-wide: whether a linear's bias gradient is summed inside its
 // weight-gradient product where the device can (CUDA: cuBLASLt's BGRADB
-// epilogue), rather than by a pass of its own. Off until a GPU has timed it:
-// cuBLASLt may give up split-K for the epilogue, and these products reduce
-// over every token (mlm_step_bench --precision bf16-bgrad measures it).
+// epilogue), rather than by a pass of its own. Off: on an H100 (cuBLASLt 13)
+// the epilogue refuses the bf16 sums the model asks for, so the product and
+// the sums run apart anyway (mlm_step_bench --precision bf16-bgrad measures
+// it; docs/performance.md).
 void set_bias_grad_in_product(bool on);
 bool bias_grad_in_product();
 

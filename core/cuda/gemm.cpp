@@ -243,12 +243,13 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
         ctx.handle.get(), op.h, x.h, y.h, d.h, d.h, pref.h, 1, &result, &returned);
-    // An epilogue cuBLASLt does not take for this problem comes back as "not
-    // supported" or, for BGRADB on cuBLASLt 13 (H100), "invalid value": both
-    // mean no algorithm, so callers with an unfused way take it.
+    // A problem cuBLASLt does not take comes back as "not supported" or, for
+    // BGRADB with bf16 sums on cuBLASLt 13 (H100), "invalid value": both mean
+    // no algorithm, so callers with an unfused way take it. Other "invalid
+    // value" answers stay errors (a wrong descriptor must not pass for a refusal).
     const bool refused =
         status == CUBLAS_STATUS_NOT_SUPPORTED ||
-        (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue != GemmEpilogue::kNone);
+        (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue == GemmEpilogue::kRowSumsOfA);
     if (!refused) check_status(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
     if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
     std::lock_guard<std::mutex> lock(cache_mutex);
