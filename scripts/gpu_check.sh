@@ -403,8 +403,8 @@ memcheck_step() {
     # allocator's own test, which checks that pool.
     local segments=0
     [[ $filter == *CudaAllocator* ]] && segments=1
-    # racecheck: the flash tests' first two variants (the fused and the
-    # two-pass backward), not all five.
+    # racecheck: the flash tests' first two variants (the defaults: wgmma
+    # on compute capability 9.0, mma.sync), not all seven.
     local variants=0
     [[ $tool == racecheck ]] && variants=2
     ROFORMER_CUDA_ALLOC_SEGMENTS=$segments ROFORMER_FLASH_VARIANTS=$variants \
