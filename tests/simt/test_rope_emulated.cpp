@@ -24,14 +24,17 @@ Tensor table_on(bool emulated, const Tensor& positions, int64_t D, DType t) {
   return table;
 }
 
-// x [2, 3, S, D] in four memory layouts: contiguous; over [2, S, 3, D]
+// x [2, 3, S, D] in five memory layouts: contiguous; over [2, S, 3, D]
 // memory (the model's heads of a [B, S, H * D] projection); rows two elements
-// apart from their neighbours' ends (no Pack8 row starts); the last dim
+// apart from their neighbours' ends (no Pack8 row starts); rows a multiple
+// of 8 apart but starting one element past a 16-byte boundary; the last dim
 // strided. The first two take the packed kernel where D allows it (a
-// multiple of 8 interleaved, of 16 for halves), the others the per-pair one.
+// multiple of 8 interleaved, of 16 for halves), the others the per-pair one
+// (a packed read off its boundary would be UBSan's in the sanitized build).
 Tensor rope_input(const std::string& layout, int64_t S, int64_t D, DType t) {
   if (layout == "transposed") return random({2, S, 3, D}, 1, t).transpose(1, 2);
   if (layout == "padded rows") return random({2, 3, S, D + 2}, 1, t).narrow(3, 0, D);
+  if (layout == "offset rows") return random({2, 3, S, D + 8}, 1, t).narrow(3, 1, D);
   if (layout == "strided last dim") return random({2, 3, S, D, 2}, 1, t).select(4, 1);
   return random({2, 3, S, D}, 1, t);
 }
@@ -53,7 +56,7 @@ TEST(RopeEmulated, TableAndRotationMatchTheCpu) {
         expect_close(table_on(true, positions, D, table_dtype), table,
                      table_dtype == DType::f32 ? 1e-7 : 1e-15, "table");
         for (const std::string layout :
-             {"contiguous", "transposed", "padded rows", "strided last dim"}) {
+             {"contiguous", "transposed", "padded rows", "offset rows", "strided last dim"}) {
           const Tensor x = rope_input(layout, S, D, t);
           for (bool interleaved : {false, true}) {
             for (bool inverse : {false, true}) {

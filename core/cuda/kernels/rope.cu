@@ -20,7 +20,19 @@ __global__ void rope_table_kernel(const I* positions, int64_t pstride, double ba
   }
 }
 
-// One thread per pair of one row; the row's element offset from its index.
+// The element offset in x (geo) of row r of [..., S, D], the row's position
+// index s = r % S.
+__device__ __forceinline__ int64_t rope_row_offset(const KernelTensor& geo, int64_t r, int64_t S) {
+  const int32_t nd = geo.ndim;
+  int64_t off = (r % S) * geo.strides[nd - 2], rest = r / S;
+  for (int32_t d = nd - 3; d >= 0; --d) {
+    off += (rest % geo.sizes[d]) * geo.strides[d];
+    rest /= geo.sizes[d];
+  }
+  return off;
+}
+
+// One thread per pair of one row.
 template <class T>
 __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table, T* out,
                             int64_t rows, int64_t S, int64_t D, bool interleaved, bool inverse) {
@@ -28,16 +40,10 @@ __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table,
   const int64_t half = D / 2;
   const A* cos_table = table;
   const A* sin_table = table + S * half;
-  const int32_t nd = geo.ndim;
-  const int64_t sd = geo.strides[nd - 1];
+  const int64_t sd = geo.strides[geo.ndim - 1];
   RF_GRID_LOOP(idx, rows * half) {
     const int64_t r = idx / half, k = idx % half;
-    const int64_t s = r % S;
-    int64_t off = s * geo.strides[nd - 2], rest = r / S;
-    for (int32_t d = nd - 3; d >= 0; --d) {
-      off += (rest % geo.sizes[d]) * geo.strides[d];
-      rest /= geo.sizes[d];
-    }
+    const int64_t s = r % S, off = rope_row_offset(geo, r, S);
     const int64_t lo = interleaved ? 2 * k : k, hi = interleaved ? 2 * k + 1 : k + half;
     const A x0 = convert<A>(x[off + lo * sd]), x1 = convert<A>(x[off + hi * sd]);
     const A c = cos_table[s * half + k];
@@ -60,15 +66,9 @@ __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>*
   using A = acc_t<T>;
   const int64_t half = D / 2;
   const int64_t per_row = kInterleaved ? D / 8 : D / 16;  // packs (pack pairs) a row
-  const int32_t nd = geo.ndim;
   RF_GRID_LOOP(idx, rows * per_row) {
     const int64_t r = idx / per_row, p = idx % per_row;
-    const int64_t s = r % S;
-    int64_t off = s * geo.strides[nd - 2], rest = r / S;
-    for (int32_t d = nd - 3; d >= 0; --d) {
-      off += (rest % geo.sizes[d]) * geo.strides[d];
-      rest /= geo.sizes[d];
-    }
+    const int64_t s = r % S, off = rope_row_offset(geo, r, S);
     const A* cos_row = table + s * half;
     const A* sin_row = table + S * half + s * half;
     const A sign = inverse ? A(-1) : A(1);
