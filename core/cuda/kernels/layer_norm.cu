@@ -151,11 +151,13 @@ constexpr int64_t kWarpChunk = 16;
 // gradients); with kParams, partial[w][c] and partial[chunks + w][c] get
 // warp w's sums of dy * xhat and dy over its rows (chunks = the warps with
 // rows).
-// Two blocks an SM (16 warps, 128 registers) up to 768 columns: the sums'
-// registers would leave one (ptxas sm_90, f32 at 768: 134 registers, or 128
-// with one 8-byte spill).
+// With the sums, two blocks an SM (16 warps, 128 registers) for f32 and bf16
+// up to 768 columns: their registers would leave one (ptxas sm_90, f32 at
+// 768: 134 registers, or 128 with one 8-byte spill); f64 and wider rows keep
+// their registers.
 template <class T, int kPacks, bool kParams>
-__global__ void __launch_bounds__(kRowThreads, kPacks <= 3 ? 2 : 1)
+__global__ void __launch_bounds__(kRowThreads,
+                                  kParams&& kPacks <= 3 && sizeof(acc_t<T>) == 4 ? 2 : 1)
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
                               const T* dy, T* dx, bf16_t* dx_low, int64_t rows, int64_t cols,
                               acc_t<T> eps, int64_t chunk, acc_t<T>* partial) {
