@@ -157,7 +157,7 @@ constexpr int64_t kWarpChunk = 16;
 // their registers.
 template <class T, int kPacks, bool kParams>
 __global__ void __launch_bounds__(kRowThreads,
-                                  kParams&& kPacks <= 3 && sizeof(acc_t<T>) == 4 ? 2 : 1)
+                                  (kParams && kPacks <= 3 && sizeof(acc_t<T>) == 4) ? 2 : 1)
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
                               const T* dy, T* dx, bf16_t* dx_low, int64_t rows, int64_t cols,
                               acc_t<T> eps, int64_t chunk, acc_t<T>* partial) {
