@@ -194,6 +194,29 @@ Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& s
                                const std::optional<RotaryEmbedding>& rotary, double dropout_p,
                                bool training, DropoutContext& ctx, double scale,
                                const Tensor& segments_on_device = Tensor());
+// Process-wide: whether the token-stream ops with RoPE inside
+// (varlen_rope_attention, varlen_attention_packed) rotate q and k once, into
+// rotated copies by the rope kernel, then run the plain attention kernels and
+// rotate dq and dk back (copies kept for backward: 2 x [T, H, D]); rather
+// than rotating inside the attention kernels, where on CUDA every block of
+// queries rotates every key tile again. Off by default until a GPU has timed
+// it in the model (mlm_step_bench --precision bf16-rotateonce): on an H100
+// the kernels alone took 12-15% less time rotated once, with dropout on
+// wgmma (attention_bench's ours-separate-dropout-wgmma). The same function
+// either way, up to rounding.
+void set_rotate_once(bool on);
+bool rotate_once();
+// set_rotate_once(on) for a scope; the setting before it comes back at its end.
+class RotateOnceScope {
+ public:
+  explicit RotateOnceScope(bool on) : previous_(rotate_once()) { set_rotate_once(on); }
+  ~RotateOnceScope() { set_rotate_once(previous_); }
+  RotateOnceScope(const RotateOnceScope&) = delete;
+  RotateOnceScope& operator=(const RotateOnceScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

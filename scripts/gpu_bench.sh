@@ -51,6 +51,10 @@
 #                  mma.sync rather than wgmma (--precision bf16-mmasync; on
 #                  compute capability 9.0, where wgmma is the default): what
 #                  wgmma gains, side by side
+#   ours_rotateonce ours at 512 with q and k rotated once by the rope kernel
+#                  around the plain attention kernels, inside the one-product
+#                  op (--precision bf16-rotateonce): whether set_rotate_once
+#                  should be the default
 #   ours_separate  ours at 512 with model.attention_kernel: separate (three
 #                  products, rope kernels, then the plain attention kernels)
 #                  against the default (one product, RoPE inside): whether
@@ -194,6 +198,7 @@ run_bench() {
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
+  step ours_rotateonce 60 ours_step bf16-rotateonce "$REFERENCE_SEQ" --budget-s 45
   step ours_separate 60 ours_step bf16 "$REFERENCE_SEQ" --attention-kernel separate --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45

@@ -6,7 +6,8 @@
 // docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
-//                  [--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync]
+//                  [--precision
+//                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -42,6 +43,10 @@
 // set_flash_backward_uses_wgmma, core/cuda/kernels/flash_attention.h):
 // what wgmma gains, side by side; elsewhere (and in a build without the
 // CUDA kernels) the same step as bf16.
+//
+// --precision bf16-rotateonce: bf16 with q and k rotated once by the rope
+// kernel around the plain attention kernels (set_rotate_once, core/ops.h),
+// beside bf16 (RoPE inside the kernels) to decide that setting's default.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -305,7 +310,8 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
 // `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad or
-// bf16-mmasync); an attention kernel other than auto is named in the set-up.
+// bf16-mmasync or bf16-rotateonce); an attention kernel other than auto is named in the
+// set-up.
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label,
                         const Options& opt) {
   const std::string kernel = opt.attention_kernel == AttentionKernel::kAuto
@@ -509,7 +515,7 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync] "
+          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce] "
           "[--batch N | --start-batch "
           "N] "
           "[--max-tokens N] "
@@ -525,10 +531,10 @@ Options parse(int argc, char** argv) {
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
     if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad" &&
-        p != "bf16-addgrad" && p != "bf16-mmasync")
+        p != "bf16-addgrad" && p != "bf16-mmasync" && p != "bf16-rotateonce")
       throw InputError(
           "--precision: expected bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad and/or "
-          "bf16-mmasync, got '" +
+          "bf16-mmasync, bf16-rotateonce, got '" +
           p + "'");
   return opt;
 }
@@ -616,6 +622,7 @@ int run(int argc, char** argv) {
       if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
       set_bias_grad_in_product(precision == "bf16-bgrad");
       set_accumulate_in_backward(precision != "bf16-addgrad");
+      set_rotate_once(precision == "bf16-rotateonce");
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
       kernels::cuda::set_flash_forward_uses_wgmma(precision != "bf16-mmasync");
       kernels::cuda::set_flash_backward_uses_wgmma(precision != "bf16-mmasync");

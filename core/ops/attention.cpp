@@ -2,6 +2,7 @@
 // probabilities from q, k and the saved row log-sum-exp instead of keeping
 // [B, H, S, S] tensors alive between forward and backward.
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -227,8 +228,20 @@ SegmentCover checked_segments(const Tensor& segments, int64_t T) {
   return {longest, covered == T};
 }
 
+std::atomic<bool> g_rotate_once{false};
+
+// q or k [T, H, D] rotated once at the table's token positions: [H, T, D]
+// memory (the rope kernel rotates along the dim before the last), returned as
+// its [T, H, D] view.
+Tensor rotated_copy(Device device, const Tensor& x, const Tensor& table, bool interleaved) {
+  const Tensor out = Tensor::empty({x.size(1), x.size(0), x.size(2)}, x.dtype(), device);
+  if (x.numel() > 0) launch::rope(device, x.transpose(0, 1), table, interleaved, false, out);
+  return out.transpose(0, 1);
+}
+
 // varlen_attention(), varlen_rope_attention() and varlen_attention_packed():
-// one node, RoPE inside when `rotary`. With `packed` (qkv [T, 3 * H * D]),
+// one node, RoPE inside when `rotary` (by the attention kernels, or by
+// rotated copies around them: rotate_once()). With `packed` (qkv [T, 3 * H * D]),
 // q, k and v are its three parts and the node's one input, whose gradient
 // the kernels write part by part.
 Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -282,17 +295,21 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   const Tensor bits =
       drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
   if (T == 0 || longest == 0) return out;
-  if (rotary) {
+  // Rotated once: the attention kernels read (and backward keeps) the copies.
+  const bool once = rotary && g_rotate_once.load(std::memory_order_relaxed);
+  const Tensor qa = once ? rotated_copy(device, qd, table, interleaved) : qd;
+  const Tensor ka = once ? rotated_copy(device, kd, table, interleaved) : kd;
+  if (rotary && !once) {
     launch::rope_attention_forward(device, params, table, interleaved, qd, kd, vd, seg, out, lse,
                                    bits);
   } else {
-    launch::attention_varlen_forward(device, params, qd, kd, vd, seg, out, lse, bits);
+    launch::attention_varlen_forward(device, params, qa, ka, vd, seg, out, lse, bits);
   }
   if (packed ? !needs_grad({packed}) : !needs_grad({&q, &k, &v})) return out;
 
-  const SavedTensor sq(qd, op), sk(kd, op), sv(vd, op), so(out, op);
+  const SavedTensor sq(qa, op), sk(ka, op), sv(vd, op), so(out, op);
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
-  const bool rotate = rotary != nullptr;
+  const bool rotate = rotary != nullptr && !once;
   const bool pack = packed != nullptr;
   const Shape packed_shape = pack ? packed->shape() : Shape();
   auto backward = [=](const Tensor& g) {
@@ -305,6 +322,18 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
     if (rotate) {
       launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
                                       sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);
+    } else if (once) {
+      // The gradients of the rotated copies ([H, T, D] memory), rotated back
+      // (the inverse rotation) and copied into dq and dk.
+      const Tensor dq_rot = outputs({H, T, D}, out_dtype), dk_rot = outputs({H, T, D}, out_dtype);
+      launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
+                                        so.get(), lse, bits, grad_out, dq_rot.transpose(0, 1),
+                                        dk_rot.transpose(0, 1), dv);
+      const Tensor back = Tensor::empty({H, T, D}, out_dtype, g.device());
+      for (const auto& [rot, grad] : {std::pair{dq_rot, dq}, std::pair{dk_rot, dk}}) {
+        launch::rope(g.device(), rot, table, interleaved, true, back);
+        launch::copy(g.device(), back.transpose(0, 1), grad);
+      }
     } else {
       launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
                                         so.get(), lse, bits, grad_out, dq, dk, dv);
@@ -316,6 +345,14 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
 }
 
 }  // namespace
+
+void set_rotate_once(bool on) {
+  g_rotate_once.store(on);
+}
+
+bool rotate_once() {
+  return g_rotate_once.load();
+}
 
 Tensor varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& segments,
                         double dropout_p, bool training, DropoutContext& ctx, double scale,

@@ -472,6 +472,41 @@ std::vector<OpCase> make_table() {
                       "the device kernels of head dim 64 with q, k, v and their gradients strided",
   });
 
+  // RoPE by rotated copies around the plain kernels (set_rotate_once): the
+  // same function, its gradients through the inverse rotation and the copy
+  // into qkv's parts; with a token in no segment, half pairs and dropout, and
+  // at head dim 64 for the device kernels.
+  t.push_back({
+      .op = "varlen_attention_packed",
+      .name = "varlen_attention_packed_rope_rotated_once",
+      .inputs = {in({9, 24}, contiguous, -2.0, 2.0),
+                 fixed(i64({0, 3, 0, 0, 3, 2, 0, 3, 6, 2, 1, 0}, {3, 4})),
+                 fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
+      .build =
+          [](const X& x) {
+            const RotateOnceScope once(true);
+            DropoutContext ctx{3, 1, 0};  // the same dropout mask in every run
+            return varlen_attention_packed(
+                x[0], 2, x[1], RotaryEmbedding{x[2], 100.0, RopeLayout::half}, 0.1, true, ctx, 0.5);
+          },
+  });
+  t.push_back({
+      .op = "varlen_attention_packed",
+      .name = "varlen_attention_packed_head_dim_64_rotated_once",
+      .inputs = {in({24, 384}, contiguous, -1.0, 1.0), fixed(covering_segments),
+                 fixed(covering_positions)},
+      .build =
+          [](const X& x) {
+            const RotateOnceScope once(true);
+            DropoutContext ctx{5, 2, 1};  // the same dropout mask in every run
+            return varlen_attention_packed(x[0], 2, x[1], RotaryEmbedding{x[2], 100.0}, 0.1, true,
+                                           ctx, 0.125);
+          },
+      .fd = false,
+      .no_fd_reason = "the rotated-once path's finite differences run on its head-dim-4 case; "
+                      "this one is for the device kernels of head dim 64",
+  });
+
   // Head dim 64 (the flash kernels under autocast on CUDA), every token in a
   // segment: the op then allocates its outputs and gradients without a zero
   // fill, so the poisoned CUDA allocations show any element the kernels skip.

@@ -207,6 +207,43 @@ TEST(VarlenAttention, Bf16AutocastMatchesThePaddedKernel) {
   EXPECT_FALSE(all_close(packed, plain, 1e-6, 1e-6)) << "autocast had no effect";
 }
 
+// set_rotate_once: q and k rotated once by the rope kernel around the plain
+// attention kernels, in place of the rope_attention kernels, for the packed
+// op and varlen_rope_attention alike: the same output and qkv gradient (f64,
+// dropout, a token in no segment, both pair layouts), and the setting back
+// after its scope.
+TEST(VarlenAttention, RotatingOnceGivesTheRopeInsideResult) {
+  const Tensor segments = Tensor::from_vector<int64_t>({0, 5, 0, 0, 6, 6, 1, 0}, {2, 4});
+  const Tensor positions = Tensor::from_vector<int64_t>({0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 4, 5}, {12});
+  const auto rope_calls = [] {
+    return kernels::kernel_calls_by_id[size_t(kernels::KernelId::rope)].load();
+  };
+  const auto fused_calls = [] {
+    return kernels::kernel_calls_by_id[size_t(kernels::KernelId::rope_attention_forward)].load();
+  };
+  for (const RopeLayout layout : {RopeLayout::interleaved, RopeLayout::half}) {
+    SCOPED_TRACE(layout == RopeLayout::half ? "half" : "interleaved");
+    std::vector<Tensor> outs, grads;
+    for (const bool once : {false, true}) {
+      const RotateOnceScope scope(once);
+      const Tensor qkv = random_f64({12, 3 * kH * kD}, 61, -2.0, 2.0).set_requires_grad(true);
+      DropoutContext ctx{9, 4, 0};
+      const uint64_t rope_before = rope_calls(), fused_before = fused_calls();
+      const Tensor out = varlen_attention_packed(
+          qkv, kH, segments, RotaryEmbedding{positions, 100.0, layout}, 0.2, true, ctx, 0.4);
+      sum(mul(out, random_f64(out.shape(), 62))).backward();
+      // Rotated once: q and k forward, dq and dk back; else inside the kernel.
+      EXPECT_EQ(rope_calls() - rope_before, once ? 4u : 0u);
+      EXPECT_EQ(fused_calls() - fused_before, once ? 0u : 1u);
+      outs.push_back(out.detach());
+      grads.push_back(qkv.grad());
+    }
+    EXPECT_TRUE(all_close(outs[1], outs[0], 1e-12, 1e-12));
+    EXPECT_TRUE(all_close(grads[1], grads[0], 1e-12, 1e-12));
+  }
+  EXPECT_FALSE(rotate_once());
+}
+
 TEST(VarlenAttention, TokensInNoSegmentGetZeros) {
   const Tensor q = random_f64({5, 1, 2}, 41);
   DropoutContext ctx;

@@ -113,6 +113,7 @@ struct Case {
   bool stream, bf16;
   int64_t head_dim = 64;
   const char* hidden_act = "gelu";
+  bool rotate_once = false;  // set_rotate_once: rope kernels around the plain attention
 };
 
 class ModelEmulated : public ::testing::TestWithParam<Case> {};
@@ -125,6 +126,7 @@ TEST_P(ModelEmulated, OneMlmStepMatchesTheCpuKernels) {
   Step emulated;
   {
     EmulatedKernels use;
+    const RotateOnceScope once(k.rotate_once);
     emulated = mlm_step(c, k.stream, k.bf16);
   }
   // The kernels sum in other orders; bf16 rounds differently where they do.
@@ -152,7 +154,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"stream_bf16_head_dim_32", AttentionKernel::kFusedRope, true, true, 32},
                       // The tanh GELU: the FFN's products with GELU epilogues, bf16 inside.
                       Case{"stream_bf16_gelu_new", AttentionKernel::kFusedRope, true, true, 64,
-                           "gelu_new"}),
+                           "gelu_new"},
+                      // q and k rotated once by the rope kernel around the plain kernels.
+                      Case{"stream_bf16_rotated_once", AttentionKernel::kFusedRope, true, true, 64,
+                           "gelu", true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
