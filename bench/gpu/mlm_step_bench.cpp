@@ -73,6 +73,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -82,6 +83,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/layers/synthetic_mlm_batch.h"
@@ -107,6 +109,16 @@ using namespace roformer;
 using Clock = std::chrono::steady_clock;
 
 constexpr double kMaskProb = 0.15;
+
+// The --precision values (the header comment says what each one runs).
+constexpr std::array<std::string_view, 7> kPrecisions{
+    "bf16", "f32", "bf16-f32act", "bf16-bgrad", "bf16-addgrad", "bf16-mmasync", "bf16-rotateonce"};
+
+std::string precision_list() {
+  std::string list;
+  for (const std::string_view p : kPrecisions) list += (list.empty() ? "" : ",") + std::string(p);
+  return list;
+}
 
 struct Options {
   std::string device = "cuda", size = "base";
@@ -515,7 +527,9 @@ Options parse(int argc, char** argv) {
     } else {
       throw InputError(
           "usage: mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536] "
-          "[--precision bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce] "
+          "[--precision " +
+          precision_list() +
+          "] "
           "[--batch N | --start-batch "
           "N] "
           "[--max-tokens N] "
@@ -530,12 +544,8 @@ Options parse(int argc, char** argv) {
   }
   if (opt.seqs.empty() || opt.steps < 1) throw InputError("--seq and --steps need at least one");
   for (const std::string& p : opt.precisions)
-    if (p != "bf16" && p != "f32" && p != "bf16-f32act" && p != "bf16-bgrad" &&
-        p != "bf16-addgrad" && p != "bf16-mmasync" && p != "bf16-rotateonce")
-      throw InputError(
-          "--precision: expected bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad and/or "
-          "bf16-mmasync, bf16-rotateonce, got '" +
-          p + "'");
+    if (std::find(kPrecisions.begin(), kPrecisions.end(), p) == kPrecisions.end())
+      throw InputError("--precision: expected some of " + precision_list() + ", got '" + p + "'");
   return opt;
 }
 

@@ -297,9 +297,10 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
   if (T == 0 || longest == 0) return out;
   // Rotated once: the attention kernels read (and backward keeps) the copies.
   const bool once = rotary && g_rotate_once.load(std::memory_order_relaxed);
+  const bool rotate = rotary && !once;  // inside the attention kernels
   const Tensor qa = once ? rotated_copy(device, qd, table, interleaved) : qd;
   const Tensor ka = once ? rotated_copy(device, kd, table, interleaved) : kd;
-  if (rotary && !once) {
+  if (rotate) {
     launch::rope_attention_forward(device, params, table, interleaved, qd, kd, vd, seg, out, lse,
                                    bits);
   } else {
@@ -309,7 +310,6 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
 
   const SavedTensor sq(qa, op), sk(ka, op), sv(vd, op), so(out, op);
   const bool gq = q.requires_grad(), gk = k.requires_grad(), gv = v.requires_grad();
-  const bool rotate = rotary != nullptr && !once;
   const bool pack = packed != nullptr;
   const Shape packed_shape = pack ? packed->shape() : Shape();
   auto backward = [=](const Tensor& g) {

@@ -32,6 +32,14 @@ __device__ __forceinline__ int64_t rope_row_offset(const KernelTensor& geo, int6
   return off;
 }
 
+// The pair (x0, x1) rotated by the angle whose cosine is c and sine sk
+// (minus the sine for the inverse), rounded to T.
+template <class T, class A>
+__device__ __forceinline__ void rotate_pair(A x0, A x1, A c, A sk, T& y0, T& y1) {
+  y0 = convert<T>(x0 * c - x1 * sk);
+  y1 = convert<T>(x1 * c + x0 * sk);
+}
+
 // One thread per pair of one row.
 template <class T>
 __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table, T* out,
@@ -48,8 +56,7 @@ __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table,
     const A x0 = convert<A>(x[off + lo * sd]), x1 = convert<A>(x[off + hi * sd]);
     const A c = cos_table[s * half + k];
     const A sk = inverse ? -sin_table[s * half + k] : sin_table[s * half + k];
-    out[r * D + lo] = convert<T>(x0 * c - x1 * sk);
-    out[r * D + hi] = convert<T>(x1 * c + x0 * sk);
+    rotate_pair(x0, x1, c, sk, out[r * D + lo], out[r * D + hi]);
   }
 }
 
@@ -79,9 +86,7 @@ __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>*
       for (int e = 0; e < 4; ++e) {
         const int64_t k = 4 * p + e;
         const A x0 = convert<A>(in.v[2 * e]), x1 = convert<A>(in.v[2 * e + 1]);
-        const A c = cos_row[k], sk = sign * sin_row[k];
-        o.v[2 * e] = convert<T>(x0 * c - x1 * sk);
-        o.v[2 * e + 1] = convert<T>(x1 * c + x0 * sk);
+        rotate_pair(x0, x1, cos_row[k], sign * sin_row[k], o.v[2 * e], o.v[2 * e + 1]);
       }
       *reinterpret_cast<Pack8<T>*>(out + r * D + 8 * p) = o;
     } else {
@@ -92,9 +97,7 @@ __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>*
       for (int e = 0; e < 8; ++e) {
         const int64_t k = 8 * p + e;
         const A x0 = convert<A>(lo.v[e]), x1 = convert<A>(hi.v[e]);
-        const A c = cos_row[k], sk = sign * sin_row[k];
-        o_lo.v[e] = convert<T>(x0 * c - x1 * sk);
-        o_hi.v[e] = convert<T>(x1 * c + x0 * sk);
+        rotate_pair(x0, x1, cos_row[k], sign * sin_row[k], o_lo.v[e], o_hi.v[e]);
       }
       *reinterpret_cast<Pack8<T>*>(out + r * D + 8 * p) = o_lo;
       *reinterpret_cast<Pack8<T>*>(out + r * D + half + 8 * p) = o_hi;
