@@ -94,6 +94,20 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // residual: the sum, y and the parameters f32), the add fused into the kernel.
 Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                       const Tensor& bias, double eps);
+// add_layer_norm(dropout(x, p, training, ctx[, tokens]), residual, ...) bit for
+// bit (the same site and draws), with the dropout inside the layer-norm
+// kernels: applied where they read x, and to x's gradient where they write
+// it, so a transformer's residual block ends in one pass each way rather
+// than two. x is [T, features] with tokens, else [B, S, features] or
+// [B, features]; other shapes run the pair.
+Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              const Tensor& bias, double eps, double p, bool training,
+                              DropoutContext& ctx, const Tensor& tokens = Tensor());
+// Process-wide, on by default: whether dropout_add_layer_norm fuses (off runs
+// dropout, then add_layer_norm: the A/B of mlm_step_bench --precision
+// bf16-unfuseddrop; the results are the same bits either way).
+void set_fused_residual_dropout(bool on);
+bool fused_residual_dropout();
 
 // --- training-specific (core/ops/*.cpp) -----------------------------------------
 // Zeroes each element with probability p and scales the rest by 1/(1-p).

@@ -77,6 +77,13 @@ Tensor LayerNorm::forward(const Tensor& x, const Tensor& residual) const {
   return add_layer_norm(x, residual, weight_, bias_, eps_);
 }
 
+Tensor LayerNorm::forward(const Tensor& x, const Tensor& residual, const Dropout& dropout,
+                          bool training, DropoutContext& ctx, const Tensor& tokens) const {
+  RF_PROFILE("add_layer_norm");  // with the hidden dropout inside
+  return dropout_add_layer_norm(x, residual, weight_, bias_, eps_, dropout.p(), training, ctx,
+                                tokens);
+}
+
 void LayerNorm::init_own(Generator&) {
   weight_.fill_(1.0);
   bias_.zero_();

@@ -43,6 +43,8 @@ class Embedding : public Module {
   int64_t padding_idx_;
 };
 
+class Dropout;
+
 // Normalises the last dim, then scales by weight and shifts by bias.
 class LayerNorm : public Module {
  public:
@@ -50,6 +52,10 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const;
   // forward(x + residual), the add fused into the normalisation.
   Tensor forward(const Tensor& x, const Tensor& residual) const;
+  // forward(dropout.forward(x, training, ctx, tokens) + residual) bit for bit,
+  // the dropout fused into the normalisation too (dropout_add_layer_norm).
+  Tensor forward(const Tensor& x, const Tensor& residual, const Dropout& dropout, bool training,
+                 DropoutContext& ctx, const Tensor& tokens = Tensor()) const;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 

@@ -126,16 +126,16 @@ RoFormerResidualOutput::RoFormerResidualOutput(const ModelConfig& config, int64_
 
 Tensor RoFormerResidualOutput::forward(const Tensor& x, const Tensor& residual, bool training,
                                        DropoutContext& ctx, const Tensor& dropout_tokens) const {
-  // bf16 activations under autocast: the product, its dropout and the
-  // residual layer norm's read in bf16; the layer norm writes f32.
+  // bf16 activations under autocast: the product writes bf16, which the
+  // residual layer norm reads, dropping it as it adds the residual (one pass,
+  // dropout_add_layer_norm); the layer norm writes f32.
   return finish(dense_.forward(x, activation_dtype(x)), residual, training, ctx, dropout_tokens);
 }
 
 Tensor RoFormerResidualOutput::finish(const Tensor& dense_out, const Tensor& residual,
                                       bool training, DropoutContext& ctx,
                                       const Tensor& dropout_tokens) const {
-  const Tensor y = dropout_.forward(dense_out, training, ctx, dropout_tokens);
-  return layer_norm_.forward(y, residual);
+  return layer_norm_.forward(dense_out, residual, dropout_, training, ctx, dropout_tokens);
 }
 
 RoFormerLayer::RoFormerLayer(const ModelConfig& config)

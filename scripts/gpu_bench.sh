@@ -55,6 +55,10 @@
 #                  around the plain attention kernels, inside the one-product
 #                  op (--precision bf16-rotateonce): whether set_rotate_once
 #                  should be the default
+#   ours_unfuseddrop ours at 512 with the hidden dropout as a pass of its own
+#                  before each residual layer norm (--precision
+#                  bf16-unfuseddrop): what the dropout inside the layer-norm
+#                  kernels (the default) gains, side by side
 #   ours_separate  ours at 512 with model.attention_kernel: separate (three
 #                  products, rope kernels, then the plain attention kernels)
 #                  against the default (one product, RoPE inside): whether
@@ -199,6 +203,7 @@ run_bench() {
   # under a cut budget the rows that decide defaults come first.
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
   step ours_rotateonce 60 ours_step bf16-rotateonce "$REFERENCE_SEQ" --budget-s 45
+  step ours_unfuseddrop 60 ours_step bf16-unfuseddrop "$REFERENCE_SEQ" --budget-s 45
   step ours_separate 60 ours_step bf16 "$REFERENCE_SEQ" --attention-kernel separate --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45

@@ -7,7 +7,8 @@
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
 //                  [--precision
-//                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce]
+//                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce,
+//                  bf16-unfuseddrop]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -47,6 +48,11 @@
 // --precision bf16-rotateonce: bf16 with q and k rotated once by the rope
 // kernel around the plain attention kernels (set_rotate_once, core/ops.h),
 // beside bf16 (RoPE inside the kernels) to decide that setting's default.
+//
+// --precision bf16-unfuseddrop: bf16 with the hidden dropout as a pass of its
+// own before each residual layer norm (set_fused_residual_dropout(false),
+// core/ops.h), beside bf16 (the dropout inside the layer-norm kernels): what
+// that fusion gains; the same bits either way.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -111,8 +117,9 @@ using Clock = std::chrono::steady_clock;
 constexpr double kMaskProb = 0.15;
 
 // The --precision values (the header comment says what each one runs).
-constexpr std::array<std::string_view, 7> kPrecisions{
-    "bf16", "f32", "bf16-f32act", "bf16-bgrad", "bf16-addgrad", "bf16-mmasync", "bf16-rotateonce"};
+constexpr std::array<std::string_view, 8> kPrecisions{
+    "bf16",         "f32",          "bf16-f32act",     "bf16-bgrad",
+    "bf16-addgrad", "bf16-mmasync", "bf16-rotateonce", "bf16-unfuseddrop"};
 
 std::string precision_list() {
   std::string list;
@@ -633,6 +640,7 @@ int run(int argc, char** argv) {
       set_bias_grad_in_product(precision == "bf16-bgrad");
       set_accumulate_in_backward(precision != "bf16-addgrad");
       set_rotate_once(precision == "bf16-rotateonce");
+      set_fused_residual_dropout(precision != "bf16-unfuseddrop");
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
       kernels::cuda::set_flash_forward_uses_wgmma(precision != "bf16-mmasync");
       kernels::cuda::set_flash_backward_uses_wgmma(precision != "bf16-mmasync");

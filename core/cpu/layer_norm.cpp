@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
+#include "core/cpu/dropout_rows.h"
 #include "core/cpu/onednn.h"
 #include "core/cpu/strided_loop.h"
 #include "core/kernels/layer_norm_dtypes.h"
@@ -143,12 +145,24 @@ void backward_loop(const View& x, const View& weight, const View& mean, const Vi
 
 }  // namespace
 
-void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT bias_kt,
-                        double eps, KT y_kt, KT sum_kt, KT mean_kt, KT var_kt) {
+void layer_norm_forward(Stream stream, KT x_in, KT residual_kt, KT weight_kt, KT bias_kt,
+                        double eps, const ResidualDropout& drop, KT drop_tokens, KT y_kt, KT sum_kt,
+                        KT mean_kt, KT var_kt) {
   const View weight(weight_kt), bias(bias_kt), y(y_kt), mean(mean_kt), var(var_kt);
-  check_layer_norm_forward_dtypes(x_kt, residual_kt, weight_kt, bias_kt, y_kt, sum_kt, mean_kt,
+  check_layer_norm_forward_dtypes(x_in, residual_kt, weight_kt, bias_kt, y_kt, sum_kt, mean_kt,
                                   var_kt);
-  if (View(x_kt).numel() == 0) return;
+  check_residual_dropout("layer_norm_forward", x_in, drop, drop_tokens, residual_kt);
+  if (View(x_in).numel() == 0) return;
+  // A residual dropout by dropout's own loop into a copy of x: the unfused
+  // pair's bits (the fusion pays on devices bound by memory traffic).
+  std::optional<Scratch> dropped;
+  if (drop.p > 0.0) {
+    const View x(x_in);
+    RF_CHECK(x.is_contiguous(), "layer_norm_forward: a residual dropout needs a contiguous x");
+    dropped.emplace(x.shape(), x.dtype());
+    dropout_rows(x, dropped->view(), drop.p, drop.key, View(drop_tokens), drop.positions);
+  }
+  const KernelTensor x_kt = dropped ? dropped->view().kt() : x_in;
   // The sum by add()'s own kernel: the fused op gives the unfused pair's bits.
   // bf16 x with an f32 residual is first cast into the sum (exact), then the
   // residual added in place (binary reads each element before writing it).
@@ -221,14 +235,23 @@ void backward_f32_or_loop(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT v
 }  // namespace
 
 void layer_norm_backward(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT var_kt, KT dy_kt,
-                         double eps, KT dx_kt, KT dx_low_kt, KT dweight_kt, KT dbias_kt) {
-  RF_CHECK(!dx_low_kt.defined() || (dx_kt.dtype == DType::f32 && dx_low_kt.dtype == DType::bf16 &&
-                                    dx_low_kt.numel() == dx_kt.numel()),
-           "layer_norm_backward: dx_low is a bf16 copy of an f32 dx");
+                         double eps, const ResidualDropout& drop, KT drop_tokens, KT dx_kt,
+                         KT dx_x_kt, KT dweight_kt, KT dbias_kt) {
+  check_layer_norm_x_grad(dx_kt, dx_x_kt);
+  check_residual_dropout("layer_norm_backward", x_kt, drop, drop_tokens, dx_x_kt);
   backward_f32_or_loop(stream, x_kt, weight_kt, mean_kt, var_kt, dy_kt, eps, dx_kt, dweight_kt,
                        dbias_kt);
-  // The cast kernel's rounding: the bits the op's own cast of dx would give.
-  if (dx_low_kt.defined() && dx_kt.numel() > 0) copy(stream, dx_kt, dx_low_kt);
+  if (!dx_x_kt.defined() || dx_kt.numel() == 0) return;
+  // x's gradient as the unfused ops make it: the cast kernel's rounding, then
+  // dropout's backward (the same mask again).
+  if (!(drop.p > 0.0)) return copy(stream, dx_kt, dx_x_kt);
+  const View dx(dx_kt), dx_x(dx_x_kt);
+  std::optional<Scratch> low;
+  if (dx_x.dtype() != dx.dtype()) {
+    low.emplace(dx.shape(), dx_x.dtype());
+    copy(stream, dx_kt, low->view().kt());
+  }
+  dropout_rows(low ? low->view() : dx, dx_x, drop.p, drop.key, View(drop_tokens), drop.positions);
 }
 
 }  // namespace roformer::kernels::cpu

@@ -74,6 +74,19 @@ struct AttentionParams {
                                 // launch geometry); 0 = not given
 };
 
+// Dropout of layer_norm's x before the residual add: layer_norm(dropout(x) +
+// residual), a residual block's end in one pass each way. The draws, and the
+// bits of every output, are those of dropout() then add_layer_norm: x's rows
+// are dropout's tokens, row r being (with the kernel's `tokens`, [rows, 2]
+// i64 of row and position) token r of dropout_tokens, or (without) position
+// r % positions of batch row r / positions, as dropout's [rows, positions,
+// features].
+struct ResidualDropout {
+  double p = 0.0;  // 0 = none
+  DropoutKey key;
+  int64_t positions = 1;
+};
+
 // clang-format off
 #define ROFORMER_KERNELS(X)                                                                      \
   /* --- device services ------------------------------------------------------------- */     \
@@ -123,13 +136,17 @@ struct AttentionParams {
   /* to `sum` for the backward; the residual add costs no pass of its own. Dtypes: all one  */  \
   /* (mean, var f32, or f64 for f64), or with a residual bf16 x and f32 for all the rest    */  \
   /* (sum = float(x) + residual in f32: bf16 activations on an f32 residual stream). Other  */  \
-  /* mixes throw naming the dtypes (core/kernels/layer_norm_dtypes.h).                      */  \
-  X(layer_norm_forward, void(Stream, KT x, KT residual, KT weight, KT bias, double eps, KT y,   \
-                             KT sum, KT mean, KT var))                                          \
-  /* dx_low (optional: f32 dx only): dx rounded to bf16 as well, in the same pass -- the     */  \
-  /* gradient of add_layer_norm's bf16 x (bf16 activations) with no cast pass of its own.    */  \
+  /* mixes throw naming the dtypes (core/kernels/layer_norm_dtypes.h). `drop` (p > 0 needs  */  \
+  /* the residual) drops x before the add, `drop_tokens` saying where x's rows are.          */  \
+  X(layer_norm_forward, void(Stream, KT x, KT residual, KT weight, KT bias, double eps,         \
+                             const ResidualDropout& drop, KT drop_tokens, KT y, KT sum, KT mean, \
+                             KT var))                                                           \
+  /* dx_x (optional): x's gradient where it is not dx itself, in the same pass: dx rounded   */  \
+  /* to bf16 for add_layer_norm's bf16 x on an f32 dx (bf16 activations, no cast pass of its */  \
+  /* own), and with the forward's `drop` (p > 0 needs dx_x) the dropout's backward applied.  */  \
   X(layer_norm_backward, void(Stream, KT x, KT weight, KT mean, KT var, KT dy, double eps,      \
-                              KT dx, KT dx_low, KT dweight, KT dbias))                          \
+                              const ResidualDropout& drop, KT drop_tokens, KT dx, KT dx_x,      \
+                              KT dweight, KT dbias))                                            \
   X(gelu_forward, void(Stream, KT x, KT y))                                                     \
   X(gelu_backward, void(Stream, KT x, KT dy, KT dx))                                            \
   /* --- dropout (core/cpu/dropout.cpp) ------------------------------------------------- */ \

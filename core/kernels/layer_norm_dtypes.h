@@ -1,10 +1,11 @@
-// The dtypes layer_norm_forward accepts (core/kernels/kernel_list.h), one rule
-// checked alike by every device's kernel. C++17, no host-only types: nvcc
-// reads this header.
+// The dtypes and the residual dropout layer_norm_forward and
+// layer_norm_backward accept (core/kernels/kernel_list.h), one rule checked
+// alike by every device's kernel. C++17, no host-only types: nvcc reads this
+// header.
 #pragma once
 
 #include "core/error.h"
-#include "core/kernels/kernel_tensor.h"
+#include "core/kernels/kernel_list.h"
 
 namespace roformer::kernels {
 
@@ -34,6 +35,37 @@ inline void check_layer_norm_forward_dtypes(const KernelTensor& x, const KernelT
            ", mean ", name(mean), ", var ", name(var),
            "): expected one dtype for all but mean and var (f32, or f64 for f64), or bf16 x "
            "with an f32 residual and f32 for the rest");
+}
+
+// x's gradient where it is not dx: x's dtype, dx's or bf16 on an f32 dx.
+inline void check_layer_norm_x_grad(const KernelTensor& dx, const KernelTensor& dx_x) {
+  RF_CHECK(!dx_x.defined() ||
+               (dx_x.is_contiguous() && dx_x.numel() == dx.numel() &&
+                (dx_x.dtype == dx.dtype || (dx.dtype == DType::f32 && dx_x.dtype == DType::bf16))),
+           "layer_norm_backward: dx_x (", dx_x.defined() ? dtype_name(dx_x.dtype) : "none",
+           ") must be a contiguous gradient of dx's size in dx's dtype (", dtype_name(dx.dtype),
+           ") or bf16 for an f32 dx");
+}
+
+// A residual dropout needs somewhere to go (`target`: the forward's residual,
+// the backward's dx_x) and rows that are whole tokens: `tokens` [rows, 2] i64,
+// or rows a multiple of `positions`.
+inline void check_residual_dropout(const char* kernel, const KernelTensor& x,
+                                   const ResidualDropout& drop, const KernelTensor& tokens,
+                                   const KernelTensor& target) {
+  if (!(drop.p > 0.0)) return;
+  const int64_t cols = x.ndim > 0 ? x.size(-1) : 0;
+  const int64_t rows = cols > 0 ? x.numel() / cols : 0;
+  RF_CHECK(drop.p < 1.0 && target.defined() && drop.positions >= 1, kernel,
+           ": a residual dropout needs p in (0, 1) (got ", drop.p,
+           "), positions >= 1 and the residual (forward) or dx_x (backward)");
+  if (tokens.defined())
+    RF_CHECK(tokens.ndim == 2 && tokens.sizes[0] == rows && tokens.sizes[1] == 2 &&
+                 tokens.dtype == DType::i64 && tokens.is_contiguous(),
+             kernel, ": residual dropout tokens must be contiguous [", rows, ", 2] i64");
+  else
+    RF_CHECK(rows % drop.positions == 0, kernel, ": ", rows, " rows are not whole sequences of ",
+             drop.positions, " positions");
 }
 
 }  // namespace roformer::kernels

@@ -8,6 +8,11 @@
 // f32 residual (the sum is formed in f32 by the kernel, and x's gradient
 // comes back in bf16); layer_norm takes a bf16 x with f32 parameters through
 // a cast to f32. Either normalises in f32 and writes f32.
+//
+// dropout_add_layer_norm(x, residual) = add_layer_norm(dropout(x), residual):
+// the kernels apply the mask as they read x and write x's gradient, so a
+// residual block's end makes one pass each way instead of two.
+#include <atomic>
 #include <cmath>
 
 #include "core/ops.h"
@@ -25,10 +30,12 @@ void check_param(const Tensor& p, const char* name, const Tensor& x) {
 }
 
 // layer_norm(x + residual) when `residual` is defined (the sum is made by the
-// kernel and kept for backward), else layer_norm(x).
+// kernel and kept for backward), else layer_norm(x); x dropped first by
+// `drop` (p > 0, with a residual; `tokens` as the kernels take them).
 Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const Tensor& weight,
-                 const Tensor& bias, double eps) {
-  kernel_device(op, {&x, &residual, &weight, &bias});
+                 const Tensor& bias, double eps, const kernels::ResidualDropout& drop = {},
+                 const Tensor& tokens = Tensor()) {
+  kernel_device(op, {&x, &residual, &weight, &bias, &tokens});
   if (!is_floating(x.dtype()))
     throw Error(detail::concat(op, ": expected a floating input, got ", x.desc()));
   if (x.dim() < 1 || x.shape().back() == 0)
@@ -57,7 +64,7 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
   const Tensor sum = rc.defined() ? Tensor::empty(x.shape(), dtype, x.device()) : Tensor();
   Tensor mean = Tensor::empty({rows}, stat_dtype, x.device());
   Tensor var = Tensor::empty({rows}, stat_dtype, x.device());
-  launch::layer_norm_forward(x.device(), xc, rc, w, b, eps, y, sum, mean, var);
+  launch::layer_norm_forward(x.device(), xc, rc, w, b, eps, drop, tokens, y, sum, mean, var);
   if (!needs_grad({&x, &residual, &weight, &bias})) return y;
 
   // Backward reads the rows that were normalised: the sum, or x.
@@ -71,12 +78,15 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
     Tensor dx = Tensor::empty(xs.shape(), xs.dtype(), xs.device());
     Tensor dw = ws.defined() ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
     Tensor db = has_bias ? Tensor::empty({cols}, xs.dtype(), xs.device()) : Tensor();
-    // d(x + residual) reaches both inputs unchanged, x's in x's dtype: a bf16
-    // x's copy is written by the same kernel, not cast in a pass of its own.
-    const Tensor dx_low = mixed ? Tensor::empty(xs.shape(), x_dtype, xs.device()) : Tensor();
-    launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, dx, dx_low, dw, db);
+    // d(x + residual) reaches the residual unchanged and x in x's dtype,
+    // through the dropout's mask: written by the same kernel, not by a cast
+    // or dropout pass of its own.
+    const bool own_x_grad = mixed || drop.p > 0.0;
+    const Tensor dx_x = own_x_grad ? Tensor::empty(xs.shape(), x_dtype, xs.device()) : Tensor();
+    launch::layer_norm_backward(xs.device(), xs, ws, mean, var, gc, eps, drop, tokens, dx, dx_x, dw,
+                                db);
     if (!has_residual) return std::vector<Tensor>{dx, dw, db};
-    return std::vector<Tensor>{mixed ? dx_low : dx, dx, dw, db};
+    return std::vector<Tensor>{own_x_grad ? dx_x : dx, dx, dw, db};
   };
   if (has_residual) return record(op, y, {&x, &residual, &weight, &bias}, grads);
   return record(op, y, {&x, &weight, &bias}, grads);
@@ -96,6 +106,46 @@ Tensor add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& wei
   if (!residual.defined())
     throw Error(detail::concat("add_layer_norm: residual is undefined (x ", x.desc(), ")"));
   return normalise("add_layer_norm", x, residual, weight, bias, eps);
+}
+
+Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                              const Tensor& bias, double eps, double p, bool training,
+                              DropoutContext& ctx, const Tensor& tokens) {
+  const char* op = "dropout_add_layer_norm";
+  if (!residual.defined())
+    throw Error(detail::concat(op, ": residual is undefined (x ", x.desc(), ")"));
+  if (!(p >= 0.0 && p < 1.0))
+    throw Error(detail::concat(op, ": p must be in [0, 1), got ", p, " for ", x.desc()));
+  if (tokens.defined() && (x.dim() < 1 || tokens.dim() != 2 || tokens.size(0) != x.size(0) ||
+                           tokens.size(1) != 2 || tokens.dtype() != DType::i64))
+    throw Error(detail::concat(op, ": expected tokens [T, 2] i64 for x [T, ...], got x ", x.desc(),
+                               " and tokens ", tokens.desc()));
+  // Identity dropout takes no site, as dropout() does.
+  if (!training || p == 0.0) return normalise(op, x, residual, weight, bias, eps);
+  // The kernels' rows must be dropout's tokens: x [T, features] on a token
+  // stream, [B, S, features] or [B, features] padded. Other shapes (and
+  // fusion switched off) run the pair.
+  const bool rows_are_tokens = tokens.defined() ? x.dim() == 2 : x.dim() >= 1 && x.dim() <= 3;
+  if (!rows_are_tokens || !fused_residual_dropout()) {
+    const Tensor dropped =
+        tokens.defined() ? dropout(x, p, training, ctx, tokens) : dropout(x, p, training, ctx);
+    return normalise(op, dropped, residual, weight, bias, eps);
+  }
+  const kernels::ResidualDropout drop{p, ctx.next_site_key(), x.dim() >= 3 ? x.size(1) : 1};
+  return normalise(op, x, residual, weight, bias, eps, drop,
+                   tokens.defined() ? tokens.detach().contiguous() : Tensor());
+}
+
+namespace {
+std::atomic<bool> g_fused_residual_dropout{true};
+}
+
+void set_fused_residual_dropout(bool on) {
+  g_fused_residual_dropout.store(on);
+}
+
+bool fused_residual_dropout() {
+  return g_fused_residual_dropout.load(std::memory_order_relaxed);
 }
 
 }  // namespace roformer

@@ -157,7 +157,8 @@ LayerNormForward layer_norm_forward_cpu(const Tensor& x, const Tensor& residual,
   const int64_t rows = x.numel() / x.shape().back();
   LayerNormForward o{Tensor::full(x.shape(), NAN), Tensor::full(x.shape(), NAN),
                      Tensor::full({rows}, NAN), Tensor::full({rows}, NAN)};
-  launch::layer_norm_forward(Device::cpu(), x, residual, w, b, 1e-5, o.y, o.sum, o.mean, o.var);
+  launch::layer_norm_forward(Device::cpu(), x, residual, w, b, 1e-5, kernels::ResidualDropout{},
+                             Tensor(), o.y, o.sum, o.mean, o.var);
   return o;
 }
 
@@ -202,8 +203,8 @@ TEST(LayerNormKernel, OtherDtypeMixesAreRejectedNamingTheDtypes) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     const std::string msg = error_of([&] {
-      launch::layer_norm_forward(Device::cpu(), c.x, c.residual, c.w, Tensor(), 1e-5, c.y, c.sum,
-                                 stat, stat);
+      launch::layer_norm_forward(Device::cpu(), c.x, c.residual, c.w, Tensor(), 1e-5,
+                                 kernels::ResidualDropout{}, Tensor(), c.y, c.sum, stat, stat);
     });
     EXPECT_MENTIONS(msg, "layer_norm_forward: unsupported dtypes");
     EXPECT_MENTIONS(msg, c.expected);

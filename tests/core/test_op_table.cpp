@@ -260,6 +260,27 @@ std::vector<OpCase> make_table() {
        .inputs = {in({4, 6}, strided, -2.0, 2.0), in({4, 6}, contiguous, -2.0, 2.0)},
        .build = [](const X& x) { return add_layer_norm(x[0], x[1], Tensor(), Tensor(), 1e-5); }});
 
+  // The residual dropout inside the layer-norm kernels (padded rows and a
+  // token stream), against f64 finite differences with the mask fixed.
+  t.push_back(
+      {.op = "dropout_add_layer_norm",
+       .name = "dropout_add_layer_norm",
+       .inputs = {in({2, 3, 8}, contiguous, -2.0, 2.0), in({2, 3, 8}, transposed, -1.0, 1.0),
+                  in({8}, contiguous, 0.5, 1.5), in({8})},
+       .build = [](const X& x) {
+         DropoutContext ctx{7, 1, 2};  // the same mask in every run
+         return dropout_add_layer_norm(x[0], x[1], x[2], x[3], 1e-5, 0.3, true, ctx);
+       }});
+  t.push_back({.op = "dropout_add_layer_norm",
+               .name = "dropout_add_layer_norm_token_stream",
+               .inputs = {in({5, 16}, strided, -2.0, 2.0), in({5, 16}, contiguous, -1.0, 1.0),
+                          fixed(i64({0, 0, 0, 1, 0, 2, 1, 0, 1, 1}, {5, 2}))},
+               .build = [](const X& x) {
+                 DropoutContext ctx{7, 2, 3};
+                 return dropout_add_layer_norm(x[0], x[1], Tensor(), Tensor(), 1e-5, 0.3, true, ctx,
+                                               x[2]);
+               }});
+
   // --- training-specific -------------------------------------------------------------------
   t.push_back({.op = "dropout",
                .name = "dropout",

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 #include "core/philox.h"
 #include "gradcheck.h"
 
@@ -489,6 +491,113 @@ TEST(Dropout, ErrorsNameOpAndP) {
   expect_error([&] { dropout(x, -0.1, false, gen); }, {"dropout", "-0.1"});
   expect_error([&] { dropout(Tensor::ones({3}, DType::i64), 0.1, true, gen); },
                {"dropout", "i64[3]"});
+}
+
+// --- dropout_add_layer_norm ---------------------------------------------------------
+// add_layer_norm(dropout(x), residual) bit for bit, forward and every
+// gradient, with the same site taken; the fused forward and backward call no
+// dropout kernel (the 4-D input, whose rows are not tokens, runs the pair).
+struct DropoutLayerNormCase {
+  const char* what;
+  Shape shape;
+  DType x_dtype, residual_dtype;
+  bool stream = false;  // [T, F] with tokens
+  bool fused = true;    // the kernels apply the mask (false: the pair runs)
+};
+
+TEST(DropoutAddLayerNorm, IsDropoutThenAddLayerNormBitForBit) {
+  const std::vector<DropoutLayerNormCase> cases = {
+      {"padded [B, S, F]", {3, 5, 24}, DType::f32, DType::f32},
+      {"[B, F], f64", {4, 24}, DType::f64, DType::f64},
+      {"token stream", {7, 24}, DType::f32, DType::f32, true},
+      {"bf16 x on an f32 residual", {3, 5, 24}, DType::bf16, DType::f32},
+      {"bf16 token stream on f32", {7, 24}, DType::bf16, DType::f32, true},
+      {"bf16 throughout", {6, 16}, DType::bf16, DType::bf16},
+      {"4-D: rows are not tokens", {2, 3, 2, 8}, DType::f32, DType::f32, false, false},
+  };
+  const Tensor tokens =
+      Tensor::from_vector<int64_t>({0, 0, 0, 1, 2, 0, 1, 1, 0, 2, 2, 1, 1, 0}, {7, 2});
+  const auto dropout_calls = [] {
+    using kernels::KernelId;
+    return kernels::kernel_calls_by_id[size_t(KernelId::dropout)] +
+           kernels::kernel_calls_by_id[size_t(KernelId::dropout_tokens)];
+  };
+  for (const DropoutLayerNormCase& c : cases) {
+    for (const bool switched_on : {true, false}) {
+      SCOPED_TRACE(std::string(c.what) + (switched_on ? "" : ", fusion switched off"));
+      set_fused_residual_dropout(switched_on);
+      const int64_t cols = c.shape.back();
+      const Tensor x = random(c.shape, 70).to(c.x_dtype).set_requires_grad(true);
+      const Tensor r = random(c.shape, 71).to(c.residual_dtype).set_requires_grad(true);
+      const Tensor w = random({cols}, 72).to(c.residual_dtype).set_requires_grad(true);
+      const Tensor b = random({cols}, 73).to(c.residual_dtype).set_requires_grad(true);
+      const Tensor g = random(c.shape, 74).to(c.residual_dtype);
+      const auto grads = [&] {
+        std::vector<std::vector<double>> v;
+        for (const Tensor* t : {&x, &r, &w, &b}) {
+          v.push_back(t->grad().to(DType::f64).to_vector<double>());
+          const_cast<Tensor*>(t)->zero_grad();
+        }
+        return v;
+      };
+      DropoutContext fused_ctx{5, 3, 2, 4};
+      const uint64_t calls_before = dropout_calls();
+      const Tensor fused =
+          c.stream ? dropout_add_layer_norm(x, r, w, b, 1e-5, 0.3, true, fused_ctx, tokens)
+                   : dropout_add_layer_norm(x, r, w, b, 1e-5, 0.3, true, fused_ctx);
+      sum(mul(fused, g)).backward();
+      const uint64_t fused_calls = dropout_calls() - calls_before;
+      const auto fused_grads = grads();
+      DropoutContext pair_ctx{5, 3, 2, 4};
+      const Tensor dropped =
+          c.stream ? dropout(x, 0.3, true, pair_ctx, tokens) : dropout(x, 0.3, true, pair_ctx);
+      const Tensor pair = add_layer_norm(dropped, r, w, b, 1e-5);
+      sum(mul(pair, g)).backward();
+      EXPECT_EQ(fused.to(DType::f64).to_vector<double>(), pair.to(DType::f64).to_vector<double>());
+      EXPECT_EQ(fused_grads, grads());
+      EXPECT_EQ(fused_ctx.next_site, pair_ctx.next_site);
+      EXPECT_EQ(fused_calls, c.fused && switched_on ? 0u : 2u) << "dropout kernel calls";
+      // Some elements were dropped (zero gradient), not all.
+      const auto zeros = std::count(fused_grads[0].begin(), fused_grads[0].end(), 0.0);
+      EXPECT_GT(zeros, 0);
+      EXPECT_LT(zeros, int64_t(fused_grads[0].size()) / 2);
+    }
+  }
+  set_fused_residual_dropout(true);
+}
+
+TEST(DropoutAddLayerNorm, WithoutDropoutIsAddLayerNormAndTakesNoSite) {
+  const Tensor x = random({4, 16}, 80), r = random({4, 16}, 81);
+  const std::vector<float> want = add_layer_norm(x, r, Tensor(), Tensor(), 1e-5).to_vector<float>();
+  DropoutContext ctx{1, 2, 0};
+  EXPECT_EQ(
+      dropout_add_layer_norm(x, r, Tensor(), Tensor(), 1e-5, 0.4, false, ctx).to_vector<float>(),
+      want);
+  EXPECT_EQ(
+      dropout_add_layer_norm(x, r, Tensor(), Tensor(), 1e-5, 0.0, true, ctx).to_vector<float>(),
+      want);
+  EXPECT_EQ(ctx.next_site, 0u);
+}
+
+TEST(DropoutAddLayerNorm, ErrorsNameTheOpAndTheValue) {
+  DropoutContext ctx{1, 0, 0};
+  const Tensor x = Tensor::zeros({4, 8});
+  expect_error(
+      [&] { dropout_add_layer_norm(x, Tensor(), Tensor(), Tensor(), 1e-5, 0.1, true, ctx); },
+      {"dropout_add_layer_norm", "residual is undefined", "f32[4, 8]"});
+  expect_error([&] { dropout_add_layer_norm(x, x, Tensor(), Tensor(), 1e-5, 1.0, true, ctx); },
+               {"dropout_add_layer_norm", "[0, 1)", "1"});
+  expect_error(
+      [&] {
+        dropout_add_layer_norm(x, x, Tensor(), Tensor(), 1e-5, 0.1, true, ctx,
+                               Tensor::zeros({3, 2}, DType::i64));
+      },
+      {"dropout_add_layer_norm", "tokens", "i64[3, 2]", "f32[4, 8]"});
+  expect_error(
+      [&] {
+        dropout_add_layer_norm(x, Tensor::zeros({4, 7}), Tensor(), Tensor(), 1e-5, 0.1, true, ctx);
+      },
+      {"dropout_add_layer_norm", "residual", "f32[4, 7]"});
 }
 
 // --- embedding ------------------------------------------------------------------

@@ -232,8 +232,8 @@ TEST(CudaOps, LayerNormKernelTakesABf16InputOnAnF32Residual) {
     std::vector<Tensor> o{
         Tensor::empty({rows, cols}, DType::f32, d), Tensor::empty({rows, cols}, DType::f32, d),
         Tensor::empty({rows}, DType::f32, d), Tensor::empty({rows}, DType::f32, d)};
-    launch::layer_norm_forward(d, x.to(d), residual.to(d), w.to(d), b.to(d), 1e-5, o[0], o[1], o[2],
-                               o[3]);
+    launch::layer_norm_forward(d, x.to(d), residual.to(d), w.to(d), b.to(d), 1e-5,
+                               kernels::ResidualDropout{}, Tensor(), o[0], o[1], o[2], o[3]);
     return o;
   };
   const std::vector<Tensor> cpu = run(Device::cpu());

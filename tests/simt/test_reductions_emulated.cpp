@@ -5,6 +5,7 @@
 // blocks, 64-row chunks with a partial last one. No GPU needed.
 #include <gtest/gtest.h>
 
+#include "core/ops.h"
 #include "tests/simt/emulated_test_support.h"
 
 namespace roformer {
@@ -119,63 +120,94 @@ TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
 
 // --- layer norm ---------------------------------------------------------------------------
 struct LayerNormOut {
-  Tensor y, mean, var, dx, dweight, dbias, sum, dx_low;
+  Tensor y, mean, var, dx, dweight, dbias, sum, dx_x;
+};
+
+// A residual dropout (x dropped before the add): the kernels' argument and
+// where x's rows are (tokens [rows, 2] i64, or undefined for `positions`).
+struct DropCase {
+  kernels::ResidualDropout drop;
+  Tensor tokens;
 };
 
 LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, const Tensor& b,
                            const Tensor& dy, bool dweight, bool dbias,
-                           const Tensor& residual = Tensor()) {
+                           const Tensor& residual = Tensor(), const DropCase& dc = {}) {
   const int64_t cols = x.shape().back(), rows = x.numel() / cols;
   // The residual's dtype where x is bf16 on an f32 residual stream.
   const DType t = residual.defined() ? residual.dtype() : x.dtype();
   const DType stat = t == DType::f64 ? DType::f64 : DType::f32;
-  LayerNormOut o{
-      poisoned(x.shape(), t), poisoned({rows}, stat), poisoned({rows}, stat),
-      poisoned(x.shape(), t), dweight ? poisoned({cols}, t) : Tensor(),
-      dbias ? poisoned({cols}, t) : Tensor(),
-      residual.defined() ? poisoned(x.shape(), t) : Tensor(),
-      // x's gradient in bf16 beside the f32 one (add_layer_norm's bf16 x)
-      x.dtype() == DType::bf16 && t == DType::f32 ? poisoned(x.shape(), DType::bf16) : Tensor()};
+  LayerNormOut o{poisoned(x.shape(), t), poisoned({rows}, stat), poisoned({rows}, stat),
+                 poisoned(x.shape(), t), dweight ? poisoned({cols}, t) : Tensor(),
+                 dbias ? poisoned({cols}, t) : Tensor(),
+                 residual.defined() ? poisoned(x.shape(), t) : Tensor(),
+                 // x's own gradient: bf16 beside the f32 one (add_layer_norm's bf16 x),
+                 // or dropped by the residual dropout
+                 (x.dtype() == DType::bf16 && t == DType::f32) || dc.drop.p > 0.0
+                     ? poisoned(x.shape(), x.dtype())
+                     : Tensor()};
   EmulatedStream s;
   const kernels::Stream stream = emulated ? s.get() : cpu_stream();
   auto* forward = emulated ? &emu::layer_norm_forward : &cpu::layer_norm_forward;
   auto* backward = emulated ? &emu::layer_norm_backward : &cpu::layer_norm_backward;
   const double eps = 1e-5;
   forward(stream, kernel_tensor(x), kernel_tensor(residual), kernel_tensor(w), kernel_tensor(b),
-          eps, kernel_tensor(o.y), kernel_tensor(o.sum), kernel_tensor(o.mean),
-          kernel_tensor(o.var));
+          eps, dc.drop, kernel_tensor(dc.tokens), kernel_tensor(o.y), kernel_tensor(o.sum),
+          kernel_tensor(o.mean), kernel_tensor(o.var));
   // Both backwards read the CPU's statistics, so they differ only by their own work.
   const Tensor& normalised = residual.defined() ? o.sum : x;
   backward(stream, kernel_tensor(normalised), kernel_tensor(w), kernel_tensor(o.mean),
-           kernel_tensor(o.var), kernel_tensor(dy), eps, kernel_tensor(o.dx),
-           kernel_tensor(o.dx_low), kernel_tensor(o.dweight), kernel_tensor(o.dbias));
+           kernel_tensor(o.var), kernel_tensor(dy), eps, dc.drop, kernel_tensor(dc.tokens),
+           kernel_tensor(o.dx), kernel_tensor(o.dx_x), kernel_tensor(o.dweight),
+           kernel_tensor(o.dbias));
   return o;
 }
 
-// bf16_x: x in bf16 on a residual (and all the rest) in t = f32.
+// dropout() (the op, on the CPU) of t with the case's site and draws.
+Tensor dropped(const Tensor& t, const DropCase& dc) {
+  const kernels::ResidualDropout& d = dc.drop;
+  DropoutContext ctx{d.key.seed, d.key.step, d.key.first_sequence, d.key.site};
+  if (dc.tokens.defined()) return dropout(t, d.p, true, ctx, dc.tokens);
+  const int64_t cols = t.shape().back(), rows = t.numel() / cols;
+  return dropout(t.reshape({rows / d.positions, d.positions, cols}), d.p, true, ctx)
+      .reshape(t.shape());
+}
+
+// bf16_x: x in bf16 on a residual (and all the rest) in t = f32; `dc` a
+// residual dropout (with `residual`).
 void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dweight, bool dbias,
-                               bool residual = false, bool bf16_x = false) {
+                               bool residual = false, bool bf16_x = false,
+                               const DropCase& dc = {}) {
   SCOPED_TRACE(name_of(t, shape) + (affine ? " affine" : "") + (dweight ? " dweight" : "") +
-               (dbias ? " dbias" : "") + (residual ? " residual" : "") + (bf16_x ? " bf16 x" : ""));
+               (dbias ? " dbias" : "") + (residual ? " residual" : "") + (bf16_x ? " bf16 x" : "") +
+               (dc.drop.p > 0.0 ? (dc.tokens.defined() ? " dropout (tokens)" : " dropout") : ""));
   const int64_t cols = shape.back();
   const Tensor x = random(shape, 11, bf16_x ? DType::bf16 : t, 3.0, 1.0);
   const Tensor dy = random(shape, 12, t);
   const Tensor w = affine ? random({cols}, 13, t) : Tensor();
   const Tensor b = affine ? random({cols}, 14, t) : Tensor();
   const Tensor r = residual ? random(shape, 15, t, 2.0) : Tensor();
-  const LayerNormOut ref = layer_norm_on(false, x, w, b, dy, dweight, dbias, r);
-  const LayerNormOut got = layer_norm_on(true, x, w, b, dy, dweight, dbias, r);
+  const LayerNormOut ref = layer_norm_on(false, x, w, b, dy, dweight, dbias, r, dc);
+  const LayerNormOut got = layer_norm_on(true, x, w, b, dy, dweight, dbias, r, dc);
   const double tol = tolerance(t);
   if (residual && x.numel() > 0) expect_equal(got.sum, ref.sum, "sum");  // one rounding each
+  if (dc.drop.p > 0.0 && x.numel() > 0) {
+    // dropout() then the residual add, bit for bit; x's gradient is each
+    // kernel's own dx in x's dtype through dropout()'s backward.
+    NoGradGuard no_grad;
+    expect_equal(ref.sum, add(dropped(x, dc).to(t), r), "sum of dropout(x) and the residual");
+    expect_equal(got.dx_x, dropped(got.dx.to(x.dtype()), dc), "dx_x");
+    expect_equal(ref.dx_x, dropped(ref.dx.to(x.dtype()), dc), "dx_x (cpu)");
+  }
   if (x.numel() > 0) {
     expect_close(got.y, ref.y, tol, "y");
     expect_close(got.mean, ref.mean, t == DType::f64 ? 1e-12 : 1e-5, "mean");
     expect_close(got.var, ref.var, t == DType::f64 ? 1e-12 : 1e-5, "var");
     expect_close(got.dx, ref.dx, tol, "dx");
     // The bf16 copy is each kernel's own dx rounded once.
-    if (bf16_x) {
-      expect_equal(got.dx_low, got.dx.to(DType::bf16), "dx_low");
-      expect_equal(ref.dx_low, ref.dx.to(DType::bf16), "dx_low (cpu)");
+    if (bf16_x && !(dc.drop.p > 0.0)) {
+      expect_equal(got.dx_x, got.dx.to(DType::bf16), "dx_x");
+      expect_equal(ref.dx_x, ref.dx.to(DType::bf16), "dx_x (cpu)");
     }
   }
   if (dweight) expect_close(got.dweight, ref.dweight, tol, "dweight");
@@ -226,6 +258,33 @@ TEST(LayerNormEmulated, WarpChunksSumTheParameterGradients) {
   expect_layer_norm_matches({40, 768}, DType::bf16, true, true, true);
   expect_layer_norm_matches({40, 64}, DType::f64, true, true, false);
   expect_layer_norm_matches({40, 64}, DType::f32, true, false, true);
+}
+
+// A residual dropout (dropout_add_layer_norm): x dropped as it is read and
+// its gradient as it is written, by dropout()'s draws. Padded rows
+// ([B, S, features] as rows of B x S: sequence r / S, position r % S, from
+// first_sequence 3) and token streams (tokens out of order, two rows of one
+// sequence); the warp kernels (768, 64 columns: packs of eight) and the
+// block ones (300 and 13 columns); every dtype, and bf16 x on f32.
+TEST(LayerNormEmulated, ResidualDropoutIsDropoutThenTheAdd) {
+  const kernels::ResidualDropout padded{0.3, DropoutKey{11, 4, 3, 5}, 6};
+  const auto stream_of = [](int64_t rows) {
+    std::vector<int64_t> ids;
+    for (int64_t r = 0; r < rows; ++r) ids.insert(ids.end(), {(r * 7) % 5, (r * 3) % 11});
+    return Tensor::from_vector(ids, {rows, 2});
+  };
+  for (DType t : kFloats) {
+    for (int64_t cols : {768, 64, 300, 13}) {
+      expect_layer_norm_matches({12, cols}, t, true, true, true, true, false, {padded, Tensor()});
+      expect_layer_norm_matches({10, cols}, t, cols != 64, false, false, true, false,
+                                {{0.1, DropoutKey{2, 9, 0, 1}, 1}, stream_of(10)});
+    }
+  }
+  for (int64_t cols : {768, 300})
+    expect_layer_norm_matches({18, cols}, DType::f32, true, true, true, true, true,
+                              {padded, Tensor()});
+  expect_layer_norm_matches({10, 768}, DType::f32, true, true, true, true, true,
+                            {{0.5, DropoutKey{2, 9, 7, 1}, 1}, stream_of(10)});
 }
 
 TEST(LayerNormEmulated, NoRowsGiveZeroParameterGradients) {

@@ -11,6 +11,18 @@
 
 namespace roformer::kernels::cuda {
 
+// One element of dropout's output: value scaled by 1 / (1 - p) when kept,
+// else zero, rounded to T as the CPU's loop does.
+template <class T>
+__device__ __forceinline__ T scaled_or_zero(bool kept, T value, acc_t<T> scale) {
+  return kept ? convert<T>(convert<acc_t<T>>(value) * scale) : convert<T>(0.0f);
+}
+// The same for the element whose draw is `draw`.
+template <class T>
+__device__ __forceinline__ T dropped(uint32_t draw, uint32_t threshold, T value, acc_t<T> scale) {
+  return scaled_or_zero(draw >= threshold, value, scale);
+}
+
 // Features [8 group, 8 group + 8) of one token (row `sequence` of the global
 // batch, `position`), x and out pointing at the token's first feature; as
 // one Pack8 each way where the group is whole and aligned (eight scalar
@@ -21,13 +33,11 @@ __device__ __forceinline__ void drop_feature_group(const T* x, T* out, int64_t f
                                                    uint32_t position, const PhiloxKey& pkey,
                                                    uint32_t site, uint32_t threshold,
                                                    acc_t<T> scale) {
-  using A = acc_t<T>;
   const PhiloxCounter words =
       philox4x32(dropout_block(uint32_t(group), position, sequence, site, 0), pkey);
   const int64_t f0 = group * kDropoutDrawsPerBlock;
   auto kept = [&](uint32_t d, T value) {
-    return dropout_draw_of(words, d) >= threshold ? convert<T>(convert<A>(value) * scale)
-                                                  : convert<T>(0.0f);
+    return dropped(dropout_draw_of(words, d), threshold, value, scale);
   };
   const bool whole = f0 + int64_t(kDropoutDrawsPerBlock) <= features &&
                      reinterpret_cast<uintptr_t>(x + f0) % alignof(Pack8<T>) == 0 &&
@@ -46,6 +56,40 @@ __device__ __forceinline__ void drop_feature_group(const T* x, T* out, int64_t f
     if (f < features) out[f] = kept(d, x[f]);
   }
 }
+
+// ResidualDropout (core/kernels/kernel_list.h) as the layer-norm kernels read
+// it: `on` false for none.
+struct RowDropout {
+  bool on = false;
+  PhiloxKey pkey{};
+  uint32_t site = 0, threshold = 0;
+  double scale = 1.0;  // 1 / (1 - p); a kernel takes acc_t<T>(scale), as the CPU does
+  int64_t first_sequence = 0, positions = 1;
+  const int64_t* tokens = nullptr;  // [rows, 2] (row, position), or null: r / positions
+
+  // Row r's token in the global batch: (sequence, position).
+  __device__ __forceinline__ void token(int64_t r, uint32_t& sequence, uint32_t& position) const {
+    const int64_t row = tokens ? tokens[2 * r] : r / positions;
+    position = uint32_t(tokens ? tokens[2 * r + 1] : r % positions);
+    sequence = uint32_t(first_sequence + row);
+  }
+  // The four words deciding features [8 group, 8 group + 8) of a token.
+  __device__ __forceinline__ PhiloxCounter words(uint32_t sequence, uint32_t position,
+                                                 int64_t group) const {
+    return philox4x32(dropout_block(uint32_t(group), position, sequence, site, 0), pkey);
+  }
+  // The same decisions as eight bits (bit e: feature 8 group + e kept): one
+  // register to carry where the words' would not fit.
+  __device__ __forceinline__ uint32_t keep_bits(uint32_t sequence, uint32_t position,
+                                                int64_t group) const {
+    const PhiloxCounter w = words(sequence, position, group);
+    uint32_t bits = 0;
+#pragma unroll
+    for (uint32_t e = 0; e < kDropoutDrawsPerBlock; ++e)
+      bits |= uint32_t(dropout_draw_of(w, e) >= threshold) << e;
+    return bits;
+  }
+};
 
 // Counter blocks per token of `features` features.
 __host__ __device__ inline int64_t dropout_groups(int64_t features) {

@@ -8,10 +8,14 @@
 // computes their dx (x and dy read once); the block-per-row one leaves the
 // sums to a kernel of their own, whose chunks are gridDim.y (at most 65535):
 // they grow past kRowChunk rows when there are more than 65535 of them.
+// A residual dropout (ResidualDropout) is applied to x where it is read, and
+// to x's gradient where dx is written: dropout's draws and roundings (the
+// unfused pair's bits), without its passes over memory.
 #include <initializer_list>
 #include <optional>
 
 #include "core/cuda/kernels/common.cuh"
+#include "core/cuda/kernels/dropout.cuh"
 #include "core/kernels/layer_norm_dtypes.h"
 
 namespace roformer::kernels::cuda {
@@ -27,7 +31,7 @@ constexpr int64_t kRowChunk = 64;  // rows per partial column sum (at least)
 template <class T, class TX>
 __global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const T* w, const T* b,
                                           T* y, T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t cols,
-                                          acc_t<T> eps) {
+                                          acc_t<T> eps, RowDropout drop) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
@@ -39,9 +43,16 @@ __global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const 
   T* yr = y + r * cols;
   A s = 0;
   if (residual) {
+    uint32_t sequence = 0, position = 0;
+    if (drop.on) drop.token(r, sequence, position);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      TX in = x[r * cols + c];
+      if (drop.on)  // a Philox call an element: the fallback for rows not in whole packs
+        in = dropped(dropout_draw_of(drop.words(sequence, position, c / kDropoutDrawsPerBlock),
+                                     uint32_t(c % kDropoutDrawsPerBlock)),
+                     drop.threshold, in, acc_t<TX>(drop.scale));
       // Rounded to T, as add() leaves it.
-      const T v = convert<T>(convert<A>(x[r * cols + c]) + convert<A>(residual[r * cols + c]));
+      const T v = convert<T>(convert<A>(in) + convert<A>(residual[r * cols + c]));
       sum[r * cols + c] = v;
       s += convert<A>(v);
     }
@@ -80,19 +91,28 @@ template <class T, class TX, int kPacks>
 __global__ void __launch_bounds__(kRowThreads)
     layer_norm_forward_warp_kernel(const TX* x, const T* residual, const T* w, const T* b, T* y,
                                    T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t rows,
-                                   int64_t cols, acc_t<T> eps) {
+                                   int64_t cols, acc_t<T> eps, RowDropout drop) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
   if (r >= rows) return;  // a whole warp
   const int64_t packs = cols / 8, first = r * packs;
+  uint32_t sequence = 0, position = 0;
+  if (drop.on) drop.token(r, sequence, position);
   A v[kPacks][8];
   A s = 0;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int64_t p = lane + 32 * k;
     if (p >= packs) continue;
-    const Pack8<TX> in = reinterpret_cast<const Pack8<TX>*>(x)[first + p];
+    Pack8<TX> in = reinterpret_cast<const Pack8<TX>*>(x)[first + p];
+    if (drop.on) {  // pack p is counter block p of the row's token
+      const PhiloxCounter words = drop.words(sequence, position, p);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        in.v[e] = dropped(dropout_draw_of(words, uint32_t(e)), drop.threshold, in.v[e],
+                          acc_t<TX>(drop.scale));
+    }
     if (residual) {
       // Rounded to T, as add() leaves it, and written for the backward.
       const Pack8<T> res = reinterpret_cast<const Pack8<T>*>(residual)[first + p];
@@ -148,19 +168,20 @@ __global__ void __launch_bounds__(kRowThreads)
 constexpr int64_t kWarpChunk = 16;
 
 // dx for `chunk` consecutive rows a warp (one without the parameter
-// gradients); with kParams, partial[w][c] and partial[chunks + w][c] get
-// warp w's sums of dy * xhat and dy over its rows (chunks = the warps with
-// rows).
+// gradients), and dx_x (x's gradient in TX, the residual dropout's mask
+// applied) where given; with kParams, partial[w][c] and partial[chunks + w][c]
+// get warp w's sums of dy * xhat and dy over its rows (chunks = the warps
+// with rows).
 // With the sums, two blocks an SM (16 warps, 128 registers) for f32 and bf16
 // up to 768 columns: their registers would leave one (ptxas sm_90, f32 at
 // 768: 134 registers, or 128 with one 8-byte spill); f64 and wider rows keep
 // their registers.
-template <class T, int kPacks, bool kParams>
+template <class T, class TX, int kPacks, bool kParams>
 __global__ void __launch_bounds__(kRowThreads,
                                   (kParams && kPacks <= 3 && sizeof(acc_t<T>) == 4) ? 2 : 1)
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
-                              const T* dy, T* dx, bf16_t* dx_low, int64_t rows, int64_t cols,
-                              acc_t<T> eps, int64_t chunk, acc_t<T>* partial) {
+                              const T* dy, T* dx, TX* dx_x, int64_t rows, int64_t cols,
+                              acc_t<T> eps, int64_t chunk, acc_t<T>* partial, RowDropout drop) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % 32;
   const int64_t warp = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
@@ -172,6 +193,18 @@ __global__ void __launch_bounds__(kRowThreads,
   for (int64_t r = warp * chunk; r < r_end; ++r) {
     const int64_t first = r * packs;
     const A m = mean[r], rstd = A(1) / sqrt(var[r] + eps);
+    // The residual dropout's decisions for the row, drawn before the row's
+    // values are live (bit 8 k + e: element e of pack k): the words
+    // themselves would not fit beside them in the registers.
+    uint32_t keep = 0;
+    if (drop.on) {
+      uint32_t sequence = 0, position = 0;
+      drop.token(r, sequence, position);
+#pragma unroll 1
+      for (int k = 0; k < kPacks; ++k)
+        if (lane + 32 * k < packs)
+          keep |= drop.keep_bits(sequence, position, lane + 32 * k) << (8 * k);
+    }
     A gw[kPacks][8], xhat[kPacks][8];
     A sg = 0, sgx = 0;
 #pragma unroll
@@ -206,11 +239,17 @@ __global__ void __launch_bounds__(kRowThreads,
 #pragma unroll
       for (int e = 0; e < 8; ++e) out.v[e] = convert<T>(rstd * (gw[k][e] - sg - xhat[k][e] * sgx));
       reinterpret_cast<Pack8<T>*>(dx)[first + p] = out;
-      if (dx_low) {
-        Pack8<bf16_t> low;
+      if (dx_x) {
+        Pack8<TX> gx;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) low.v[e] = convert<bf16_t>(out.v[e]);
-        reinterpret_cast<Pack8<bf16_t>*>(dx_low)[first + p] = low;
+        for (int e = 0; e < 8; ++e) gx.v[e] = convert<TX>(out.v[e]);
+        if (drop.on) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            gx.v[e] =
+                scaled_or_zero(((keep >> (8 * k + e)) & 1u) != 0, gx.v[e], acc_t<TX>(drop.scale));
+        }
+        reinterpret_cast<Pack8<TX>*>(dx_x)[first + p] = gx;
       }
     }
   }
@@ -253,10 +292,10 @@ void with_packs(int packs, Fn&& fn) {
   }
 }
 
-template <class T>
+template <class T, class TX>
 __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mean,
-                                     const acc_t<T>* var, const T* dy, T* dx, bf16_t* dx_low,
-                                     int64_t cols, acc_t<T> eps) {
+                                     const acc_t<T>* var, const T* dy, T* dx, TX* dx_x,
+                                     int64_t cols, acc_t<T> eps, RowDropout drop) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
@@ -277,7 +316,16 @@ __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mea
     const A xhat = (convert<A>(xr[c]) - m) * rstd;
     const T d = convert<T>(rstd * (gw - sg - xhat * sgx));
     dx[r * cols + c] = d;
-    if (dx_low) dx_low[r * cols + c] = convert<bf16_t>(d);
+    if (!dx_x) continue;
+    TX g = convert<TX>(d);
+    if (drop.on) {  // a Philox call an element: the fallback for rows not in whole packs
+      uint32_t sequence = 0, position = 0;
+      drop.token(r, sequence, position);
+      g = dropped(dropout_draw_of(drop.words(sequence, position, c / kDropoutDrawsPerBlock),
+                                  uint32_t(c % kDropoutDrawsPerBlock)),
+                  drop.threshold, g, acc_t<TX>(drop.scale));
+    }
+    dx_x[r * cols + c] = g;
   }
 }
 
@@ -340,10 +388,25 @@ const T* optional(const KernelTensor& t) {
   return t.defined() ? t.as<const T>() : nullptr;
 }
 
+RowDropout row_dropout(const ResidualDropout& drop, const KernelTensor& tokens) {
+  RowDropout d;
+  if (!(drop.p > 0.0)) return d;
+  d.on = true;
+  d.pkey = dropout_key(drop.key.seed, drop.key.step);
+  d.site = drop.key.site;
+  d.threshold = dropout_threshold(drop.p);
+  d.scale = 1.0 / (1.0 - drop.p);
+  d.first_sequence = drop.key.first_sequence;
+  d.positions = drop.positions;
+  d.tokens = tokens.defined() ? tokens.as<const int64_t>() : nullptr;
+  return d;
+}
+
 }  // namespace
 
 void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor& residual,
                         const KernelTensor& weight, const KernelTensor& bias, double eps,
+                        const ResidualDropout& drop, const KernelTensor& drop_tokens,
                         const KernelTensor& y, const KernelTensor& sum, const KernelTensor& mean,
                         const KernelTensor& var) {
   RF_CHECK(x.ndim >= 1 && x.is_contiguous() && y.is_contiguous(),
@@ -353,8 +416,10 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
            "layer_norm_forward: a residual needs contiguous residual and sum of x's size (x ",
            x.numel(), " elements, residual ", residual.numel(), ")");
   check_layer_norm_forward_dtypes(x, residual, weight, bias, y, sum, mean, var);
+  check_residual_dropout("layer_norm_forward", x, drop, drop_tokens, residual);
   if (x.numel() == 0) return;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  const RowDropout dropout = row_dropout(drop, drop_tokens);
   // T: the dtype of everything but x (and the statistics).
   on_floating_dtype(y.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
@@ -370,11 +435,11 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
                     unsigned((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), kRowThreads, 0,
                     native(stream), x.as<const TX>(), optional<T>(residual), optional<T>(weight),
                     optional<T>(bias), y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), rows, cols,
-                    A(eps));
+                    A(eps), dropout);
         });
       RF_LAUNCH((layer_norm_forward_kernel<T, TX>), unsigned(rows), kRowThreads, 0, native(stream),
                 x.as<const TX>(), optional<T>(residual), optional<T>(weight), optional<T>(bias),
-                y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), cols, A(eps));
+                y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), cols, A(eps), dropout);
     };
     if constexpr (std::is_same_v<T, float>) {
       if (layer_norm_mixed_residual(x, residual)) return run(bf16_t{});
@@ -385,57 +450,67 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
 
 void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTensor& weight,
                          const KernelTensor& mean, const KernelTensor& var, const KernelTensor& dy,
-                         double eps, const KernelTensor& dx, const KernelTensor& dx_low,
+                         double eps, const ResidualDropout& drop, const KernelTensor& drop_tokens,
+                         const KernelTensor& dx, const KernelTensor& dx_x,
                          const KernelTensor& dweight, const KernelTensor& dbias) {
   RF_CHECK(x.ndim >= 1 && x.is_contiguous() && dy.is_contiguous() && dx.is_contiguous(),
            "layer_norm_backward: expected contiguous x, dy and dx");
-  RF_CHECK(!dx_low.defined() || (dx.dtype == DType::f32 && dx_low.dtype == DType::bf16 &&
-                                 dx_low.is_contiguous() && dx_low.numel() == dx.numel()),
-           "layer_norm_backward: dx_low is a contiguous bf16 copy of an f32 dx");
-  bf16_t* const low = dx_low.defined() ? dx_low.as<bf16_t>() : nullptr;
+  check_layer_norm_x_grad(dx, dx_x);
+  check_residual_dropout("layer_norm_backward", x, drop, drop_tokens, dx_x);
+  const RowDropout dropout = row_dropout(drop, drop_tokens);
   const int64_t cols = x.ndim > 0 ? x.size(-1) : 0;
   const int64_t rows = cols > 0 ? x.numel() / cols : 0;
   on_floating_dtype(x.dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
-    const int packs = warp_row_packs(cols, {x.data, optional<T>(weight), dy.data, dx.data, low});
-    const bool params = (dweight.defined() || dbias.defined()) && cols > 0;
-    // The parameter gradients' partial sums: a warp's chunk each (written by
-    // the dx kernel), or fixed row chunks of a kernel of their own.
-    const int64_t chunk_rows = packs > 0 ? kWarpChunk : grid_y_chunk(rows, kRowChunk);
-    const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
-    std::optional<Scratch> partial;
-    if (params) partial.emplace(stream, size_t(2 * chunks * cols) * sizeof(A));
-    A* const partial_data = params ? partial->as<A>() : nullptr;
-    if (rows > 0 && packs > 0) {
-      // Without parameter gradients a warp takes one row (more warps in flight).
-      const int64_t warp_rows = params ? kWarpChunk : 1;
-      const int64_t warps = (rows + warp_rows - 1) / warp_rows;
-      with_packs(packs, [&](auto k) {
-        const auto kernel = params ? layer_norm_dx_warp_kernel<T, decltype(k)::value, true>
-                                   : layer_norm_dx_warp_kernel<T, decltype(k)::value, false>;
-        RF_LAUNCH(kernel, unsigned((warps + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock),
-                  kRowThreads, 0, native(stream), x.as<const T>(), optional<T>(weight),
-                  mean.as<const A>(), var.as<const A>(), dy.as<const T>(), dx.as<T>(), low, rows,
-                  cols, A(eps), warp_rows, partial_data);
-      });
-    } else if (rows > 0) {
-      RF_LAUNCH((layer_norm_dx_kernel<T>), unsigned(rows), kRowThreads, 0, native(stream),
-                x.as<const T>(), optional<T>(weight), mean.as<const A>(), var.as<const A>(),
-                dy.as<const T>(), dx.as<T>(), low, cols, A(eps));
-      if (params) {
-        const dim3 grid(unsigned((cols + kThreads - 1) / kThreads), unsigned(chunks));
-        RF_LAUNCH((layer_norm_param_partials<T>), grid, kThreads, 0, native(stream),
-                  x.as<const T>(), mean.as<const A>(), var.as<const A>(), dy.as<const T>(),
-                  partial_data, rows, cols, chunk_rows, A(eps));
+    // TX: x's gradient's type, T's or bf16 on an f32 dx.
+    const auto run = [&](auto x_tag) {
+      using TX = decltype(x_tag);
+      TX* const gx = dx_x.defined() ? dx_x.as<TX>() : nullptr;
+      const int packs = warp_row_packs(cols, {x.data, optional<T>(weight), dy.data, dx.data, gx});
+      const bool params = (dweight.defined() || dbias.defined()) && cols > 0;
+      // The parameter gradients' partial sums: a warp's chunk each (written by
+      // the dx kernel), or fixed row chunks of a kernel of their own.
+      const int64_t chunk_rows = packs > 0 ? kWarpChunk : grid_y_chunk(rows, kRowChunk);
+      const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 1;
+      std::optional<Scratch> partial;
+      if (params) partial.emplace(stream, size_t(2 * chunks * cols) * sizeof(A));
+      A* const partial_data = params ? partial->as<A>() : nullptr;
+      if (rows > 0 && packs > 0) {
+        // Without parameter gradients a warp takes one row (more warps in flight).
+        const int64_t warp_rows = params ? kWarpChunk : 1;
+        const int64_t warps = (rows + warp_rows - 1) / warp_rows;
+        with_packs(packs, [&](auto k) {
+          const auto kernel = params ? layer_norm_dx_warp_kernel<T, TX, decltype(k)::value, true>
+                                     : layer_norm_dx_warp_kernel<T, TX, decltype(k)::value, false>;
+          RF_LAUNCH(kernel, unsigned((warps + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock),
+                    kRowThreads, 0, native(stream), x.as<const T>(), optional<T>(weight),
+                    mean.as<const A>(), var.as<const A>(), dy.as<const T>(), dx.as<T>(), gx, rows,
+                    cols, A(eps), warp_rows, partial_data, dropout);
+        });
+      } else if (rows > 0) {
+        RF_LAUNCH((layer_norm_dx_kernel<T, TX>), unsigned(rows), kRowThreads, 0, native(stream),
+                  x.as<const T>(), optional<T>(weight), mean.as<const A>(), var.as<const A>(),
+                  dy.as<const T>(), dx.as<T>(), gx, cols, A(eps), dropout);
+        if (params) {
+          const dim3 grid(unsigned((cols + kThreads - 1) / kThreads), unsigned(chunks));
+          RF_LAUNCH((layer_norm_param_partials<T>), grid, kThreads, 0, native(stream),
+                    x.as<const T>(), mean.as<const A>(), var.as<const A>(), dy.as<const T>(),
+                    partial_data, rows, cols, chunk_rows, A(eps));
+        }
       }
+      if (!params) return;
+      if (rows == 0)
+        RF_CUDA_CHECK(
+            cudaMemsetAsync(partial_data, 0, size_t(2 * cols) * sizeof(A), native(stream)));
+      RF_LAUNCH((layer_norm_param_finish<T>), unsigned((cols + 31) / 32), dim3(32, kFinishRows), 0,
+                native(stream), partial_data, dweight.defined() ? dweight.as<T>() : nullptr,
+                dbias.defined() ? dbias.as<T>() : nullptr, chunks, cols);
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (dx_x.defined() && dx_x.dtype == DType::bf16) return run(bf16_t{});
     }
-    if (!params) return;
-    if (rows == 0)
-      RF_CUDA_CHECK(cudaMemsetAsync(partial_data, 0, size_t(2 * cols) * sizeof(A), native(stream)));
-    RF_LAUNCH((layer_norm_param_finish<T>), unsigned((cols + 31) / 32), dim3(32, kFinishRows), 0,
-              native(stream), partial_data, dweight.defined() ? dweight.as<T>() : nullptr,
-              dbias.defined() ? dbias.as<T>() : nullptr, chunks, cols);
+    run(T{});
   });
 }
 
