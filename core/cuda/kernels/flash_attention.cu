@@ -93,7 +93,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
 #pragma unroll
     for (int mt = 0; mt < kM; ++mt) {
       online_softmax_tile(s[mt], o[mt], m[mt], l[mt], sBias, masked, a.scale_log2, t);
-      if constexpr (kDropout) dropout_tile(s[mt], a, r, row0 + 16 * mt, j0, g, t);
+      if constexpr (kDropout)
+        dropout_tile(s[mt], keep_mask(a, r, row0 + 16 * mt, j0, g, t), a, r, row0 + 16 * mt, j0, g,
+                     t);
     }
     mma_accumulator_tile(o, s, v_tile, lane);
     __syncthreads();  // this buffer's readers are done before it is refilled

@@ -74,12 +74,14 @@ __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r
   return keep;
 }
 
-// Dropout on a warp's 16 x 64 probabilities p (keys j0...): multiplies kept
-// ones by 1 / (1 - p) and zeroes the others, and writes the tile's two keep
-// words of each row (rows < Lq, words inside the row's ceil(Lk / 32)).
-__device__ __forceinline__ void dropout_tile(float (&p)[8][4], const FlashArgs& a, const Block& r,
-                                             int64_t row0, int64_t j0, int g, int t) {
-  const uint32_t keep = keep_mask(a, r, row0, j0, g, t);
+// Dropout on a warp's 16 x 64 probabilities p (keys j0...) by the tile's
+// keep_mask (drawn from positions alone, so a caller may draw it while the
+// tile's scores are still being computed): multiplies kept ones by
+// 1 / (1 - p) and zeroes the others, and writes the tile's two keep words of
+// each row (rows < Lq, words inside the row's ceil(Lk / 32)).
+__device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, const FlashArgs& a,
+                                             const Block& r, int64_t row0, int64_t j0, int g,
+                                             int t) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
 #pragma unroll

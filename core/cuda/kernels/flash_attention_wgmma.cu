@@ -63,10 +63,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     for (int ks = 0; ks < 4; ++ks)
       wgmma_ss(s, k_major_step(q_rows, ks), k_major_step(k_tile, ks), ks > 0);
     wgmma_commit();
+    // The keep bits depend on positions alone: their Philox rounds run on the
+    // ALUs while the tensor cores compute the scores.
+    uint32_t keep = 0u;
+    if constexpr (kDropout) keep = keep_mask(a, r, row0, j0, g, t);
     wgmma_wait<0>();
     fence_accumulator(s);
     online_softmax_tile(s, o, m, l, sBias, masked, a.scale_log2, t);
-    if constexpr (kDropout) dropout_tile(s, a, r, row0, j0, g, t);
+    if constexpr (kDropout) dropout_tile(s, keep, a, r, row0, j0, g, t);
     uint32_t p[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) accumulator_as_a(p[kk], s, kk);
