@@ -23,14 +23,15 @@ void rotate(const View& x, const A* cos_table, const A* sin_table, bool interlea
   const int64_t pair_stride = interleaved ? 2 : 1, step = interleaved ? 1 : half;
   parallel_rows(rows, D, [&](int64_t r) {
     const int64_t s = r % S;
-    int64_t off = s * ss, rest = r / S;
+    int64_t off = s * ss, out_off = s * out.strides()[size_t(nd - 2)], rest = r / S;
     for (int64_t d = nd - 3; d >= 0; --d) {
-      const int64_t size = x.shape()[size_t(d)];
-      off += (rest % size) * x.strides()[size_t(d)];
+      const int64_t size = x.shape()[size_t(d)], i = rest % size;
+      off += i * x.strides()[size_t(d)];
+      out_off += i * out.strides()[size_t(d)];
       rest /= size;
     }
     const T* in = px + off;
-    T* o = po + r * D;
+    T* o = po + out_off;
     const A* c = cos_table + s * half;
     const A* sn = sin_table + s * half;
     if (sd == 1) {
@@ -86,7 +87,7 @@ void rope(Stream, KT x_kt, KT table_kt, bool interleaved, bool inverse, KT out_k
   const View x(x_kt), table(table_kt), out(out_kt);
   RF_CHECK(x.dim() >= 2 && table.dim() == 3 && x.shape()[size_t(x.dim() - 2)] == table.shape()[1] &&
                x.shape().back() == 2 * table.shape()[2] && out.shape() == x.shape() &&
-               out.is_contiguous() && out.dtype() == x.dtype() && table.is_contiguous(),
+               out.strides().back() == 1 && out.dtype() == x.dtype() && table.is_contiguous(),
            "rope kernel: bad geometry, x ", x.desc(), ", out ", out.desc(), ", table ",
            table.desc());
   if (x.numel() == 0) return;

@@ -171,7 +171,8 @@ struct ResidualDropout {
   /* --- rotary position embedding (core/cpu/rope.cpp) ------------------------------------- */\
   /* table [2, S, D/2] (cos, sin; f32 or f64) of positions[s] * base^(-2i/D), in double. */    \
   X(rope_table, void(Stream, KT positions, double base, KT table))                              \
-  /* out (contiguous) = x [..., S, D] rotated pair-wise; inverse: by minus the angle. */       \
+  /* out = x [..., S, D] rotated pair-wise (out: x's shape, any strides, the last 1, no   */  \
+  /* overlap with x); inverse: by minus the angle. */                                         \
   X(rope, void(Stream, KT x, KT table, bool interleaved, bool inverse, KT out))                 \
   /* --- fused softmax attention (core/cpu/attention.cpp) ---------------------------------- */\
   /* q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] (unit last stride), key_mask [B, Sk] */\

@@ -324,16 +324,13 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
                                       sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);
     } else if (once) {
       // The gradients of the rotated copies ([H, T, D] memory), rotated back
-      // (the inverse rotation) and copied into dq and dk.
+      // (the inverse rotation) straight into dq and dk (qkv's parts when packed).
       const Tensor dq_rot = outputs({H, T, D}, out_dtype), dk_rot = outputs({H, T, D}, out_dtype);
       launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
                                         so.get(), lse, bits, grad_out, dq_rot.transpose(0, 1),
                                         dk_rot.transpose(0, 1), dv);
-      const Tensor back = Tensor::empty({H, T, D}, out_dtype, g.device());
-      for (const auto& [rot, grad] : {std::pair{dq_rot, dq}, std::pair{dk_rot, dk}}) {
-        launch::rope(g.device(), rot, table, interleaved, true, back);
-        launch::copy(g.device(), back.transpose(0, 1), grad);
-      }
+      for (const auto& [rot, grad] : {std::pair{dq_rot, dq}, std::pair{dk_rot, dk}})
+        launch::rope(g.device(), rot, table, interleaved, true, grad.transpose(0, 1));
     } else {
       launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
                                         so.get(), lse, bits, grad_out, dq, dk, dv);

@@ -77,5 +77,54 @@ TEST(RopeEmulated, TableAndRotationMatchTheCpu) {
   }
 }
 
+// Outputs that are views (the rotate-once backward writes dq and dk into
+// qkv's gradient): the same rows rotated into a transposed out (packed
+// kernel where D allows) and into rows 8 apart starting one element off a
+// 16-byte boundary (per-pair kernel), on both devices, and nothing written
+// outside the view (its memory's other elements stay poisoned).
+TEST(RopeEmulated, StridedOutputsTakeTheRotationAndNothingElse) {
+  const int64_t S = 24;
+  std::vector<int64_t> p(S);
+  for (int64_t i = 0; i < S; ++i) p[size_t(i)] = (i * 5) % 31;
+  const Tensor positions = Tensor::from_vector(p, {S});
+  for (DType t : {DType::f32, DType::bf16, DType::f64}) {
+    for (const int64_t D : {16, 24}) {
+      const Tensor table = table_on(false, positions, D, t == DType::f64 ? DType::f64 : DType::f32);
+      for (const std::string in_layout : {"contiguous", "transposed"}) {
+        const Tensor x = rope_input(in_layout, S, D, t);
+        for (bool interleaved : {false, true}) {
+          SCOPED_TRACE(std::string(dtype_name(t)) + " D " + std::to_string(D) + " " + in_layout +
+                       (interleaved ? " interleaved" : " halves"));
+          const Tensor ref = poisoned(x.shape(), t);
+          cpu::rope(cpu_stream(), kernel_tensor(x), kernel_tensor(table), interleaved, true,
+                    kernel_tensor(ref));
+          for (const std::string out_layout : {"transposed out", "offset out rows"}) {
+            SCOPED_TRACE(out_layout);
+            for (const bool emulated : {false, true}) {
+              const bool transposed = out_layout == "transposed out";
+              const Tensor memory =
+                  poisoned(transposed ? Shape{2, S, 3, D} : Shape{2, 3, S, D + 8}, t);
+              const Tensor out = transposed ? memory.transpose(1, 2) : memory.narrow(3, 1, D);
+              EmulatedStream s;
+              if (emulated)
+                emu::rope(s.get(), kernel_tensor(x), kernel_tensor(table), interleaved, true,
+                          kernel_tensor(out));
+              else
+                cpu::rope(cpu_stream(), kernel_tensor(x), kernel_tensor(table), interleaved, true,
+                          kernel_tensor(out));
+              expect_close(out.contiguous(), ref, tolerance(t), emulated ? "emulated" : "cpu");
+              if (!transposed) {  // the two columns around each row untouched
+                for (const Tensor& edge : {memory.narrow(3, 0, 1), memory.narrow(3, D + 1, 7)})
+                  for (double v : edge.to(DType::f64).to_vector<double>())
+                    ASSERT_TRUE(std::isnan(v));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace roformer

@@ -20,16 +20,25 @@ __global__ void rope_table_kernel(const I* positions, int64_t pstride, double ba
   }
 }
 
-// The element offset in x (geo) of row r of [..., S, D], the row's position
-// index s = r % S.
-__device__ __forceinline__ int64_t rope_row_offset(const KernelTensor& geo, int64_t r, int64_t S) {
+// The element offsets in x (geo) and out (out_geo, x's shape) of row r of
+// [..., S, D], the row's position index s = r % S: one walk of the dims
+// for both.
+struct RowOffsets {
+  int64_t x, out;
+};
+__device__ __forceinline__ RowOffsets rope_row_offsets(const KernelTensor& geo,
+                                                       const KernelTensor& out_geo, int64_t r,
+                                                       int64_t S) {
   const int32_t nd = geo.ndim;
-  int64_t off = (r % S) * geo.strides[nd - 2], rest = r / S;
+  RowOffsets o{(r % S) * geo.strides[nd - 2], (r % S) * out_geo.strides[nd - 2]};
+  int64_t rest = r / S;
   for (int32_t d = nd - 3; d >= 0; --d) {
-    off += (rest % geo.sizes[d]) * geo.strides[d];
+    const int64_t i = rest % geo.sizes[d];
+    o.x += i * geo.strides[d];
+    o.out += i * out_geo.strides[d];
     rest /= geo.sizes[d];
   }
-  return off;
+  return o;
 }
 
 // The pair (x0, x1) rotated by the angle whose cosine is c and sine sk
@@ -43,7 +52,8 @@ __device__ __forceinline__ void rotate_pair(A x0, A x1, A c, A sk, T& y0, T& y1)
 // One thread per pair of one row.
 template <class T>
 __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table, T* out,
-                            int64_t rows, int64_t S, int64_t D, bool interleaved, bool inverse) {
+                            KernelTensor out_geo, int64_t rows, int64_t S, int64_t D,
+                            bool interleaved, bool inverse) {
   using A = acc_t<T>;
   const int64_t half = D / 2;
   const A* cos_table = table;
@@ -51,12 +61,13 @@ __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table,
   const int64_t sd = geo.strides[geo.ndim - 1];
   RF_GRID_LOOP(idx, rows * half) {
     const int64_t r = idx / half, k = idx % half;
-    const int64_t s = r % S, off = rope_row_offset(geo, r, S);
+    const int64_t s = r % S;
+    const RowOffsets off = rope_row_offsets(geo, out_geo, r, S);
     const int64_t lo = interleaved ? 2 * k : k, hi = interleaved ? 2 * k + 1 : k + half;
-    const A x0 = convert<A>(x[off + lo * sd]), x1 = convert<A>(x[off + hi * sd]);
+    const A x0 = convert<A>(x[off.x + lo * sd]), x1 = convert<A>(x[off.x + hi * sd]);
     const A c = cos_table[s * half + k];
     const A sk = inverse ? -sin_table[s * half + k] : sin_table[s * half + k];
-    rotate_pair(x0, x1, c, sk, out[r * D + lo], out[r * D + hi]);
+    rotate_pair(x0, x1, c, sk, out[off.out + lo], out[off.out + hi]);
   }
 }
 
@@ -69,18 +80,20 @@ __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table,
 // tokens, where their bytes take 0.07 at the H100's copy rate).
 template <class T, bool kInterleaved>
 __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>* table, T* out,
-                                   int64_t rows, int64_t S, int64_t D, bool inverse) {
+                                   KernelTensor out_geo, int64_t rows, int64_t S, int64_t D,
+                                   bool inverse) {
   using A = acc_t<T>;
   const int64_t half = D / 2;
   const int64_t per_row = kInterleaved ? D / 8 : D / 16;  // packs (pack pairs) a row
   RF_GRID_LOOP(idx, rows * per_row) {
     const int64_t r = idx / per_row, p = idx % per_row;
-    const int64_t s = r % S, off = rope_row_offset(geo, r, S);
+    const int64_t s = r % S;
+    const RowOffsets off = rope_row_offsets(geo, out_geo, r, S);
     const A* cos_row = table + s * half;
     const A* sin_row = table + S * half + s * half;
     const A sign = inverse ? A(-1) : A(1);
     if constexpr (kInterleaved) {
-      const Pack8<T> in = *reinterpret_cast<const Pack8<T>*>(x + off + 8 * p);
+      const Pack8<T> in = *reinterpret_cast<const Pack8<T>*>(x + off.x + 8 * p);
       Pack8<T> o;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -88,10 +101,10 @@ __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>*
         const A x0 = convert<A>(in.v[2 * e]), x1 = convert<A>(in.v[2 * e + 1]);
         rotate_pair(x0, x1, cos_row[k], sign * sin_row[k], o.v[2 * e], o.v[2 * e + 1]);
       }
-      *reinterpret_cast<Pack8<T>*>(out + r * D + 8 * p) = o;
+      *reinterpret_cast<Pack8<T>*>(out + off.out + 8 * p) = o;
     } else {
-      const Pack8<T> lo = *reinterpret_cast<const Pack8<T>*>(x + off + 8 * p);
-      const Pack8<T> hi = *reinterpret_cast<const Pack8<T>*>(x + off + half + 8 * p);
+      const Pack8<T> lo = *reinterpret_cast<const Pack8<T>*>(x + off.x + 8 * p);
+      const Pack8<T> hi = *reinterpret_cast<const Pack8<T>*>(x + off.x + half + 8 * p);
       Pack8<T> o_lo, o_hi;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
@@ -99,15 +112,15 @@ __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>*
         const A x0 = convert<A>(lo.v[e]), x1 = convert<A>(hi.v[e]);
         rotate_pair(x0, x1, cos_row[k], sign * sin_row[k], o_lo.v[e], o_hi.v[e]);
       }
-      *reinterpret_cast<Pack8<T>*>(out + r * D + 8 * p) = o_lo;
-      *reinterpret_cast<Pack8<T>*>(out + r * D + half + 8 * p) = o_hi;
+      *reinterpret_cast<Pack8<T>*>(out + off.out + 8 * p) = o_lo;
+      *reinterpret_cast<Pack8<T>*>(out + off.out + half + 8 * p) = o_hi;
     }
   }
 }
 
-// Whether rope_packed_kernel takes x: the last dim contiguous, whole packs
-// (pairs of packs for halves) a row, every row start and both pointers on a
-// Pack8 boundary.
+// Whether rope_packed_kernel takes x and out: the last dims contiguous, whole
+// packs (pairs of packs for halves) a row, every row start of both and both
+// pointers on a Pack8 boundary.
 template <class T>
 bool rope_takes_packs(const KernelTensor& x, const KernelTensor& out, bool interleaved) {
   const int64_t D = x.size(-1);
@@ -115,7 +128,7 @@ bool rope_takes_packs(const KernelTensor& x, const KernelTensor& out, bool inter
       D % (interleaved ? 8 : 16) != 0)
     return false;
   for (int32_t d = 0; d + 1 < x.ndim; ++d)
-    if (x.sizes[d] > 1 && x.strides[d] % 8 != 0) return false;
+    if (x.sizes[d] > 1 && (x.strides[d] % 8 != 0 || out.strides[d] % 8 != 0)) return false;
   return reinterpret_cast<uintptr_t>(x.data) % alignof(Pack8<T>) == 0 &&
          reinterpret_cast<uintptr_t>(out.data) % alignof(Pack8<T>) == 0;
 }
@@ -146,9 +159,11 @@ void rope_table(Stream stream, const KernelTensor& positions, double base,
 void rope(Stream stream, const KernelTensor& x, const KernelTensor& table, bool interleaved,
           bool inverse, const KernelTensor& out) {
   RF_CHECK(x.ndim >= 2 && table.ndim == 3 && x.size(-2) == table.sizes[1] &&
-               x.size(-1) == 2 * table.sizes[2] && out.is_contiguous() && out.dtype == x.dtype &&
-               table.is_contiguous() && out.numel() == x.numel(),
+               x.size(-1) == 2 * table.sizes[2] && out.ndim == x.ndim && out.dtype == x.dtype &&
+               out.strides[out.ndim - 1] == 1 && table.is_contiguous(),
            "rope kernel: bad geometry");
+  for (int32_t d = 0; d < x.ndim; ++d)
+    RF_CHECK(out.sizes[d] == x.sizes[d], "rope kernel: out's shape is not x's");
   if (x.numel() == 0) return;
   const int64_t D = x.size(-1), S = x.size(-2), rows = x.numel() / D;
   on_floating_dtype(x.dtype, "rope", [&](auto tag) {
@@ -159,11 +174,11 @@ void rope(Stream stream, const KernelTensor& x, const KernelTensor& table, bool 
     if (rope_takes_packs<T>(x, out, interleaved)) {
       const auto kernel = interleaved ? rope_packed_kernel<T, true> : rope_packed_kernel<T, false>;
       RF_LAUNCH(kernel, grid_for(rows * (D / (interleaved ? 8 : 16))), kThreads, 0, native(stream),
-                x.as<const T>(), x, table.as<const A>(), out.as<T>(), rows, S, D, inverse);
+                x.as<const T>(), x, table.as<const A>(), out.as<T>(), out, rows, S, D, inverse);
       return;
     }
     RF_LAUNCH((rope_kernel<T>), grid_for(rows * (D / 2)), kThreads, 0, native(stream),
-              x.as<const T>(), x, table.as<const A>(), out.as<T>(), rows, S, D, interleaved,
+              x.as<const T>(), x, table.as<const A>(), out.as<T>(), out, rows, S, D, interleaved,
               inverse);
   });
 }
