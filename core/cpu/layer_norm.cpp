@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <vector>
 
 #include "core/cpu/dropout_rows.h"
@@ -145,28 +144,23 @@ void backward_loop(const View& x, const View& weight, const View& mean, const Vi
 
 }  // namespace
 
-void layer_norm_forward(Stream stream, KT x_in, KT residual_kt, KT weight_kt, KT bias_kt,
+void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT bias_kt,
                         double eps, const ResidualDropout& drop, KT drop_tokens, KT y_kt, KT sum_kt,
                         KT mean_kt, KT var_kt) {
   const View weight(weight_kt), bias(bias_kt), y(y_kt), mean(mean_kt), var(var_kt);
-  check_layer_norm_forward_dtypes(x_in, residual_kt, weight_kt, bias_kt, y_kt, sum_kt, mean_kt,
+  check_layer_norm_forward_dtypes(x_kt, residual_kt, weight_kt, bias_kt, y_kt, sum_kt, mean_kt,
                                   var_kt);
-  check_residual_dropout("layer_norm_forward", x_in, drop, drop_tokens, residual_kt);
-  if (View(x_in).numel() == 0) return;
-  // A residual dropout by dropout's own loop into a copy of x: the unfused
-  // pair's bits (the fusion pays on devices bound by memory traffic).
-  std::optional<Scratch> dropped;
-  if (drop.p > 0.0) {
-    const View x(x_in);
-    RF_CHECK(x.is_contiguous(), "layer_norm_forward: a residual dropout needs a contiguous x");
-    dropped.emplace(x.shape(), x.dtype());
-    dropout_rows(x, dropped->view(), drop.p, drop.key, View(drop_tokens), drop.positions);
-  }
-  const KernelTensor x_kt = dropped ? dropped->view().kt() : x_in;
+  check_residual_dropout("layer_norm_forward", x_kt, drop, drop_tokens, residual_kt);
+  if (View(x_kt).numel() == 0) return;
   // The sum by add()'s own kernel: the fused op gives the unfused pair's bits.
   // bf16 x with an f32 residual is first cast into the sum (exact), then the
   // residual added in place (binary reads each element before writing it).
-  if (layer_norm_mixed_residual(x_kt, residual_kt)) {
+  // A residual dropout makes the sum in one pass of dropout's own draws and
+  // roundings (dropout_add_rows): the same bits again.
+  if (drop.p > 0.0) {
+    dropout_add_rows(View(x_kt), View(residual_kt), View(sum_kt), drop.p, drop.key,
+                     View(drop_tokens), drop.positions);
+  } else if (layer_norm_mixed_residual(x_kt, residual_kt)) {
     copy(stream, x_kt, sum_kt);
     binary(stream, BinaryOp::add, sum_kt, residual_kt, sum_kt);
   } else if (residual_kt.defined()) {
@@ -243,15 +237,9 @@ void layer_norm_backward(Stream stream, KT x_kt, KT weight_kt, KT mean_kt, KT va
                        dbias_kt);
   if (!dx_x_kt.defined() || dx_kt.numel() == 0) return;
   // x's gradient as the unfused ops make it: the cast kernel's rounding, then
-  // dropout's backward (the same mask again).
+  // dropout's backward (the same mask again), in one pass.
   if (!(drop.p > 0.0)) return copy(stream, dx_kt, dx_x_kt);
-  const View dx(dx_kt), dx_x(dx_x_kt);
-  std::optional<Scratch> low;
-  if (dx_x.dtype() != dx.dtype()) {
-    low.emplace(dx.shape(), dx_x.dtype());
-    copy(stream, dx_kt, low->view().kt());
-  }
-  dropout_rows(low ? low->view() : dx, dx_x, drop.p, drop.key, View(drop_tokens), drop.positions);
+  dropout_rows(View(dx_kt), View(dx_x_kt), drop.p, drop.key, View(drop_tokens), drop.positions);
 }
 
 }  // namespace roformer::kernels::cpu

@@ -277,6 +277,9 @@ inline float __fdiv_rn(float a, float b) {
 inline float __fsqrt_rn(float a) {
   return std::sqrt(a);
 }
+inline double __dmul_rn(double a, double b) {
+  return a * b;
+}
 // cp.async of kBytes (16 or 4): the source is read here, in the kernel's
 // translation unit (see cp_async_16).
 template <int kBytes>

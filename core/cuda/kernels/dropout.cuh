@@ -11,11 +11,21 @@
 
 namespace roformer::kernels::cuda {
 
+// a * b rounded on its own: nvcc never contracts it with a later add into a
+// fused multiply-add, so a dropped value added to a residual in the same
+// kernel (layer_norm.cu) has the bits of dropout's output added by another.
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+
 // One element of dropout's output: value scaled by 1 / (1 - p) when kept,
 // else zero, rounded to T as the CPU's loop does.
 template <class T>
 __device__ __forceinline__ T scaled_or_zero(bool kept, T value, acc_t<T> scale) {
-  return kept ? convert<T>(convert<acc_t<T>>(value) * scale) : convert<T>(0.0f);
+  return kept ? convert<T>(mul_rn(convert<acc_t<T>>(value), scale)) : convert<T>(0.0f);
 }
 // The same for the element whose draw is `draw`.
 template <class T>
