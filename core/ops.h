@@ -108,6 +108,20 @@ Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Ten
 // bf16-unfuseddrop; the results are the same bits either way).
 void set_fused_residual_dropout(bool on);
 bool fused_residual_dropout();
+// set_fused_residual_dropout(on) for a scope; the setting before it comes back
+// at its end.
+class FusedResidualDropoutScope {
+ public:
+  explicit FusedResidualDropoutScope(bool on) : previous_(fused_residual_dropout()) {
+    set_fused_residual_dropout(on);
+  }
+  ~FusedResidualDropoutScope() { set_fused_residual_dropout(previous_); }
+  FusedResidualDropoutScope(const FusedResidualDropoutScope&) = delete;
+  FusedResidualDropoutScope& operator=(const FusedResidualDropoutScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // --- training-specific (core/ops/*.cpp) -----------------------------------------
 // Zeroes each element with probability p and scales the rest by 1/(1-p).

@@ -148,25 +148,36 @@ Tensor from_working_copy(const WorkingCopy& copy, const Tensor& weight) {
 
 }  // namespace
 
-Tensor to_bf16(const Tensor& t) {
-  // The last cast is remembered: a layer's query, key and value projections
-  // read the same hidden states, which are then cast once, not three times.
-  struct LastCast {
-    std::weak_ptr<StorageImpl> storage;
-    int64_t offset = 0;
-    Shape shape, strides;
-    uint64_t version = 0;
-    Tensor cast;
-  };
-  if (t.dtype() == DType::bf16 && t.is_contiguous()) return t.detach();
+namespace {
+// The last cast is remembered: a layer's query, key and value projections
+// read the same hidden states, which are then cast once, not three times.
+struct LastCast {
+  std::weak_ptr<StorageImpl> storage;
+  int64_t offset = 0;
+  Shape shape, strides;
+  uint64_t version = 0;
+  Tensor cast;
+};
+LastCast& last_cast() {
   thread_local LastCast last;
+  return last;
+}
+}  // namespace
+
+void remember_bf16_cast(const Tensor& t, const Tensor& cast) {
+  last_cast() = LastCast{t.impl().storage, t.offset(), t.shape(), t.strides(), t.version(), cast};
+}
+
+Tensor to_bf16(const Tensor& t) {
+  if (t.dtype() == DType::bf16 && t.is_contiguous()) return t.detach();
+  const LastCast& last = last_cast();
   if (last.cast.defined() && last.storage.lock() == t.impl().storage && last.offset == t.offset() &&
       last.shape == t.shape() && last.strides == t.strides() && last.version == t.version())
     return last.cast;
   NoGradGuard no_grad;
   Tensor out = Tensor::empty(t.shape(), DType::bf16, t.device());
   out.copy_(t.detach());
-  last = LastCast{t.impl().storage, t.offset(), t.shape(), t.strides(), t.version(), out};
+  remember_bf16_cast(t, out);
   return out;
 }
 

@@ -98,5 +98,10 @@ int64_t bf16_working_copy_hits();
 // it: a repeated call for the same unchanged tensor returns the same copy,
 // and a contiguous bf16 `t` is returned itself (detached).
 Tensor to_bf16(const Tensor& t);
+// Makes `cast` (contiguous bf16, t's values rounded as to_bf16 rounds them)
+// the copy to_bf16(t) returns while t is unchanged: a kernel that wrote it
+// beside t (the residual layer norm's output) saves the product reading t a
+// cast pass. One cast is remembered at a time, per thread.
+void remember_bf16_cast(const Tensor& t, const Tensor& cast);
 
 }  // namespace roformer

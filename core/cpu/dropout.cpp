@@ -58,7 +58,7 @@ void dispatch_pair(DType in, DType out, const char* what, Fn&& fn) {
 void dropout_rows(const View& x, const View& out, double p, const DropoutKey& key,
                   const View& tokens, int64_t positions) {
   RF_CHECK(x.is_contiguous() && out.is_contiguous() && x.numel() == out.numel(),
-           "dropout kernel: expected contiguous x and out of one size, got ", x.desc(), " and ",
+           "dropout rows: expected contiguous x and out of one size, got ", x.desc(), " and ",
            out.desc());
   if (x.numel() == 0) return;
   const int64_t features = x.shape().back(), rows = x.numel() / features;

@@ -145,12 +145,13 @@ void backward_loop(const View& x, const View& weight, const View& mean, const Vi
 }  // namespace
 
 void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT bias_kt,
-                        double eps, const ResidualDropout& drop, KT drop_tokens, KT y_kt, KT sum_kt,
-                        KT mean_kt, KT var_kt) {
+                        double eps, const ResidualDropout& drop, KT drop_tokens, KT y_kt,
+                        KT y_low_kt, KT sum_kt, KT mean_kt, KT var_kt) {
   const View weight(weight_kt), bias(bias_kt), y(y_kt), mean(mean_kt), var(var_kt);
   check_layer_norm_forward_dtypes(x_kt, residual_kt, weight_kt, bias_kt, y_kt, sum_kt, mean_kt,
                                   var_kt);
   check_residual_dropout("layer_norm_forward", x_kt, drop, drop_tokens, residual_kt);
+  check_layer_norm_y_low(y_kt, y_low_kt);
   if (View(x_kt).numel() == 0) return;
   // The sum by add()'s own kernel: the fused op gives the unfused pair's bits.
   // bf16 x with an f32 residual is first cast into the sum (exact), then the
@@ -178,6 +179,8 @@ void layer_norm_forward(Stream stream, KT x_kt, KT residual_kt, KT weight_kt, KT
     if (weight.defined()) args.emplace(DNNL_ARG_SCALE, onednn_memory(p->param, weight));
     if (bias.defined()) args.emplace(DNNL_ARG_SHIFT, onednn_memory(p->param, bias));
     execute(p->forward, args);
+    // The cast kernel's rounding: the bits a later cast of y would give.
+    if (y_low_kt.defined()) copy(stream, y_kt, y_low_kt);
     return;
   }
   dispatch_floating(x.dtype(), "layer_norm", [&](auto tag) {

@@ -137,10 +137,12 @@ struct ResidualDropout {
   /* (mean, var f32, or f64 for f64), or with a residual bf16 x and f32 for all the rest    */  \
   /* (sum = float(x) + residual in f32: bf16 activations on an f32 residual stream). Other  */  \
   /* mixes throw naming the dtypes (core/kernels/layer_norm_dtypes.h). `drop` (p > 0 needs  */  \
-  /* the residual) drops x before the add, `drop_tokens` saying where x's rows are.          */  \
+  /* the residual) drops x before the add, `drop_tokens` saying where x's rows are. y_low    */  \
+  /* (optional, f32 y only): y rounded to bf16 as well, in the same pass -- the operand of   */  \
+  /* the product that reads y next under bf16 activations, with no cast pass of its own.     */  \
   X(layer_norm_forward, void(Stream, KT x, KT residual, KT weight, KT bias, double eps,         \
-                             const ResidualDropout& drop, KT drop_tokens, KT y, KT sum, KT mean, \
-                             KT var))                                                           \
+                             const ResidualDropout& drop, KT drop_tokens, KT y, KT y_low,       \
+                             KT sum, KT mean, KT var))                                          \
   /* dx_x (optional): x's gradient where it is not dx itself, in the same pass: dx rounded   */  \
   /* to bf16 for add_layer_norm's bf16 x on an f32 dx (bf16 activations, no cast pass of its */  \
   /* own), and with the forward's `drop` (p > 0 needs dx_x) the dropout's backward applied.  */  \

@@ -37,6 +37,13 @@ inline void check_layer_norm_forward_dtypes(const KernelTensor& x, const KernelT
            "with an f32 residual and f32 for the rest");
 }
 
+// y's bf16 copy: of an f32 y, contiguous, y's size.
+inline void check_layer_norm_y_low(const KernelTensor& y, const KernelTensor& y_low) {
+  RF_CHECK(!y_low.defined() || (y.dtype == DType::f32 && y_low.dtype == DType::bf16 &&
+                                y_low.is_contiguous() && y_low.numel() == y.numel()),
+           "layer_norm_forward: y_low is a contiguous bf16 copy of an f32 y");
+}
+
 // x's gradient where it is not dx: x's dtype, dx's or bf16 on an f32 dx.
 inline void check_layer_norm_x_grad(const KernelTensor& dx, const KernelTensor& dx_x) {
   RF_CHECK(!dx_x.defined() ||
@@ -56,13 +63,17 @@ inline void check_residual_dropout(const char* kernel, const KernelTensor& x,
   if (!(drop.p > 0.0)) return;
   const int64_t cols = x.ndim > 0 ? x.size(-1) : 0;
   const int64_t rows = cols > 0 ? x.numel() / cols : 0;
-  RF_CHECK(drop.p < 1.0 && target.defined() && drop.positions >= 1, kernel,
-           ": a residual dropout needs p in (0, 1) (got ", drop.p,
-           "), positions >= 1 and the residual (forward) or dx_x (backward)");
+  RF_CHECK(drop.p < 1.0, kernel, ": a residual dropout needs p in (0, 1), got ", drop.p);
+  RF_CHECK(target.defined(), kernel,
+           ": a residual dropout needs the residual (forward) or dx_x (backward)");
+  RF_CHECK(drop.positions >= 1, kernel, ": a residual dropout needs positions >= 1, got ",
+           drop.positions);
   if (tokens.defined())
     RF_CHECK(tokens.ndim == 2 && tokens.sizes[0] == rows && tokens.sizes[1] == 2 &&
                  tokens.dtype == DType::i64 && tokens.is_contiguous(),
-             kernel, ": residual dropout tokens must be contiguous [", rows, ", 2] i64");
+             kernel, ": residual dropout tokens must be contiguous [", rows, ", 2] i64, got ",
+             dtype_name(tokens.dtype), " with ", tokens.ndim, " dims, ", tokens.numel(),
+             " elements", tokens.is_contiguous() ? "" : ", strided");
   else
     RF_CHECK(rows % drop.positions == 0, kernel, ": ", rows, " rows are not whole sequences of ",
              drop.positions, " positions");

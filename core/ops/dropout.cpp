@@ -3,15 +3,24 @@
 // key instead of a mask tensor.
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
+#include "core/ops/dropout_checks.h"
 
 namespace roformer {
+
+void check_dropout_arguments(const char* op, const Tensor& x, double p, const Tensor& tokens) {
+  if (!(p >= 0.0 && p < 1.0))
+    throw Error(detail::concat(op, ": p must be in [0, 1), got ", p, " for ", x.desc()));
+  if (tokens.defined() && (x.dim() < 1 || tokens.dim() != 2 || tokens.size(0) != x.size(0) ||
+                           tokens.size(1) != 2 || tokens.dtype() != DType::i64))
+    throw Error(detail::concat(op, ": expected tokens [T, 2] i64 for x [T, ...], got x ", x.desc(),
+                               " and tokens ", tokens.desc()));
+}
 
 Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx) {
   const Device device = kernel_device("dropout", {&x});
   if (!is_floating(x.dtype()))
     throw Error(detail::concat("dropout: expected a floating tensor, got ", x.desc()));
-  if (!(p >= 0.0 && p < 1.0))
-    throw Error(detail::concat("dropout: p must be in [0, 1), got ", p, " for ", x.desc()));
+  check_dropout_arguments("dropout", x, p, Tensor());
   // Identity takes no site, so evaluation leaves the context untouched.
   if (!training || p == 0.0) return x;
   const DropoutKey key = ctx.next_site_key();
@@ -37,12 +46,10 @@ Tensor dropout(const Tensor& x, double p, bool training, DropoutContext& ctx,
   const Device device = kernel_device("dropout", {&x, &tokens});
   if (!is_floating(x.dtype()))
     throw Error(detail::concat("dropout: expected a floating tensor, got ", x.desc()));
-  if (!(p >= 0.0 && p < 1.0))
-    throw Error(detail::concat("dropout: p must be in [0, 1), got ", p, " for ", x.desc()));
-  if (x.dim() < 1 || tokens.dim() != 2 || tokens.size(0) != x.size(0) || tokens.size(1) != 2 ||
-      tokens.dtype() != DType::i64)
+  if (!tokens.defined())
     throw Error(detail::concat("dropout: expected tokens [T, 2] i64 for x [T, ...], got x ",
-                               x.desc(), " and tokens ", tokens.desc()));
+                               x.desc(), " and undefined tokens"));
+  check_dropout_arguments("dropout", x, p, tokens);
   if (!training || p == 0.0) return x;
   const DropoutKey key = ctx.next_site_key();
   const int64_t T = x.size(0), features = T > 0 ? x.numel() / T : 0;

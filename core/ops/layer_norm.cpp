@@ -12,11 +12,15 @@
 // dropout_add_layer_norm(x, residual) = add_layer_norm(dropout(x), residual):
 // the kernels apply the mask as they read x and write x's gradient, so a
 // residual block's end makes one pass each way instead of two.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
+#include "core/ops/dropout_checks.h"
+#include "core/precision.h"
 
 namespace roformer {
 
@@ -64,7 +68,13 @@ Tensor normalise(const char* op, const Tensor& x, const Tensor& residual, const 
   const Tensor sum = rc.defined() ? Tensor::empty(x.shape(), dtype, x.device()) : Tensor();
   Tensor mean = Tensor::empty({rows}, stat_dtype, x.device());
   Tensor var = Tensor::empty({rows}, stat_dtype, x.device());
-  launch::layer_norm_forward(x.device(), xc, rc, w, b, eps, drop, tokens, y, sum, mean, var);
+  // Under bf16 activations a residual block's f32 output is next read by a
+  // product, in bf16: the kernel writes that copy too, and to_bf16 serves it.
+  const Tensor y_low = rc.defined() && dtype == DType::f32 && activation_dtype(y) == DType::bf16
+                           ? Tensor::empty(x.shape(), DType::bf16, x.device())
+                           : Tensor();
+  launch::layer_norm_forward(x.device(), xc, rc, w, b, eps, drop, tokens, y, y_low, sum, mean, var);
+  if (y_low.defined()) remember_bf16_cast(y, y_low);
   if (!needs_grad({&x, &residual, &weight, &bias})) return y;
 
   // Backward reads the rows that were normalised: the sum, or x.
@@ -114,12 +124,7 @@ Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Ten
   const char* op = "dropout_add_layer_norm";
   if (!residual.defined())
     throw Error(detail::concat(op, ": residual is undefined (x ", x.desc(), ")"));
-  if (!(p >= 0.0 && p < 1.0))
-    throw Error(detail::concat(op, ": p must be in [0, 1), got ", p, " for ", x.desc()));
-  if (tokens.defined() && (x.dim() < 1 || tokens.dim() != 2 || tokens.size(0) != x.size(0) ||
-                           tokens.size(1) != 2 || tokens.dtype() != DType::i64))
-    throw Error(detail::concat(op, ": expected tokens [T, 2] i64 for x [T, ...], got x ", x.desc(),
-                               " and tokens ", tokens.desc()));
+  check_dropout_arguments(op, x, p, tokens);
   // Identity dropout takes no site, as dropout() does.
   if (!training || p == 0.0) return normalise(op, x, residual, weight, bias, eps);
   // The kernels' rows must be dropout's tokens: x [T, features] on a token
@@ -131,8 +136,15 @@ Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Ten
         tokens.defined() ? dropout(x, p, training, ctx, tokens) : dropout(x, p, training, ctx);
     return normalise(op, dropped, residual, weight, bias, eps);
   }
-  const kernels::ResidualDropout drop{p, ctx.next_site_key(), x.dim() >= 3 ? x.size(1) : 1};
-  return normalise(op, x, residual, weight, bias, eps, drop,
+  // A device's kernels may pick their form by the operands' alignment, and
+  // the pair's layer norm reads dropout's fresh output: a view of x that
+  // starts off a 16-byte boundary is read from a fresh copy, as the pair's.
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0;
+  const Tensor xa = aligned ? x : x.clone();
+  // [B, 0, F] has no rows: one position a row is as good as none.
+  const int64_t positions = x.dim() >= 3 ? std::max<int64_t>(1, x.size(1)) : 1;
+  const kernels::ResidualDropout drop{p, ctx.next_site_key(), positions};
+  return normalise(op, xa, residual, weight, bias, eps, drop,
                    tokens.defined() ? tokens.detach().contiguous() : Tensor());
 }
 

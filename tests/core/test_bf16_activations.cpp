@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/ops.h"
+#include "core/ops/dispatch.h"
 #include "core/precision.h"
 #include "gradcheck.h"
 #include "tests/test_support.h"
@@ -172,6 +173,42 @@ TEST(Bf16Activations, AddLayerNormTakesABf16InputOnAnF32Residual) {
   const std::string err = testing::error_of<Error>(
       [&] { add_layer_norm(x.detach(), r.detach().to(DType::bf16), w, b, 1e-5); });
   EXPECT_NE(err.find("or be f32 for a bf16 x"), std::string::npos) << err;
+}
+
+// Under bf16 activations the residual layer norm writes its f32 output's bf16
+// copy in the same pass, and the product that reads the output next takes
+// that copy with no cast kernel: the bits a cast gives, served until the
+// output changes.
+TEST(Bf16Activations, ResidualLayerNormServesItsOutputsBf16Copy) {
+  const MatmulPrecisionScope precision(DType::bf16);
+  const auto copies = [] {
+    return kernels::kernel_calls_by_id[size_t(kernels::KernelId::copy)].load();
+  };
+  const Tensor x = bf16_exact({5, 40}, 20).to(DType::bf16);
+  const Tensor r = random_f64({5, 40}, 21).to(DType::f32);
+  Tensor y = add_layer_norm(x, r, Tensor(), Tensor(), 1e-5);
+  uint64_t before = copies();
+  const Tensor served = to_bf16(y);
+  EXPECT_EQ(copies(), before) << "the layer norm's copy, no cast kernel";
+  NoGradGuard no_grad;
+  Tensor cast = Tensor::empty(y.shape(), DType::bf16);
+  cast.copy_(y);
+  EXPECT_EQ(values(served), values(cast));
+  // A linear reading y gives what it gives on a y without the copy.
+  const Tensor w = random_f64({8, 40}, 22).to(DType::f32);
+  EXPECT_EQ(values(linear(y, w, Tensor())), values(linear(y.clone(), w, Tensor())));
+  // Once y changes, the copy is stale: a cast again.
+  y.fill_(0.5);
+  before = copies();
+  const Tensor recast = to_bf16(y);
+  EXPECT_GT(copies(), before);
+  EXPECT_EQ(values(recast), values(y.to(DType::bf16)));
+  // Without bf16 activations (and without autocast) no copy is made.
+  const MatmulPrecisionScope f32_activations(DType::bf16, false);
+  const Tensor y2 = add_layer_norm(x, r, Tensor(), Tensor(), 1e-5);
+  before = copies();
+  to_bf16(y2);
+  EXPECT_GT(copies(), before);
 }
 
 TEST(Bf16Activations, LayerNormOfABf16InputIsTheF32OneOfItsValues) {

@@ -158,7 +158,7 @@ LayerNormForward layer_norm_forward_cpu(const Tensor& x, const Tensor& residual,
   LayerNormForward o{Tensor::full(x.shape(), NAN), Tensor::full(x.shape(), NAN),
                      Tensor::full({rows}, NAN), Tensor::full({rows}, NAN)};
   launch::layer_norm_forward(Device::cpu(), x, residual, w, b, 1e-5, kernels::ResidualDropout{},
-                             Tensor(), o.y, o.sum, o.mean, o.var);
+                             Tensor(), o.y, Tensor(), o.sum, o.mean, o.var);
   return o;
 }
 
@@ -184,6 +184,31 @@ TEST(LayerNormKernel, Bf16InputWithAnF32ResidualIsTheF32KernelOnTheCastInput) {
     }
 }
 
+// A residual dropout the kernel cannot place is an error naming what is
+// missing: no residual, tokens of the wrong shape, rows that are not whole
+// sequences of `positions`.
+TEST(LayerNormKernel, ResidualDropoutNeedsAResidualAndWholeTokens) {
+  const Tensor x = Tensor::ones({6, 8}), y = Tensor::empty({6, 8}), sum = Tensor::empty({6, 8});
+  const Tensor stat = Tensor::empty({6});
+  const kernels::ResidualDropout drop{0.2, DropoutKey{1, 0, 0, 0}, 3};
+  const auto run = [&](const Tensor& residual, const kernels::ResidualDropout& d,
+                       const Tensor& tokens) {
+    return error_of([&] {
+      launch::layer_norm_forward(Device::cpu(), x, residual, Tensor(), Tensor(), 1e-5, d, tokens, y,
+                                 Tensor(), residual.defined() ? sum : Tensor(), stat, stat);
+    });
+  };
+  EXPECT_MENTIONS(run(Tensor(), drop, Tensor()), "needs the residual");
+  EXPECT_MENTIONS(run(x, kernels::ResidualDropout{0.2, DropoutKey{}, 4}, Tensor()),
+                  "6 rows are not whole sequences of 4 positions");
+  EXPECT_MENTIONS(run(x, kernels::ResidualDropout{0.2, DropoutKey{}, 0}, Tensor()),
+                  "positions >= 1, got 0");
+  EXPECT_MENTIONS(run(x, drop, Tensor::zeros({5, 2}, DType::i64)),
+                  "tokens must be contiguous [6, 2] i64, got i64 with 2 dims, 10 elements");
+  EXPECT_MENTIONS(run(x, kernels::ResidualDropout{1.0, DropoutKey{}, 1}, Tensor()),
+                  "p in (0, 1), got 1");
+}
+
 TEST(LayerNormKernel, OtherDtypeMixesAreRejectedNamingTheDtypes) {
   const Tensor f32 = Tensor::ones({2, 8}), bf16 = f32.to(DType::bf16), f64 = f32.to(DType::f64);
   const Tensor w32 = Tensor::ones({8}), w16 = w32.to(DType::bf16), stat = Tensor::empty({2});
@@ -204,7 +229,8 @@ TEST(LayerNormKernel, OtherDtypeMixesAreRejectedNamingTheDtypes) {
     SCOPED_TRACE(c.what);
     const std::string msg = error_of([&] {
       launch::layer_norm_forward(Device::cpu(), c.x, c.residual, c.w, Tensor(), 1e-5,
-                                 kernels::ResidualDropout{}, Tensor(), c.y, c.sum, stat, stat);
+                                 kernels::ResidualDropout{}, Tensor(), c.y, Tensor(), c.sum, stat,
+                                 stat);
     });
     EXPECT_MENTIONS(msg, "layer_norm_forward: unsupported dtypes");
     EXPECT_MENTIONS(msg, c.expected);

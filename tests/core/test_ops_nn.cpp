@@ -513,6 +513,7 @@ TEST(DropoutAddLayerNorm, IsDropoutThenAddLayerNormBitForBit) {
       {"bf16 x on an f32 residual", {3, 5, 24}, DType::bf16, DType::f32},
       {"bf16 token stream on f32", {7, 24}, DType::bf16, DType::f32, true},
       {"bf16 throughout", {6, 16}, DType::bf16, DType::bf16},
+      {"a vector: one row", {40}, DType::f32, DType::f32},
       {"4-D: rows are not tokens", {2, 3, 2, 8}, DType::f32, DType::f32, false, false},
   };
   const Tensor tokens =
@@ -525,7 +526,7 @@ TEST(DropoutAddLayerNorm, IsDropoutThenAddLayerNormBitForBit) {
   for (const DropoutLayerNormCase& c : cases) {
     for (const bool switched_on : {true, false}) {
       SCOPED_TRACE(std::string(c.what) + (switched_on ? "" : ", fusion switched off"));
-      set_fused_residual_dropout(switched_on);
+      const FusedResidualDropoutScope scope(switched_on);
       const int64_t cols = c.shape.back();
       const Tensor x = random(c.shape, 70).to(c.x_dtype).set_requires_grad(true);
       const Tensor r = random(c.shape, 71).to(c.residual_dtype).set_requires_grad(true);
@@ -563,7 +564,17 @@ TEST(DropoutAddLayerNorm, IsDropoutThenAddLayerNormBitForBit) {
       EXPECT_LT(zeros, int64_t(fused_grads[0].size()) / 2);
     }
   }
-  set_fused_residual_dropout(true);
+}
+
+// No rows ([B, 0, F]): an empty result, and the site taken as dropout takes it.
+TEST(DropoutAddLayerNorm, EmptyInputsGiveEmptyResultsAndTakeTheirSite) {
+  for (const Shape& shape : {Shape{2, 0, 8}, Shape{0, 8}}) {
+    DropoutContext ctx{1, 2, 0};
+    const Tensor x = Tensor::zeros(shape), r = Tensor::zeros(shape);
+    const Tensor y = dropout_add_layer_norm(x, r, Tensor(), Tensor(), 1e-5, 0.2, true, ctx);
+    EXPECT_EQ(y.shape(), shape);
+    EXPECT_EQ(ctx.next_site, 1u);
+  }
 }
 
 TEST(DropoutAddLayerNorm, WithoutDropoutIsAddLayerNormAndTakesNoSite) {

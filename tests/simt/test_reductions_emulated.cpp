@@ -120,7 +120,7 @@ TEST(ReduceEmulated, MaxAndScatterAlongMatchTheCpu) {
 
 // --- layer norm ---------------------------------------------------------------------------
 struct LayerNormOut {
-  Tensor y, mean, var, dx, dweight, dbias, sum, dx_x;
+  Tensor y, mean, var, dx, dweight, dbias, sum, dx_x, y_low;
 };
 
 // A residual dropout (x dropped before the add): the kernels' argument and
@@ -137,23 +137,26 @@ LayerNormOut layer_norm_on(bool emulated, const Tensor& x, const Tensor& w, cons
   // The residual's dtype where x is bf16 on an f32 residual stream.
   const DType t = residual.defined() ? residual.dtype() : x.dtype();
   const DType stat = t == DType::f64 ? DType::f64 : DType::f32;
-  LayerNormOut o{poisoned(x.shape(), t), poisoned({rows}, stat), poisoned({rows}, stat),
-                 poisoned(x.shape(), t), dweight ? poisoned({cols}, t) : Tensor(),
-                 dbias ? poisoned({cols}, t) : Tensor(),
-                 residual.defined() ? poisoned(x.shape(), t) : Tensor(),
-                 // x's own gradient: bf16 beside the f32 one (add_layer_norm's bf16 x),
-                 // or dropped by the residual dropout
-                 (x.dtype() == DType::bf16 && t == DType::f32) || dc.drop.p > 0.0
-                     ? poisoned(x.shape(), x.dtype())
-                     : Tensor()};
+  LayerNormOut o{
+      poisoned(x.shape(), t), poisoned({rows}, stat), poisoned({rows}, stat),
+      poisoned(x.shape(), t), dweight ? poisoned({cols}, t) : Tensor(),
+      dbias ? poisoned({cols}, t) : Tensor(),
+      residual.defined() ? poisoned(x.shape(), t) : Tensor(),
+      // x's own gradient: bf16 beside the f32 one (add_layer_norm's bf16 x),
+      // or dropped by the residual dropout
+      (x.dtype() == DType::bf16 && t == DType::f32) || dc.drop.p > 0.0
+          ? poisoned(x.shape(), x.dtype())
+          : Tensor(),
+      // y's bf16 copy beside an f32 y on a residual (bf16 activations)
+      residual.defined() && t == DType::f32 ? poisoned(x.shape(), DType::bf16) : Tensor()};
   EmulatedStream s;
   const kernels::Stream stream = emulated ? s.get() : cpu_stream();
   auto* forward = emulated ? &emu::layer_norm_forward : &cpu::layer_norm_forward;
   auto* backward = emulated ? &emu::layer_norm_backward : &cpu::layer_norm_backward;
   const double eps = 1e-5;
   forward(stream, kernel_tensor(x), kernel_tensor(residual), kernel_tensor(w), kernel_tensor(b),
-          eps, dc.drop, kernel_tensor(dc.tokens), kernel_tensor(o.y), kernel_tensor(o.sum),
-          kernel_tensor(o.mean), kernel_tensor(o.var));
+          eps, dc.drop, kernel_tensor(dc.tokens), kernel_tensor(o.y), kernel_tensor(o.y_low),
+          kernel_tensor(o.sum), kernel_tensor(o.mean), kernel_tensor(o.var));
   // Both backwards read the CPU's statistics, so they differ only by their own work.
   const Tensor& normalised = residual.defined() ? o.sum : x;
   backward(stream, kernel_tensor(normalised), kernel_tensor(w), kernel_tensor(o.mean),
@@ -191,6 +194,10 @@ void expect_layer_norm_matches(const Shape& shape, DType t, bool affine, bool dw
   const LayerNormOut got = layer_norm_on(true, x, w, b, dy, dweight, dbias, r, dc);
   const double tol = tolerance(t);
   if (residual && x.numel() > 0) expect_equal(got.sum, ref.sum, "sum");  // one rounding each
+  if (got.y_low.defined() && x.numel() > 0) {  // each kernel's own y rounded once
+    expect_equal(got.y_low, got.y.to(DType::bf16), "y_low");
+    expect_equal(ref.y_low, ref.y.to(DType::bf16), "y_low (cpu)");
+  }
   if (dc.drop.p > 0.0 && x.numel() > 0) {
     // dropout() then the residual add, bit for bit; x's gradient is each
     // kernel's own dx in x's dtype through dropout()'s backward.

@@ -88,6 +88,12 @@ struct RowDropout {
                                                  int64_t group) const {
     return philox4x32(dropout_block(uint32_t(group), position, sequence, site, 0), pkey);
   }
+  // The draw of feature `inner` alone (one Philox call a feature: for
+  // kernels whose threads do not hold a whole block).
+  __device__ __forceinline__ uint32_t draw(uint32_t sequence, uint32_t position,
+                                           int64_t inner) const {
+    return dropout_draw(pkey, uint32_t(inner), position, sequence, site, 0);
+  }
   // The same decisions as eight bits (bit e: feature 8 group + e kept): one
   // register to carry where the words' would not fit.
   __device__ __forceinline__ uint32_t keep_bits(uint32_t sequence, uint32_t position,

@@ -30,8 +30,9 @@ constexpr int64_t kRowChunk = 64;  // rows per partial column sum (at least)
 // TX is x's type: T, or bf16 added to an f32 residual (TX != T needs one).
 template <class T, class TX>
 __global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const T* w, const T* b,
-                                          T* y, T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t cols,
-                                          acc_t<T> eps, RowDropout drop) {
+                                          T* y, bf16_t* y_low, T* sum, acc_t<T>* mean,
+                                          acc_t<T>* var, int64_t cols, acc_t<T> eps,
+                                          RowDropout drop) {
   using A = acc_t<T>;
   __shared__ A shared[32];
   const int64_t r = blockIdx.x;
@@ -48,9 +49,7 @@ __global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const 
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       TX in = x[r * cols + c];
       if (drop.on)  // a Philox call an element: the fallback for rows not in whole packs
-        in = dropped(dropout_draw_of(drop.words(sequence, position, c / kDropoutDrawsPerBlock),
-                                     uint32_t(c % kDropoutDrawsPerBlock)),
-                     drop.threshold, in, acc_t<TX>(drop.scale));
+        in = dropped(drop.draw(sequence, position, c), drop.threshold, in, acc_t<TX>(drop.scale));
       // Rounded to T, as add() leaves it.
       const T v = convert<T>(convert<A>(in) + convert<A>(residual[r * cols + c]));
       sum[r * cols + c] = v;
@@ -72,6 +71,7 @@ __global__ void layer_norm_forward_kernel(const TX* x, const T* residual, const 
     if (w) out *= convert<A>(w[c]);
     if (b) out += convert<A>(b[c]);
     yr[c] = convert<T>(out);
+    if (y_low) y_low[r * cols + c] = convert<bf16_t>(yr[c]);
   }
   if (threadIdx.x == 0) {
     mean[r] = m;
@@ -90,8 +90,8 @@ constexpr int kRowsPerWarpBlock = kRowThreads / 32;
 template <class T, class TX, int kPacks>
 __global__ void __launch_bounds__(kRowThreads)
     layer_norm_forward_warp_kernel(const TX* x, const T* residual, const T* w, const T* b, T* y,
-                                   T* sum, acc_t<T>* mean, acc_t<T>* var, int64_t rows,
-                                   int64_t cols, acc_t<T> eps, RowDropout drop) {
+                                   bf16_t* y_low, T* sum, acc_t<T>* mean, acc_t<T>* var,
+                                   int64_t rows, int64_t cols, acc_t<T> eps, RowDropout drop) {
   using A = acc_t<T>;
   const int lane = threadIdx.x % 32;
   const int64_t r = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
@@ -155,6 +155,12 @@ __global__ void __launch_bounds__(kRowThreads)
       out.v[e] = convert<T>(o);
     }
     reinterpret_cast<Pack8<T>*>(y)[first + p] = out;
+    if (y_low) {
+      Pack8<bf16_t> low;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) low.v[e] = convert<bf16_t>(out.v[e]);
+      reinterpret_cast<Pack8<bf16_t>*>(y_low)[first + p] = low;
+    }
   }
   if (lane == 0) {
     mean[r] = m;
@@ -177,7 +183,9 @@ constexpr int64_t kWarpChunk = 16;
 // 768: 134 registers, or 128 with one 8-byte spill before the residual
 // dropout; with it 120-168 bytes spill to L1, docs/performance.md); f64 and
 // wider rows keep their registers.
-template <class T, class TX, int kPacks, bool kParams>
+// kDrop: whether the residual dropout applies (a template flag, so the
+// kernel without it keeps the registers it had before the dropout existed).
+template <class T, class TX, int kPacks, bool kParams, bool kDrop>
 __global__ void __launch_bounds__(kRowThreads,
                                   (kParams && kPacks <= 3 && sizeof(acc_t<T>) == 4) ? 2 : 1)
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
@@ -198,7 +206,7 @@ __global__ void __launch_bounds__(kRowThreads,
     // values are live (bit 8 k + e: element e of pack k): the words
     // themselves would not fit beside them in the registers.
     uint32_t keep = 0;
-    if (drop.on) {
+    if constexpr (kDrop) {
       uint32_t sequence = 0, position = 0;
       drop.token(r, sequence, position);
 #pragma unroll 1
@@ -244,7 +252,7 @@ __global__ void __launch_bounds__(kRowThreads,
         Pack8<TX> gx;
 #pragma unroll
         for (int e = 0; e < 8; ++e) gx.v[e] = convert<TX>(out.v[e]);
-        if (drop.on) {
+        if constexpr (kDrop) {
 #pragma unroll
           for (int e = 0; e < 8; ++e)
             gx.v[e] =
@@ -311,6 +319,8 @@ __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mea
   }
   sg = block_sum(sg, shared) / A(cols);
   sgx = block_sum(sgx, shared) / A(cols);
+  uint32_t sequence = 0, position = 0;
+  if (drop.on) drop.token(r, sequence, position);
   // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = dy * weight.
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const A gw = convert<A>(gr[c]) * (w ? convert<A>(w[c]) : A(1));
@@ -319,13 +329,8 @@ __global__ void layer_norm_dx_kernel(const T* x, const T* w, const acc_t<T>* mea
     dx[r * cols + c] = d;
     if (!dx_x) continue;
     TX g = convert<TX>(d);
-    if (drop.on) {  // a Philox call an element: the fallback for rows not in whole packs
-      uint32_t sequence = 0, position = 0;
-      drop.token(r, sequence, position);
-      g = dropped(dropout_draw_of(drop.words(sequence, position, c / kDropoutDrawsPerBlock),
-                                  uint32_t(c % kDropoutDrawsPerBlock)),
-                  drop.threshold, g, acc_t<TX>(drop.scale));
-    }
+    if (drop.on)  // a Philox call an element: the fallback for rows not in whole packs
+      g = dropped(drop.draw(sequence, position, c), drop.threshold, g, acc_t<TX>(drop.scale));
     dx_x[r * cols + c] = g;
   }
 }
@@ -408,8 +413,8 @@ RowDropout row_dropout(const ResidualDropout& drop, const KernelTensor& tokens) 
 void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor& residual,
                         const KernelTensor& weight, const KernelTensor& bias, double eps,
                         const ResidualDropout& drop, const KernelTensor& drop_tokens,
-                        const KernelTensor& y, const KernelTensor& sum, const KernelTensor& mean,
-                        const KernelTensor& var) {
+                        const KernelTensor& y, const KernelTensor& y_low, const KernelTensor& sum,
+                        const KernelTensor& mean, const KernelTensor& var) {
   RF_CHECK(x.ndim >= 1 && x.is_contiguous() && y.is_contiguous(),
            "layer_norm_forward: expected contiguous x and y");
   RF_CHECK(!residual.defined() || (residual.is_contiguous() && sum.defined() &&
@@ -418,6 +423,7 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
            x.numel(), " elements, residual ", residual.numel(), ")");
   check_layer_norm_forward_dtypes(x, residual, weight, bias, y, sum, mean, var);
   check_residual_dropout("layer_norm_forward", x, drop, drop_tokens, residual);
+  check_layer_norm_y_low(y, y_low);
   if (x.numel() == 0) return;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   const RowDropout dropout = row_dropout(drop, drop_tokens);
@@ -426,8 +432,9 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
     using T = decltype(tag);
     using A = acc_t<T>;
     T* const sum_rows = sum.defined() ? sum.as<T>() : nullptr;
+    bf16_t* const low = y_low.defined() ? y_low.as<bf16_t>() : nullptr;
     const int packs = warp_row_packs(cols, {x.data, optional<T>(residual), optional<T>(weight),
-                                            optional<T>(bias), y.data, sum_rows});
+                                            optional<T>(bias), y.data, sum_rows, low});
     const auto run = [&](auto x_tag) {
       using TX = decltype(x_tag);
       if (packs > 0)
@@ -435,12 +442,12 @@ void layer_norm_forward(Stream stream, const KernelTensor& x, const KernelTensor
           RF_LAUNCH((layer_norm_forward_warp_kernel<T, TX, decltype(k)::value>),
                     unsigned((rows + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock), kRowThreads, 0,
                     native(stream), x.as<const TX>(), optional<T>(residual), optional<T>(weight),
-                    optional<T>(bias), y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), rows, cols,
-                    A(eps), dropout);
+                    optional<T>(bias), y.as<T>(), low, sum_rows, mean.as<A>(), var.as<A>(), rows,
+                    cols, A(eps), dropout);
         });
       RF_LAUNCH((layer_norm_forward_kernel<T, TX>), unsigned(rows), kRowThreads, 0, native(stream),
                 x.as<const TX>(), optional<T>(residual), optional<T>(weight), optional<T>(bias),
-                y.as<T>(), sum_rows, mean.as<A>(), var.as<A>(), cols, A(eps), dropout);
+                y.as<T>(), low, sum_rows, mean.as<A>(), var.as<A>(), cols, A(eps), dropout);
     };
     if constexpr (std::is_same_v<T, float>) {
       if (layer_norm_mixed_residual(x, residual)) return run(bf16_t{});
@@ -482,8 +489,12 @@ void layer_norm_backward(Stream stream, const KernelTensor& x, const KernelTenso
         const int64_t warp_rows = params ? kWarpChunk : 1;
         const int64_t warps = (rows + warp_rows - 1) / warp_rows;
         with_packs(packs, [&](auto k) {
-          const auto kernel = params ? layer_norm_dx_warp_kernel<T, TX, decltype(k)::value, true>
-                                     : layer_norm_dx_warp_kernel<T, TX, decltype(k)::value, false>;
+          constexpr int kPacks = decltype(k)::value;
+          const auto kernel =
+              params ? (dropout.on ? layer_norm_dx_warp_kernel<T, TX, kPacks, true, true>
+                                   : layer_norm_dx_warp_kernel<T, TX, kPacks, true, false>)
+                     : (dropout.on ? layer_norm_dx_warp_kernel<T, TX, kPacks, false, true>
+                                   : layer_norm_dx_warp_kernel<T, TX, kPacks, false, false>);
           RF_LAUNCH(kernel, unsigned((warps + kRowsPerWarpBlock - 1) / kRowsPerWarpBlock),
                     kRowThreads, 0, native(stream), x.as<const T>(), optional<T>(weight),
                     mean.as<const A>(), var.as<const A>(), dy.as<const T>(), dx.as<T>(), gx, rows,

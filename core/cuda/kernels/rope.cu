@@ -161,9 +161,12 @@ void rope(Stream stream, const KernelTensor& x, const KernelTensor& table, bool 
   RF_CHECK(x.ndim >= 2 && table.ndim == 3 && x.size(-2) == table.sizes[1] &&
                x.size(-1) == 2 * table.sizes[2] && out.ndim == x.ndim && out.dtype == x.dtype &&
                out.strides[out.ndim - 1] == 1 && table.is_contiguous(),
-           "rope kernel: bad geometry");
+           "rope kernel: bad geometry (x ", x.ndim, " dims, out ", out.ndim,
+           " dims, out's last stride ", out.ndim > 0 ? out.strides[out.ndim - 1] : 0,
+           "; x [..., S, D] needs a table [2, S, D/2] and an out of x's shape, last stride 1)");
   for (int32_t d = 0; d < x.ndim; ++d)
-    RF_CHECK(out.sizes[d] == x.sizes[d], "rope kernel: out's shape is not x's");
+    RF_CHECK(out.sizes[d] == x.sizes[d], "rope kernel: out's size ", out.sizes[d], " in dim ", d,
+             " is not x's ", x.sizes[d]);
   if (x.numel() == 0) return;
   const int64_t D = x.size(-1), S = x.size(-2), rows = x.numel() / D;
   on_floating_dtype(x.dtype, "rope", [&](auto tag) {
