@@ -47,15 +47,15 @@
 #                 two stages of E2E_STEPS/2 steps) on CPU and on GPU, f32: every
 #                 logged loss within 1e-4 relative; GPU reserved memory flat
 #                 after each stage's first 10 steps
+#   e2e_bf16      the same pretraining in run.precision bf16 on the GPU, within
+#                 2e-2 of the CPU f32 losses (its micro-batches are token streams,
+#                 data.unpadded, on the tensor-core kernel); reserved memory flat
 #   cross_device  the GPU run's stage-1 checkpoint resumed on the CPU and the
 #                 CPU's on the GPU: stage-2 losses as the uninterrupted runs';
 #                 convert --device cuda of the GPU run's checkpoint (read back
 #                 and checked on the GPU); predict --device cuda vs cpu on it
 #   finetune      a small classification fine-tune on CPU and GPU from the
 #                 pretrained checkpoint, then evaluate --device cuda
-#   e2e_bf16      the same pretraining in run.precision bf16 on the GPU, within
-#                 2e-2 of the CPU f32 losses (its micro-batches are token streams,
-#                 data.unpadded, on the tensor-core kernel); reserved memory flat
 #   nccl_1        the tiny config with the NCCL communicator at world size 1
 #                 (ROFORMER_FORCE_COMMUNICATOR=1): gradient buckets summed by
 #                 NCCL on the GPU, losses against e2e_f32's GPU run
@@ -64,7 +64,7 @@
 #   memcheck      compute-sanitizer --tool memcheck over the op table, the flash
 #                 attention kernels and the CUDA op, optimizer, GEMM and upload
 #                 tests, then racecheck over one flash case (its first two
-#                 variants: the fused and the two-pass backward); started after the
+#                 variants: the defaults, wgmma and mma.sync); started after the
 #                 op table, it runs beside the later steps and is reported last
 #
 # More checks (NCCL, ...): write a function and add a `step NAME SECONDS FUNC`
@@ -476,9 +476,11 @@ run_checks() {
   start_background_step memcheck "$(budget_left)" memcheck_step
   step goldens 120 goldens_step
   step e2e_f32 200 e2e_f32
+  # bf16 training (the GPU's default precision) before the cross-device and
+  # fine-tuning checks: a tight budget cuts those rather than it.
+  step e2e_bf16 120 e2e_bf16
   step cross_device 150 cross_device
   step finetune 120 finetune_step
-  step e2e_bf16 120 e2e_bf16
   step nccl_1 90 nccl_1
   step mpi_2_ranks 120 mpi_2_ranks
   finish_background_step memcheck
