@@ -37,6 +37,7 @@ assert any(r["setup"] == "ours bf16-bgrad" and r["seq"] == 64 for r in rows), "n
 assert any(r["setup"] == "ours bf16-addgrad" and r["seq"] == 64 for r in rows), "no ours bf16-addgrad row at 64"
 assert any(r["setup"] == "ours bf16-mmasync" and r["seq"] == 64 for r in rows), "no ours bf16-mmasync row at 64"
 assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 64 for r in rows), "no ours bf16-rotateonce row at 64"
+assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 128 for r in rows), "no ours bf16-rotateonce row at 128"
 assert any(r["setup"] == "ours bf16-unfuseddrop" and r["seq"] == 64 for r in rows), "no ours bf16-unfuseddrop row at 64"
 assert any(r["setup"] == "ours bf16 separate" and r["attention_kernel"] == "separate" and r["seq"] == 64
            for r in rows), "no ours bf16 separate row at 64"
