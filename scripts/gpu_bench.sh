@@ -15,7 +15,8 @@
 #                                  every op synchronised (mlm_step_bench
 #                                  --profile): synchronised ms per op, in
 #                                  $OUT/profile.txt; then ncu on the flash
-#                                  kernels at 1536 ($OUT/flash_ncu.txt)
+#                                  kernels at 1536 ($OUT/flash_ncu.txt; not
+#                                  with PROFILE_KERNELS=0)
 #   scripts/gpu_bench.sh kernels   on the GPU machine: only that ncu step, at
 #                                  PROFILE_ATTENTION_SEQ (1536): per-kernel
 #                                  counters and warp stalls, and the stall
@@ -231,6 +232,8 @@ run_profile() {
   mlm_step_bench --device cuda --size base --precision "${PROFILE_PRECISIONS:-bf16,bf16-f32act}" \
     --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
+  # PROFILE_KERNELS=0 (scripts/gpu_session.sh): the op table only, no Nsight counters.
+  [[ ${PROFILE_KERNELS:-1} == 0 ]] && return
   run_kernels || echo "gpu_bench profile: the kernel counters failed (above)"
 }
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# A GPU session's whole check and benchmark in one device call. The machine
+# is given back 30 s after a call, and each start costs about 35 s of the
+# session's 15 minutes, so one call should do everything:
+#
+#   scripts/gpu_session.sh build     # here: both bundles (gpu_check's and gpu_bench's) into .gpu/
+#   run(command="scripts/gpu_session.sh run", carry=[".gpu"], timeout_s=600)
+#
+# `run` runs, one after the other, each under its own budget:
+#   1. scripts/gpu_check.sh run   CHECK_BUDGET seconds (230), the memcheck
+#                                 suites MEMCHECK_SUITE_SECONDS each (60);
+#   2. scripts/gpu_bench.sh run   BENCH_BUDGET seconds (280), at BENCH_SEQS
+#                                 ('512 1536'), the peer at HF_SEQS (512) in
+#                                 HF_SETUPS (eager,compile: compile reuses
+#                                 eager's batch search);
+#   3. scripts/gpu_bench.sh profile, the op-by-op profile of one step at
+#                                 PROFILE_PRECISIONS (bf16,bf16-unfuseddrop)
+#                                 without the Nsight counters, if
+#                                 SESSION_BUDGET (570 s, counted from the
+#                                 start) leaves PROFILE_MIN seconds (60).
+# Other variables pass through to the scripts (GPU_STEPS, ATTENTION_SEQS, ...).
+#
+# What comes back in $OUT, at most 8 files (the device tool's limit):
+#   summary.txt        each part's step lines, then the bench table
+#   check.tar.gz       gpu_check's own output: its summary, its logs and the
+#                      golden files transformers wrote on the machine
+#   bench_summary.txt  the bench table with issue 14's targets judged
+#   results.jsonl      every bench row with its batch search
+#   bench_logs.tar.gz  gpu_bench's step logs
+#   profile.txt        the op-by-op profile (when it ran)
+# The exit status is the number of parts that failed.
+#
+# CHECK_SCRIPT and BENCH_SCRIPT replace the two scripts (the test's stand-ins:
+# tests/bench/gpu_session_test.sh).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+check_script=${CHECK_SCRIPT:-scripts/gpu_check.sh}
+bench_script=${BENCH_SCRIPT:-scripts/gpu_bench.sh}
+
+run_session() {
+  : "${OUT:?gpu_session run: \$OUT (the device tool output folder) is not set}"
+  local start=$SECONDS failed=0 parts
+  parts=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX")
+  mkdir -p "$parts/check" "$parts/bench" "$parts/profile"
+  : > "$OUT/summary.txt"
+
+  OUT=$parts/check GPU_CHECK_BUDGET=${CHECK_BUDGET:-230} \
+    MEMCHECK_SUITE_SECONDS=${MEMCHECK_SUITE_SECONDS:-60} \
+    bash "$check_script" run > "$parts/check/check_out.txt" 2>&1 || failed=$((failed + 1))
+  cat "$parts/check/summary.txt" >> "$OUT/summary.txt" 2> /dev/null ||
+    echo "gpu_session: gpu_check wrote no summary (check_out.txt in check.tar.gz)" >> "$OUT/summary.txt"
+  tar czf "$OUT/check.tar.gz" -C "$parts/check" .
+
+  OUT=$parts/bench GPU_BENCH_BUDGET=${BENCH_BUDGET:-280} BENCH_SEQS=${BENCH_SEQS:-512 1536} \
+    HF_SEQS=${HF_SEQS:-512} HF_SETUPS=${HF_SETUPS:-eager,compile} \
+    bash "$bench_script" run > "$parts/bench/bench_out.txt" 2>&1 || failed=$((failed + 1))
+  cat "$parts/bench/summary.txt" >> "$OUT/summary.txt" 2> /dev/null ||
+    echo "gpu_session: gpu_bench wrote no summary (bench_out.txt in bench_logs.tar.gz)" >> "$OUT/summary.txt"
+  local f
+  for f in bench_summary.txt results.jsonl; do
+    [[ -f $parts/bench/$f ]] && cp "$parts/bench/$f" "$OUT/"
+  done
+  tar czf "$OUT/bench_logs.tar.gz" -C "$parts/bench" --exclude bench_summary.txt \
+    --exclude results.jsonl .
+
+  local left=$((${SESSION_BUDGET:-570} - (SECONDS - start)))
+  if ((left >= ${PROFILE_MIN:-60})); then
+    if OUT=$parts/profile PROFILE_PRECISIONS=${PROFILE_PRECISIONS:-bf16,bf16-unfuseddrop} \
+      PROFILE_KERNELS=0 timeout "$left" bash "$bench_script" profile \
+      > "$parts/profile/profile_out.txt" 2>&1; then
+      cp "$parts/profile/profile.txt" "$OUT/profile.txt"
+      echo "ok    profile ($(wc -l < "$OUT/profile.txt") lines)" >> "$OUT/summary.txt"
+    else
+      failed=$((failed + 1))
+      { echo "FAIL  profile: tail of its output"; tail -5 "$parts/profile/profile_out.txt"; } |
+        sed '2,$s/^/      /' >> "$OUT/summary.txt"
+    fi
+  else
+    echo "skip  profile: ${left} s left of the session's budget (needs ${PROFILE_MIN:-60})" \
+      >> "$OUT/summary.txt"
+  fi
+  [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt" >> "$OUT/summary.txt"
+  echo "gpu_session: $failed part(s) failed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  rm -rf "$parts"
+  return "$failed"
+}
+
+case ${1:-} in
+  build) bash "$check_script" build && bash "$bench_script" build ;;
+  run) run_session ;;
+  *)
+    awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# scripts/gpu_session.sh with stand-ins for gpu_check.sh and gpu_bench.sh (no
+# GPU, no bundle): the parts run in order with their budgets and variables,
+# everything comes back in at most 8 files, the goldens inside check.tar.gz,
+# the profile runs when the session's budget leaves room and is skipped when
+# not, and a failed part is counted in the exit status.
+set -euo pipefail
+root=${1:?usage: gpu_session_test.sh SOURCE_DIR}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# The stand-ins log what they were asked and write what the real ones write.
+cat > "$work/check.sh" <<'SH'
+echo "check $1 budget=$GPU_CHECK_BUDGET memcheck=$MEMCHECK_SUITE_SECONDS" >> "$LOG"
+echo "ok    cuda_tests (1 s)" > "$OUT/summary.txt"
+echo golden > "$OUT/roformer_mlm.h5"
+echo logs > "$OUT/logs.tar.gz"
+exit "${CHECK_RC:-0}"
+SH
+cat > "$work/bench.sh" <<'SH'
+case $1 in
+  run)
+    echo "bench run budget=$GPU_BENCH_BUDGET seqs=$BENCH_SEQS hf=$HF_SEQS setups=$HF_SETUPS" >> "$LOG"
+    echo "ok    ours_512 (5 s)" > "$OUT/summary.txt"
+    echo "| 512 | ours bf16 |" > "$OUT/bench_summary.txt"
+    echo '{"seq": 512}' > "$OUT/results.jsonl"
+    echo logs > "$OUT/logs.tar.gz"
+    sleep "${BENCH_SLEEP:-0}" ;;
+  profile)
+    echo "bench profile precisions=$PROFILE_PRECISIONS kernels=$PROFILE_KERNELS" >> "$LOG"
+    printf 'op fwd\nlinear 1\n' > "$OUT/profile.txt" ;;
+esac
+SH
+run() {  # run NAME [VAR=VALUE...]: the session into $work/NAME, its status in $work/NAME.rc
+  local name=$1
+  shift
+  mkdir -p "$work/$name"
+  local rc=0
+  env "$@" OUT="$work/$name" LOG="$work/$name.log" CHECK_SCRIPT="$work/check.sh" \
+    BENCH_SCRIPT="$work/bench.sh" bash "$root/scripts/gpu_session.sh" run > /dev/null || rc=$?
+  echo "$rc" > "$work/$name.rc"
+}
+
+run full
+files=$(find "$work/full" -type f | wc -l)
+((files <= 8)) || fail "$files files come back (at most 8)"
+for f in summary.txt check.tar.gz bench_summary.txt results.jsonl bench_logs.tar.gz profile.txt; do
+  [[ -f $work/full/$f ]] || fail "no $f"
+done
+tar tzf "$work/full/check.tar.gz" | grep -q 'roformer_mlm.h5' || fail "the goldens are not in check.tar.gz"
+tar tzf "$work/full/check.tar.gz" | grep -q 'check_out.txt' || fail "gpu_check's output is not in check.tar.gz"
+diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
+check run budget=230 memcheck=60
+bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
+bench profile precisions=bf16,bf16-unfuseddrop kernels=0
+LOG
+grep -q '^ok    cuda_tests' "$work/full/summary.txt" || fail "the check's steps in summary.txt"
+grep -q '^ok    ours_512' "$work/full/summary.txt" || fail "the bench's steps in summary.txt"
+grep -q '^ok    profile' "$work/full/summary.txt" || fail "the profile's line in summary.txt"
+grep -q '^| 512 | ours bf16 |' "$work/full/summary.txt" || fail "the bench table in summary.txt"
+[[ $(cat "$work/full.rc") == 0 ]] || fail "a clean session exits $(cat "$work/full.rc")"
+
+# No room for the profile: skipped, and said so; a failed check is counted.
+run short SESSION_BUDGET=2 BENCH_SLEEP=1 PROFILE_MIN=60 CHECK_RC=3 BENCH_SEQS=128 CHECK_BUDGET=9
+[[ ! -f $work/short/profile.txt ]] || fail "the profile ran without the budget for it"
+grep -q '^skip  profile' "$work/short/summary.txt" || fail "the skipped profile is not said"
+grep -q 'check run budget=9 ' "$work/short.log" || fail "CHECK_BUDGET is not passed on"
+grep -q 'seqs=128 ' "$work/short.log" || fail "BENCH_SEQS is not passed on"
+[[ $(cat "$work/short.rc") == 1 ]] || fail "one failed part exits $(cat "$work/short.rc"), not 1"
+echo "gpu_session_test: ok"
