@@ -80,7 +80,8 @@ run_session() {
       >> "$OUT/summary.txt"
   fi
   [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt" >> "$OUT/summary.txt"
-  echo "gpu_session: $failed part(s) failed in $((SECONDS - start)) s" | tee -a "$OUT/summary.txt"
+  echo "gpu_session: $failed part(s) failed in $((SECONDS - start)) s" >> "$OUT/summary.txt"
+  cat "$OUT/summary.txt"  # the device tool shows the output's tail
   rm -rf "$parts"
   return "$failed"
 }
