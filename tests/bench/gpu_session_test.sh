@@ -29,7 +29,8 @@ case $1 in
     sleep "${BENCH_SLEEP:-0}" ;;
   profile)
     echo "bench profile precisions=$PROFILE_PRECISIONS kernels=$PROFILE_KERNELS" >> "$LOG"
-    printf 'op fwd\nlinear 1\n' > "$OUT/profile.txt" ;;
+    printf 'op fwd\nlinear 1\n' > "$OUT/profile.txt"
+    sleep "${PROFILE_SLEEP:-0}" ;;
 esac
 SH
 run() {  # run NAME [VAR=VALUE...]: the session into $work/NAME, its status in $work/NAME.rc
@@ -53,7 +54,7 @@ tar tzf "$work/full/check.tar.gz" | grep -q 'check_out.txt' || fail "gpu_check's
 diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
 bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
-bench profile precisions=bf16,bf16-unfuseddrop kernels=0
+bench profile precisions=bf16,bf16-unfuseddrop,bf16-rotateonce kernels=0
 LOG
 grep -q '^ok    cuda_tests' "$work/full/summary.txt" || fail "the check's steps in summary.txt"
 grep -q '^ok    ours_512' "$work/full/summary.txt" || fail "the bench's steps in summary.txt"
@@ -68,4 +69,9 @@ grep -q '^skip  profile' "$work/short/summary.txt" || fail "the skipped profile 
 grep -q 'check run budget=9 ' "$work/short.log" || fail "CHECK_BUDGET is not passed on"
 grep -q 'seqs=128 ' "$work/short.log" || fail "BENCH_SEQS is not passed on"
 [[ $(cat "$work/short.rc") == 1 ]] || fail "one failed part exits $(cat "$work/short.rc"), not 1"
+# A profile the budget cuts: what it wrote comes back, and the cut is counted.
+run cut SESSION_BUDGET=3 PROFILE_MIN=1 PROFILE_SLEEP=30
+[[ -f $work/cut/profile.txt ]] || fail "the cut profile's output did not come back"
+grep -q '^FAIL  profile (exit 124' "$work/cut/summary.txt" || fail "the cut profile is not said"
+[[ $(cat "$work/cut.rc") == 1 ]] || fail "a cut profile exits $(cat "$work/cut.rc"), not 1"
 echo "gpu_session_test: ok"
