@@ -108,20 +108,7 @@ Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Ten
 // bf16-unfuseddrop; the results are the same bits either way).
 void set_fused_residual_dropout(bool on);
 bool fused_residual_dropout();
-// set_fused_residual_dropout(on) for a scope; the setting before it comes back
-// at its end.
-class FusedResidualDropoutScope {
- public:
-  explicit FusedResidualDropoutScope(bool on) : previous_(fused_residual_dropout()) {
-    set_fused_residual_dropout(on);
-  }
-  ~FusedResidualDropoutScope() { set_fused_residual_dropout(previous_); }
-  FusedResidualDropoutScope(const FusedResidualDropoutScope&) = delete;
-  FusedResidualDropoutScope& operator=(const FusedResidualDropoutScope&) = delete;
-
- private:
-  bool previous_;
-};
+// FusedResidualDropoutScope (below) sets it for a scope.
 
 // --- training-specific (core/ops/*.cpp) -----------------------------------------
 // Zeroes each element with probability p and scales the rest by 1/(1-p).
@@ -234,17 +221,23 @@ Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& s
 // either way, up to rounding.
 void set_rotate_once(bool on);
 bool rotate_once();
-// set_rotate_once(on) for a scope; the setting before it comes back at its end.
-class RotateOnceScope {
+
+// A process-wide switch set for a scope; the setting before it comes back at
+// its end.
+template <bool (*Get)(), void (*Set)(bool)>
+class SwitchScope {
  public:
-  explicit RotateOnceScope(bool on) : previous_(rotate_once()) { set_rotate_once(on); }
-  ~RotateOnceScope() { set_rotate_once(previous_); }
-  RotateOnceScope(const RotateOnceScope&) = delete;
-  RotateOnceScope& operator=(const RotateOnceScope&) = delete;
+  explicit SwitchScope(bool on) : previous_(Get()) { Set(on); }
+  ~SwitchScope() { Set(previous_); }
+  SwitchScope(const SwitchScope&) = delete;
+  SwitchScope& operator=(const SwitchScope&) = delete;
 
  private:
   bool previous_;
 };
+// set_rotate_once and set_fused_residual_dropout for a scope.
+using RotateOnceScope = SwitchScope<rotate_once, set_rotate_once>;
+using FusedResidualDropoutScope = SwitchScope<fused_residual_dropout, set_fused_residual_dropout>;
 
 // --- structure (core/ops/structure.cpp) -----------------------------------------
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

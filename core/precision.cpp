@@ -146,9 +146,6 @@ Tensor from_working_copy(const WorkingCopy& copy, const Tensor& weight) {
                    copy.working.offset() + (weight.offset() - copy.offset));
 }
 
-}  // namespace
-
-namespace {
 // The last cast is remembered: a layer's query, key and value projections
 // read the same hidden states, which are then cast once, not three times.
 struct LastCast {

@@ -36,6 +36,8 @@
 # tests/bench/gpu_session_test.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+# shellcheck source=scripts/gpu_common.sh
+source scripts/gpu_common.sh  # gpu_usage
 check_script=${CHECK_SCRIPT:-scripts/gpu_check.sh}
 bench_script=${BENCH_SCRIPT:-scripts/gpu_bench.sh}
 
@@ -96,7 +98,7 @@ case ${1:-} in
   build) bash "$check_script" build && bash "$bench_script" build ;;
   run) run_session ;;
   *)
-    awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"
+    gpu_usage "$0"
     exit 2
     ;;
 esac

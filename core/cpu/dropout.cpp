@@ -44,13 +44,13 @@ void for_rows_with_draws(int64_t rows, int64_t features, const DropoutKey& key,
   });
 }
 
-// fn(tag_in, tag_out) for the dtype pairs the row loops take: one dtype, or
-// f32 in with bf16 out (an f32 gradient dropped into a bf16 input's).
-template <class Fn>
-void dispatch_pair(DType in, DType out, const char* what, Fn&& fn) {
-  if (in == DType::f32 && out == DType::bf16) return fn(float{}, bf16{});
-  RF_CHECK(in == out, what, ": unsupported dtypes ", dtype_name(in), " -> ", dtype_name(out));
-  dispatch_floating(in, what, [&](auto tag) { fn(tag, tag); });
+// fn(tag_a, tag_b) for the dtype pairs a row loop takes: one dtype for both,
+// or the one mixed pair (MixedA, MixedB) it names.
+template <class MixedA, class MixedB, class Fn>
+void dispatch_pair(DType a, DType b, const char* what, Fn&& fn) {
+  if (a == dtype_of<MixedA>() && b == dtype_of<MixedB>()) return fn(MixedA{}, MixedB{});
+  RF_CHECK(a == b, what, ": unsupported dtypes ", dtype_name(a), " and ", dtype_name(b));
+  dispatch_floating(a, what, [&](auto tag) { fn(tag, tag); });
 }
 
 }  // namespace
@@ -63,7 +63,8 @@ void dropout_rows(const View& x, const View& out, double p, const DropoutKey& ke
   if (x.numel() == 0) return;
   const int64_t features = x.shape().back(), rows = x.numel() / features;
   const uint32_t threshold = dropout_threshold(p);
-  dispatch_pair(x.dtype(), out.dtype(), "dropout", [&](auto in_tag, auto out_tag) {
+  // f32 into bf16: an f32 gradient dropped into a bf16 input's.
+  dispatch_pair<float, bf16>(x.dtype(), out.dtype(), "dropout", [&](auto in_tag, auto out_tag) {
     using I = decltype(in_tag);
     using T = decltype(out_tag);
     using A = acc_t<T>;
@@ -92,7 +93,7 @@ void dropout_add_rows(const View& x, const View& residual, const View& sum, doub
   const int64_t features = x.shape().back(), rows = x.numel() / features;
   const uint32_t threshold = dropout_threshold(p);
   // x's dtype X is the sum's T, or bf16 on an f32 residual.
-  const auto run = [&](auto x_tag, auto tag) {
+  dispatch_pair<bf16, float>(x.dtype(), sum.dtype(), "dropout_add_rows", [&](auto x_tag, auto tag) {
     using X = decltype(x_tag);
     using T = decltype(tag);
     using AX = acc_t<X>;
@@ -114,11 +115,7 @@ void dropout_add_rows(const View& x, const View& residual, const View& sum, doub
                             o[f] = T(A(dropped) + A(rr[f]));
                           }
                         });
-  };
-  if (x.dtype() == DType::bf16 && sum.dtype() == DType::f32) return run(bf16{}, float{});
-  RF_CHECK(x.dtype() == sum.dtype(), "dropout_add_rows: unsupported dtypes x ",
-           dtype_name(x.dtype()), ", sum ", dtype_name(sum.dtype()));
-  dispatch_floating(x.dtype(), "dropout", [&](auto tag) { run(tag, tag); });
+  });
 }
 
 void dropout(Stream, KT x_kt, KT out_kt, double p, const DropoutKey& key) {

@@ -137,10 +137,11 @@ Tensor dropout_add_layer_norm(const Tensor& x, const Tensor& residual, const Ten
     return normalise(op, dropped, residual, weight, bias, eps);
   }
   // A device's kernels may pick their form by the operands' alignment, and
-  // the pair's layer norm reads dropout's fresh output: a view of x that
-  // starts off a 16-byte boundary is read from a fresh copy, as the pair's.
+  // the pair's layer norm reads dropout's fresh output: a contiguous view of
+  // x that starts off a 16-byte boundary is read from a fresh copy, as the
+  // pair's (a strided x gets one from normalise's contiguous()).
   const bool aligned = reinterpret_cast<uintptr_t>(x.data()) % 16 == 0;
-  const Tensor xa = aligned ? x : x.clone();
+  const Tensor xa = aligned || !x.is_contiguous() ? x : x.clone();
   // [B, 0, F] has no rows: one position a row is as good as none.
   const int64_t positions = x.dim() >= 3 ? std::max<int64_t>(1, x.size(1)) : 1;
   const kernels::ResidualDropout drop{p, ctx.next_site_key(), positions};

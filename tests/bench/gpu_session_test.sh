@@ -70,7 +70,7 @@ grep -q 'check run budget=9 ' "$work/short.log" || fail "CHECK_BUDGET is not pas
 grep -q 'seqs=128 ' "$work/short.log" || fail "BENCH_SEQS is not passed on"
 [[ $(cat "$work/short.rc") == 1 ]] || fail "one failed part exits $(cat "$work/short.rc"), not 1"
 # A profile the budget cuts: what it wrote comes back, and the cut is counted.
-run cut SESSION_BUDGET=3 PROFILE_MIN=1 PROFILE_SLEEP=30
+run cut SESSION_BUDGET=8 PROFILE_MIN=1 PROFILE_SLEEP=30
 [[ -f $work/cut/profile.txt ]] || fail "the cut profile's output did not come back"
 grep -q '^FAIL  profile (exit 124' "$work/cut/summary.txt" || fail "the cut profile is not said"
 [[ $(cat "$work/cut.rc") == 1 ]] || fail "a cut profile exits $(cat "$work/cut.rc"), not 1"
