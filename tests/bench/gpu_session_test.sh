@@ -49,8 +49,11 @@ files=$(find "$work/full" -type f | wc -l)
 for f in summary.txt check.tar.gz bench_summary.txt results.jsonl bench_logs.tar.gz profile.txt; do
   [[ -f $work/full/$f ]] || fail "no $f"
 done
-tar tzf "$work/full/check.tar.gz" | grep -q 'roformer_mlm.h5' || fail "the goldens are not in check.tar.gz"
-tar tzf "$work/full/check.tar.gz" | grep -q 'check_out.txt' || fail "gpu_check's output is not in check.tar.gz"
+# The listing read whole first: grep -q ends early, and tar's SIGPIPE would
+# fail the pipeline under pipefail.
+listing=$(tar tzf "$work/full/check.tar.gz")
+grep -q 'roformer_mlm.h5' <<< "$listing" || fail "the goldens are not in check.tar.gz"
+grep -q 'check_out.txt' <<< "$listing" || fail "gpu_check's output is not in check.tar.gz"
 diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
 bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
