@@ -176,6 +176,27 @@ RF_HOST_DEVICE inline uint32_t dropout_draw(const PhiloxKey& key, uint32_t inner
 inline uint32_t dropout_threshold(double p) {
   return uint32_t(std::ceil(p * 65536.0));
 }
+// Both draws of a word decided at once, for kernels where the decisions'
+// instructions cost as much as Philox itself: dropout_keep_halves(word, t)
+// has bit 15 set when the low draw is kept (>= the threshold), bit 31 when the
+// high one is, and every other bit clear. Each 16-bit half x with its top bit
+// forced on, minus the threshold's low 15 bits, cannot borrow from the next
+// half, and its top bit then says low15(x) >= low15(threshold); the two top
+// bits decide the rest (either is enough under a threshold below 2^15, both
+// are needed from 2^15 up: kHigh, a template argument so that a kernel's
+// loop carries no select). `offset` is dropout_halves_offset(threshold).
+constexpr uint32_t kDropoutHighThreshold = 0x8000u;
+RF_HOST_DEVICE inline uint32_t dropout_halves_offset(uint32_t threshold) {
+  // 65536 ("drop all") gives 2^15: no half reaches it.
+  const uint32_t low = threshold >= kDropoutHighThreshold ? threshold - 0x8000u : threshold;
+  return low | (low << 16);
+}
+template <bool kHigh>
+RF_HOST_DEVICE inline uint32_t dropout_keep_halves(uint32_t word, uint32_t offset) {
+  constexpr uint32_t kTops = 0x80008000u;
+  const uint32_t z = (word | kTops) - offset;
+  return (kHigh ? word & z : word | z) & kTops;
+}
 // Heads a dropout site may have (the head shares the counter word with the site).
 constexpr int64_t kDropoutMaxHeads = 256;
 

@@ -120,5 +120,26 @@ TEST(Philox, MatchesThePublishedKnownAnswers) {
     EXPECT_EQ(r[size_t(i)], double(uniform_from_bits(philox_word(0x1234, uint64_t(i)))));
 }
 
+// dropout_keep_halves decides both draws of a word as `draw >= threshold`
+// does, for every draw in either half (the other half random), under
+// thresholds on both sides of 2^15 and at its edges.
+TEST(DropoutRule, BothHalvesOfAWordAreDecidedAsTheirDraws) {
+  PhiloxStream random(7, 1);
+  for (const uint32_t threshold : {0u, 1u, 6554u, 32767u, 32768u, 32769u, 39322u, 65535u, 65536u}) {
+    const uint32_t offset = dropout_halves_offset(threshold);
+    for (uint32_t draw = 0; draw < 65536u; ++draw) {
+      const uint32_t other = random.next_u32() & 0xFFFFu;
+      for (const uint32_t word : {draw | (other << 16), other | (draw << 16)}) {
+        const uint32_t expected = uint32_t(dropout_draw_in_word(word, 0) >= threshold) << 15 |
+                                  uint32_t(dropout_draw_in_word(word, 1) >= threshold) << 31;
+        const uint32_t decided = threshold >= kDropoutHighThreshold
+                                     ? dropout_keep_halves<true>(word, offset)
+                                     : dropout_keep_halves<false>(word, offset);
+        ASSERT_EQ(decided, expected) << "word " << word << " under threshold " << threshold;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace roformer

@@ -426,6 +426,12 @@ inline std::vector<Case> cases() {
                  .rows = packed,
                  .dropout = 0.1,
                  .rope = false});
+  // Dropout over a half: the kernels decide such draws another way.
+  out.push_back({.name = "plain_packed_heavy_dropout",
+                 .token_stream = true,
+                 .rows = packed,
+                 .dropout = 0.6,
+                 .rope = false});
   out.push_back({.name = "fallback_head_dim_32_masked_dropout",
                  .rows = {},
                  .mask = true,

@@ -280,6 +280,14 @@ inline float __fsqrt_rn(float a) {
 inline double __dmul_rn(double a, double b) {
   return a * b;
 }
+// PRMT: byte n of the result is byte (s >> 4 n) & 7 of the eight bytes of y:x.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t bytes = uint64_t(y) << 32 | x;
+  unsigned result = 0u;
+  for (int n = 0; n < 4; ++n)
+    result |= unsigned(bytes >> (8 * ((s >> (4 * n)) & 7u)) & 0xFFu) << (8 * n);
+  return result;
+}
 // cp.async of kBytes (16 or 4): the source is read here, in the kernel's
 // translation unit (see cp_async_16).
 template <int kBytes>

@@ -12,64 +12,88 @@ namespace roformer::kernels::cuda {
 
 namespace {
 
-// The keep bits of a warp's 16 x 64 tile (keys j0...): bit hf * 16 + 2 nt + e
-// is row g + 8 hf, key j0 + 8 nt + 2 t + e. A Philox block holds the draws
-// of one row's 8-key tile, and its word t is lane t's two keys. The quad's
-// four lanes share rows g and g + 8, so each lane draws four of the quad's
-// sixteen blocks (tiles 2 t and 2 t + 1 of both rows) and hands each word to
-// its owner by a shuffle within the quad. One block is drawn at a time: its
-// ten rounds need few registers, and the eight warps of a block hide their
-// latency. Keys past the end are cleared once, in a tile that has them.
-__device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r, int64_t row0,
-                                              int64_t j0, int g, int t) {
-  uint32_t keep = 0u;
+// Where keep_mask leaves the decision for row g + 8 hf, key j0 + 8 nt + 2 t
+// + e of a warp's 16 x 64 tile: byte nt / 2 holds what lane nt / 2 decided
+// for this lane, and in it the row half, the tile's parity and the key's.
+__host__ __device__ constexpr int keep_bit(int hf, int nt, int e) {
+  return 8 * (nt >> 1) + 4 * hf + 2 * (nt & 1) + e;
+}
+
+// Spreads the low 16 bits of x onto the even bits and the high 16 onto the
+// odd ones (bit i to 2 i, bit 16 + i to 2 i + 1): a byte permutation, then
+// three rounds of swapping the middle two of each group of four.
+__device__ __forceinline__ uint32_t interleave_halves(uint32_t x) {
+  x = __byte_perm(x, 0u, 0x3120);
+  uint32_t d = (x ^ (x >> 4)) & 0x00F000F0u;
+  x ^= d ^ (d << 4);
+  d = (x ^ (x >> 2)) & 0x0C0C0C0Cu;
+  x ^= d ^ (d << 2);
+  d = (x ^ (x >> 1)) & 0x22222222u;
+  return x ^ d ^ (d << 1);
+}
+
+// The decisions of the four Philox blocks a lane draws for its quad (see
+// keep_mask): bit 16 e + 4 w + q is draw e of word w of block q = 2 hf + c
+// (row g + 8 hf, tile 2 t + c). A word's two decisions (bits 15 and 31) shift
+// to 4 w and 16 + 4 w. One block is drawn at a time: its ten rounds need few
+// registers, and the other warps hide their latency.
+template <bool kHighThreshold>
+__device__ __forceinline__ uint32_t decide_quad_blocks(const FlashArgs& a, const Block& r,
+                                                       uint32_t first_block,
+                                                       uint32_t first_position) {
+  const uint32_t offset = dropout_halves_offset(a.drop.threshold);
+  uint32_t decided = 0u;
 #pragma unroll 1
-  for (int q = 0; q < 4; ++q) {
+  for (int q = 3; q >= 0; --q) {
     const int hf = q >> 1, c = q & 1;
-    const uint32_t position = r.drop_position + uint32_t(row0 + g + 8 * hf);
-    const int64_t first_key = j0 + (2 * t + c) * 8;  // j0 is a multiple of 64
     const PhiloxCounter w =
-        philox4x32(dropout_block(uint32_t(first_key / kDropoutDrawsPerBlock), position,
+        philox4x32(dropout_block(first_block + uint32_t(c), first_position + uint32_t(8 * hf),
                                  r.drop_sequence, a.drop.site, uint32_t(r.h)),
                    a.drop.key);
-    // send[x] = word t ^ x, the one lane t ^ x owns: two layers of
-    // conditional swaps rather than a select among four words per x.
-    uint32_t send[4] = {w[0], w[1], w[2], w[3]};
-    if (t & 1) {
-      const uint32_t s0 = send[0], s2 = send[2];
-      send[0] = send[1];
-      send[1] = s0;
-      send[2] = send[3];
-      send[3] = s2;
-    }
-    if (t & 2) {
-      const uint32_t s0 = send[0], s1 = send[1];
-      send[0] = send[2];
-      send[1] = send[3];
-      send[2] = s0;
-      send[3] = s1;
-    }
-#pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      // This lane gets word t of lane (t ^ x)'s block: tile 2 (t ^ x) + c of row hf.
-      const uint32_t got = x == 0 ? send[0] : __shfl_xor_sync(0xffffffffu, send[x], x);
-      const int bit = hf * 16 + 4 * (t ^ x) + 2 * c;
-      keep |= uint32_t(dropout_draw_in_word(got, 0u) >= a.drop.threshold) << bit;
-      keep |= uint32_t(dropout_draw_in_word(got, 1u) >= a.drop.threshold) << (bit + 1);
-    }
+    decided = (decided << 1) | (dropout_keep_halves<kHighThreshold>(w[0], offset) >> 15) |
+              (dropout_keep_halves<kHighThreshold>(w[1], offset) >> 11) |
+              (dropout_keep_halves<kHighThreshold>(w[2], offset) >> 7) |
+              (dropout_keep_halves<kHighThreshold>(w[3], offset) >> 3);
   }
+  return decided;
+}
+
+// The keep bits of a warp's 16 x 64 tile (keys j0...), at keep_bit. A Philox
+// block holds the draws of one row's 8-key tile, and its word w is lane w's
+// two keys. The quad's four lanes share rows g and g + 8, so each lane draws
+// four of the quad's sixteen blocks (tiles 2 t and 2 t + 1 of both rows) and
+// decides all their draws, a word's two at once (dropout_keep_halves); then
+// the decisions go to their owners as a 4 x 4 transpose of bytes within the
+// quad. Deciding before moving costs two shuffles a tile where moving the
+// words cost twelve and their selects, and a decision about two
+// instructions where it cost five. Keys past the end are cleared once, in a
+// tile that has them.
+__device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r, int64_t row0,
+                                              int64_t j0, int g, int t) {
+  const uint32_t first_block = uint32_t(j0 / kDropoutDrawsPerBlock) + 2u * uint32_t(t);
+  const uint32_t first_position = r.drop_position + uint32_t(row0 + g);
+  const uint32_t decided = a.drop.threshold >= kDropoutHighThreshold
+                               ? decide_quad_blocks<true>(a, r, first_block, first_position)
+                               : decide_quad_blocks<false>(a, r, first_block, first_position);
+  // Bit 8 w + 2 q + e: byte w is lane w's. Transposed in two exchanges, with
+  // lane t ^ 1 (each lane keeps its bytes of its own parity and takes the
+  // partner's) and with lane t ^ 2 (halves likewise): byte s of the result is
+  // byte t of lane s, bit 2 q + e of it row hf = q / 2, tile 2 s + q % 2.
+  const uint32_t mine = interleave_halves(decided);
+  const uint32_t pairs =
+      __byte_perm(mine, __shfl_xor_sync(0xffffffffu, mine, 1), (t & 1) ? 0x3715 : 0x6240);
+  uint32_t keep =
+      __byte_perm(pairs, __shfl_xor_sync(0xffffffffu, pairs, 2), (t & 2) ? 0x3276 : 0x5410);
   if (j0 + kInnerTile > r.Lk) {
-    // Key 8 nt + 2 t + e of the tile is kept for nt < count_e tiles: bits
-    // 2 nt + e of each row's half-word.
     const int left = int(r.Lk - j0);  // 1..63 here
     uint32_t valid = 0u;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int n = (left - 2 * t - e + 7) / 8;  // at most 8: left < 64
-      const int count = n < 0 ? 0 : n;
-      valid |= (((1u << (2 * count)) - 1u) & 0x5555u) << e;
-    }
-    keep &= valid | (valid << 16);
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (8 * nt + 2 * t + e < left)
+          valid |= (1u << keep_bit(0, nt, e)) | (1u << keep_bit(1, nt, e));
+    keep &= valid;
   }
   return keep;
 }
@@ -88,7 +112,7 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const uint32_t bit = (keep >> (hf * 16 + 2 * nt + e)) & 1u;
+        const uint32_t bit = (keep >> keep_bit(hf, nt, e)) & 1u;
         p[nt][2 * hf + e] = bit ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
       }
   const int64_t row_words = (r.Lk + 31) / 32;
@@ -97,10 +121,11 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
 #pragma unroll
     for (int w = 0; w < 2; ++w) {
       // Word w of row hf holds tiles nt = 4w..4w+3, this lane's two keys of
-      // tile nt at bits (nt & 3) * 8 + 2t: keep's byte of those tiles with
-      // its four bit pairs spread a byte apart, then moved to 2t.
-      const uint32_t b = (keep >> (hf * 16 + 8 * w)) & 0xFFu;
-      uint32_t spread = (b & 0x0Fu) | ((b & 0xF0u) << 12);              // pairs at 0, 2, 16, 18
+      // tile nt at bits (nt & 3) * 8 + 2t: from keep_bit, those tiles' bit
+      // pairs sit at 0, 2, 8 and 10 of keep >> (16 w + 4 hf), moved a byte
+      // apart, then to 2t.
+      const uint32_t x = keep >> (16 * w + 4 * hf);
+      uint32_t spread = (x & 0x0Fu) | ((x & 0x0F00u) << 8);             // pairs at 0, 2, 16, 18
       spread = (spread & 0x00030003u) | ((spread & 0x000C000Cu) << 6);  // pairs at 0, 8, 16, 24
       const uint32_t word = quad_or(spread << (2 * t));
       const int64_t i = row0 + g + 8 * hf, index = j0 / 32 + w;
