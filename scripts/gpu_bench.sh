@@ -14,7 +14,13 @@
 #                                  PROFILE_SEQ (512) x PROFILE_BATCH (128) with
 #                                  every op synchronised (mlm_step_bench
 #                                  --profile): synchronised ms per op, in
-#                                  $OUT/profile.txt; then ncu on the flash
+#                                  $OUT/profile.txt; then the step's matrix
+#                                  products one by one (mlm_step_bench
+#                                  --gemm-report: every algorithm cuBLASLt
+#                                  offers for each, at the same shape) beside
+#                                  PyTorch's (bench/gpu/gemm_peer_torch.py),
+#                                  in $OUT/gemm_report.txt (not with
+#                                  GEMM_REPORT=0); then ncu on the flash
 #                                  kernels at 1536 ($OUT/flash_ncu.txt; not
 #                                  with PROFILE_KERNELS=0)
 #   scripts/gpu_bench.sh kernels   on the GPU machine: only that ncu step, at
@@ -232,9 +238,24 @@ run_profile() {
   mlm_step_bench --device cuda --size base --precision "${PROFILE_PRECISIONS:-bf16,bf16-f32act}" \
     --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
+  if [[ ${GEMM_REPORT:-1} != 0 ]]; then
+    gemm_report || echo "gpu_bench profile: the gemm report failed (above)" | tee -a "$OUT/gemm_report.txt"
+  fi
   # PROFILE_KERNELS=0 (scripts/gpu_session.sh): the op table only, no Nsight counters.
   [[ ${PROFILE_KERNELS:-1} == 0 ]] && return
   run_kernels || echo "gpu_bench profile: the kernel counters failed (above)"
+}
+
+# One bf16 step's cuBLASLt products, each timed with every algorithm the
+# heuristic offers, then the same products in PyTorch beside them: what the
+# products could gain from another algorithm, and how cuBLASLt through us
+# compares with PyTorch's calls ($OUT/gemm_report.txt).
+gemm_report() {
+  mlm_step_bench --device cuda --size base --precision bf16 --seq "${PROFILE_SEQ:-512}" \
+    --batch "${PROFILE_BATCH:-128}" --steps 1 --warmup 1 --gemm-report \
+    --json "$OUT/gemm.jsonl" | tee "$OUT/gemm_report.txt"
+  ${PYTHON:-python3} bench/gpu/gemm_peer_torch.py "$OUT/gemm.jsonl" --device cuda |
+    tee -a "$OUT/gemm_report.txt"
 }
 
 # The flash kernels' hardware counters alone (the bundle unpacked first).

@@ -15,8 +15,10 @@
 #                                 eager's batch search);
 #   3. scripts/gpu_bench.sh profile, the op-by-op profile of one step at
 #                                 PROFILE_PRECISIONS (bf16,bf16-unfuseddrop,
-#                                 bf16-rotateonce: the A/Bs op by op) without
-#                                 the Nsight counters, if
+#                                 bf16-rotateonce: the A/Bs op by op), then
+#                                 the step's products timed one by one beside
+#                                 PyTorch's (its gemm report), without the
+#                                 Nsight counters, if
 #                                 SESSION_BUDGET (570 s, counted from the
 #                                 start) leaves PROFILE_MIN seconds (60).
 # Other variables pass through to the scripts (GPU_STEPS, ATTENTION_SEQS, ...).
@@ -30,6 +32,7 @@
 #   bench_logs.tar.gz  gpu_bench's step logs
 #   profile.txt        the op-by-op profile (when it ran; as far as it got
 #                      when the budget cut it)
+#   gemm_report.txt    the products one by one, ours beside PyTorch's (likewise)
 # The exit status is the number of parts that failed.
 #
 # CHECK_SCRIPT and BENCH_SCRIPT replace the two scripts (the test's stand-ins:
@@ -74,7 +77,9 @@ run_session() {
       PROFILE_KERNELS=0 timeout "$left" bash "$bench_script" profile \
       > "$parts/profile/profile_out.txt" 2>&1 || profiled=$?
     # What it wrote comes back even when the budget cut it.
-    [[ -f $parts/profile/profile.txt ]] && cp "$parts/profile/profile.txt" "$OUT/profile.txt"
+    for f in profile.txt gemm_report.txt; do
+      [[ -f $parts/profile/$f ]] && cp "$parts/profile/$f" "$OUT/$f"
+    done
     if ((profiled == 0)); then
       echo "ok    profile ($(wc -l < "$OUT/profile.txt") lines)" >> "$OUT/summary.txt"
     else

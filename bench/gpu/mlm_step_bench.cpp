@@ -14,6 +14,7 @@
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
 //                  [--json FILE] [--f32-if-refused] [--budget-s T] [--profile]
 //                  [--kernel-calls] [--layout stream|padded] [--attention-kernel K]
+//                  [--gemm-report]
 //   mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] [--device D]
 //                  [--precision P] [--peak-tflops T]
 //
@@ -68,6 +69,12 @@
 // stream, q, k and v from one product read in place by the attention op, RoPE
 // inside; separate: three products and rope ops; fused_rope, cudnn_sdpa).
 //
+// --gemm-report (CUDA builds, on a GPU): after the timed steps, one more step
+// with its cuBLASLt products recorded, then each distinct product re-run on
+// fresh operands with every algorithm cuBLASLt's heuristic offers (8 at
+// most, 10 timed runs each; bench/gpu/gemm_report.h): the row's gemm_report,
+// and a table of what the heuristic's picks take against the fastest.
+//
 // --kernel-calls: the last timed step's kernel calls per kernel of the list
 // (printed, and in the row as kernel_calls_by_kernel): which passes a step
 // makes, on any device.
@@ -93,6 +100,9 @@
 #include <vector>
 
 #include "bench/layers/synthetic_mlm_batch.h"
+#if defined(ROFORMER_CUDA)
+#include "bench/gpu/gemm_report.h"
+#endif
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
 #include "core/cuda/kernels/flash_attention.h"
 #endif
@@ -144,6 +154,7 @@ struct Options {
   bool f32_if_refused = false;  // bf16 refused on this device: measure f32 instead
   bool profile = false;         // one more step, timed per op (synchronised)
   bool kernel_calls = false;    // the last step's kernel calls, per kernel of the list
+  bool gemm_report = false;     // one more step's products, each timed by algorithm
   std::string layout = "stream";  // stream (the trainer's default) or padded
   AttentionKernel attention_kernel = AttentionKernel::kAuto;
 };
@@ -450,6 +461,15 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
     print_kernel_calls(r["kernel_calls_by_kernel"]);
   }
   if (opt.profile) profile_step(bench, device, S, B);
+  if (opt.gemm_report) {
+#if defined(ROFORMER_CUDA)
+    r["gemm_report"] =
+        bench::gemm_report([&] { bench.step(2000); }, device, /*candidates=*/8, /*repeats=*/10);
+    bench::print_gemm_report(r["gemm_report"]);
+#else
+    throw Error("--gemm-report measures cuBLASLt's products: this build has no CUDA");
+#endif
+  }
   bench.clear_batch();
   release_device_cache(device);
   return r;
@@ -518,6 +538,8 @@ Options parse(int argc, char** argv) {
       opt.profile = true;
     } else if (a == "--kernel-calls") {
       opt.kernel_calls = true;
+    } else if (a == "--gemm-report") {
+      opt.gemm_report = true;
     } else if (a == "--attention-kernel") {
       const std::string name = value();
       const auto kernel = enum_from_name<AttentionKernel>(name);
@@ -543,7 +565,7 @@ Options parse(int argc, char** argv) {
           "[--max-step-s T] "
           "[--memory-cap-mb M] [--steps N] [--warmup N] [--peak-tflops T] [--threads N] "
           "[--f32-if-refused] [--budget-s T] [--profile] [--kernel-calls] [--layout L] "
-          "[--attention-kernel K] "
+          "[--attention-kernel K] [--gemm-report] "
           "[--json FILE]\n       mlm_step_bench --flops-for SEQ:BATCH:MASKED,... [--size S] "
           "[--device D] [--precision P] [--peak-tflops T]" +
           (a == "--help" ? std::string() : "\nunknown option '" + a + "'"));

@@ -1,5 +1,6 @@
 #include "core/cuda/gemm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -138,18 +139,25 @@ void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
            ": cuBLASLt has no algorithm for this problem");
 }
 
-bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
-  RF_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, describe(g), ": bad sizes");
-  if (g.m == 0 || g.n == 0) return true;
+namespace {
+
+// A problem as cuBLASLt takes it: the matmul and layout descriptors, and the
+// key its heuristic answers are cached under.
+struct LtProblem {
+  MatmulDesc op;
+  LayoutDesc x, y, d;
+  AlgoKey key;
+  uint32_t align_a = 0, align_b = 0, align_c = 0;
+};
+
+// Builds g's descriptors (checking what cuBLASLt would reject less clearly).
+void build_problem(LtProblem& p, const GemmArgs& g, int device) {
   const cudaDataType_t in_type = cuda_type(g.input_dtype, "the inputs");
   const cudaDataType_t out_type = cuda_type(g.output_dtype, "the output");
-  DeviceContext& ctx = context(device);
-  DeviceGuard guard(device);
-
   const cublasComputeType_t compute = g.input_dtype == DType::f32 && g.allow_tf32
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
                                           : CUBLAS_COMPUTE_32F;
-  MatmulDesc op;
+  MatmulDesc& op = p.op;
   RF_CUDA_CHECK(cublasLtMatmulDescCreate(&op.h, compute, CUDA_R_32F));
   // Column-major view: D^T[N x M] = X * Y with X = B's memory, Y = A's memory.
   const cublasOperation_t op_x = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -175,13 +183,15 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
     RF_SET_DESC(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ld_aux);
   }
 
-  LayoutDesc x, y, d;
-  make_layout(x, in_type, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.ldb, g.batch, g.stride_b);
-  make_layout(y, in_type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda, g.batch, g.stride_a);
-  make_layout(d, out_type, g.n, g.m, g.ldc, g.batch, g.stride_c);
+  make_layout(p.x, in_type, g.trans_b ? g.k : g.n, g.trans_b ? g.n : g.k, g.ldb, g.batch,
+              g.stride_b);
+  make_layout(p.y, in_type, g.trans_a ? g.m : g.k, g.trans_a ? g.k : g.m, g.lda, g.batch,
+              g.stride_a);
+  make_layout(p.d, out_type, g.n, g.m, g.ldc, g.batch, g.stride_c);
 
-  const uint32_t align_a = alignment_of(g.a), align_b = alignment_of(g.b);
-  const uint32_t align_c = alignment_of(g.c);
+  p.align_a = alignment_of(g.a);
+  p.align_b = alignment_of(g.b);
+  p.align_c = alignment_of(g.c);
   const uint32_t align_bias = g.bias ? alignment_of(g.bias) : 256;
   // The heuristic reads the aux pointer too (for its alignment).
   const uint32_t align_aux = g.aux ? alignment_of(g.aux) : 256;
@@ -194,7 +204,7 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
            describe(g),
            ": the row sums epilogue takes one matrix, no accumulation, and the sums' "
            "vector");
-  const AlgoKey key{
+  p.key = AlgoKey{
       device,
       g.m,
       g.n,
@@ -211,8 +221,90 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
       g.stride_a,
       g.stride_b,
       g.stride_c,
-      uint64_t(align_a) | uint64_t(align_b) << 9 | uint64_t(align_c) << 18 |
+      uint64_t(p.align_a) | uint64_t(p.align_b) << 9 | uint64_t(p.align_c) << 18 |
           uint64_t(align_bias) << 27 | uint64_t(align_aux) << 36};
+}
+
+// Up to `wanted` of the heuristic's answers for p, best-ranked first; none
+// when cuBLASLt does not take the problem.
+std::vector<cublasLtMatmulHeuristicResult_t> heuristic_answers(const DeviceContext& ctx,
+                                                               const LtProblem& p,
+                                                               const GemmArgs& g, int wanted) {
+  PreferenceDesc pref;
+  RF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
+  const uint64_t workspace = ctx.workspace.size();
+  RF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, p.align_b},  // X is B's memory
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, p.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, p.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, p.align_c}};
+  for (const auto& [attribute, value] : alignments)
+    RF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, attribute, &value, sizeof(value)));
+  std::vector<cublasLtMatmulHeuristicResult_t> results(size_t(std::max(wanted, 1)));
+  int returned = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(ctx.handle.get(), p.op.h, p.x.h, p.y.h, p.d.h, p.d.h, pref.h,
+                                     int(results.size()), results.data(), &returned);
+  // A problem cuBLASLt does not take comes back as "not supported" or, for
+  // BGRADB with bf16 sums on cuBLASLt 13 (H100), "invalid value": both mean
+  // no algorithm, so callers with an unfused way take it. Other "invalid
+  // value" answers stay errors (a wrong descriptor must not pass for a refusal).
+  const bool refused =
+      status == CUBLAS_STATUS_NOT_SUPPORTED ||
+      (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue == GemmEpilogue::kRowSumsOfA);
+  if (!refused) check_status(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+  results.resize(status == CUBLAS_STATUS_SUCCESS ? size_t(std::max(returned, 0)) : 0);
+  return results;
+}
+
+cublasStatus_t run_algorithm(const DeviceContext& ctx, const LtProblem& p, const GemmArgs& g,
+                             const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  return cublasLtMatmul(ctx.handle.get(), p.op.h, &g.alpha, g.b, p.x.h, g.a, p.y.h, &g.beta, g.c,
+                        p.d.h, g.c, p.d.h, &algo, ctx.workspace.get(), ctx.workspace.size(),
+                        stream);
+}
+
+// The recording in progress, if any (GemmRecording), by problem.
+std::mutex g_recording_mutex;
+std::map<AlgoKey, RecordedGemm>* g_recording = nullptr;
+
+void record(const LtProblem& p, const GemmArgs& g) {
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  if (!g_recording) return;
+  ++g_recording->try_emplace(p.key, RecordedGemm{g, 0}).first->second.calls;
+}
+
+}  // namespace
+
+GemmRecording::GemmRecording() {
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  RF_CHECK(!g_recording, "gemm: a GemmRecording is already in progress");
+  g_recording = new std::map<AlgoKey, RecordedGemm>();
+}
+
+GemmRecording::~GemmRecording() {
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  delete g_recording;
+  g_recording = nullptr;
+}
+
+std::vector<RecordedGemm> GemmRecording::problems() const {
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  std::vector<RecordedGemm> out;
+  for (const auto& [key, problem] : *g_recording) out.push_back(problem);
+  return out;
+}
+
+bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
+  RF_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1, describe(g), ": bad sizes");
+  if (g.m == 0 || g.n == 0) return true;
+  DeviceContext& ctx = context(device);
+  DeviceGuard guard(device);
+  LtProblem p;
+  build_problem(p, g, device);
+
   static std::mutex cache_mutex;
   // The heuristic's answer, or nullopt when it has none (asked once too).
   static auto* cache = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();
@@ -220,55 +312,64 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   bool found = false;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
-    auto it = cache->find(key);
+    auto it = cache->find(p.key);
     if (it != cache->end()) {
       algo = it->second;
       found = true;
     }
   }
   if (!found) {
-    PreferenceDesc pref;
-    RF_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref.h));
-    const uint64_t workspace = ctx.workspace.size();
-    RF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        pref.h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
-    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},  // X is B's memory
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
-    for (const auto& [attribute, value] : alignments)
-      RF_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.h, attribute, &value, sizeof(value)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        ctx.handle.get(), op.h, x.h, y.h, d.h, d.h, pref.h, 1, &result, &returned);
-    // A problem cuBLASLt does not take comes back as "not supported" or, for
-    // BGRADB with bf16 sums on cuBLASLt 13 (H100), "invalid value": both mean
-    // no algorithm, so callers with an unfused way take it. Other "invalid
-    // value" answers stay errors (a wrong descriptor must not pass for a refusal).
-    const bool refused =
-        status == CUBLAS_STATUS_NOT_SUPPORTED ||
-        (status == CUBLAS_STATUS_INVALID_VALUE && g.epilogue == GemmEpilogue::kRowSumsOfA);
-    if (!refused) check_status(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
-    if (status == CUBLAS_STATUS_SUCCESS && returned > 0) algo = result.algo;
+    const auto answers = heuristic_answers(ctx, p, g, 1);
+    if (!answers.empty()) algo = answers.front().algo;
     std::lock_guard<std::mutex> lock(cache_mutex);
-    (*cache)[key] = algo;
+    (*cache)[p.key] = algo;
   }
   if (!algo) return false;
-  const cublasStatus_t status =
-      cublasLtMatmul(ctx.handle.get(), op.h, &g.alpha, g.b, x.h, g.a, y.h, &g.beta, g.c, d.h, g.c,
-                     d.h, &*algo, ctx.workspace.get(), ctx.workspace.size(), stream);
+  const cublasStatus_t status = run_algorithm(ctx, p, g, *algo, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
     // Refused when run though the heuristic offered it (seen nowhere yet; an
     // epilogue is the likely case): remembered as no algorithm, so callers
     // with an unfused way take it from now on.
     std::lock_guard<std::mutex> lock(cache_mutex);
-    (*cache)[key] = std::nullopt;
+    (*cache)[p.key] = std::nullopt;
     return false;
   }
   check_status(status, "cublasLtMatmul", __FILE__, __LINE__);
+  record(p, g);
   return true;
+}
+
+std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& g, int device, cudaStream_t stream,
+                                                int candidates, int repeats) {
+  RF_CHECK(candidates >= 1 && repeats >= 1, describe(g),
+           ": timing takes at least one candidate and one run");
+  RF_CHECK(g.m > 0 && g.n > 0 && g.k >= 0 && g.batch >= 1, describe(g), ": bad sizes to time");
+  DeviceContext& ctx = context(device);
+  DeviceGuard guard(device);
+  LtProblem p;
+  build_problem(p, g, device);
+  const auto answers = heuristic_answers(ctx, p, g, candidates);
+  const CudaEvent start = CudaEvent::create(true), stop = CudaEvent::create(true);
+  std::vector<GemmCandidate> out;
+  for (size_t rank = 0; rank < answers.size(); ++rank) {
+    const cublasLtMatmulAlgo_t& algo = answers[rank].algo;
+    // An answer the library then refuses to run is left out, not timed.
+    if (run_algorithm(ctx, p, g, algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
+    std::vector<double> ms;
+    for (int r = 0; r < repeats; ++r) {
+      start.record(stream);
+      check_status(run_algorithm(ctx, p, g, algo, stream), "cublasLtMatmul", __FILE__, __LINE__);
+      stop.record(stream);
+      RF_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+      float elapsed = 0.0f;
+      RF_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
+      ms.push_back(double(elapsed));
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    out.push_back(GemmCandidate{int(rank), ms[ms.size() / 2], answers[rank].workspaceSize,
+                                answers[rank].wavesCount});
+  }
+  return out;
 }
 
 }  // namespace roformer::cuda

@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -66,5 +67,44 @@ void gemm(const GemmArgs& args, int device, cudaStream_t stream);
 // The same, returning false (nothing queued) when cuBLASLt has no algorithm
 // for the problem: callers with an unfused way (the GELU epilogues) take it.
 bool try_gemm(const GemmArgs& args, int device, cudaStream_t stream);
+
+// --- measuring the products (bench/gpu/gemm_report.cpp) ---------------------
+
+// A problem gemm ran while a GemmRecording was alive, and how many times.
+// args' pointers are the first call's: stale once their owner frees them;
+// its shapes, strides, dtypes, epilogue and beta are what a bench re-runs.
+struct RecordedGemm {
+  GemmArgs args;
+  int64_t calls = 0;
+};
+
+// While alive, gemm counts the problems it runs (one entry per distinct
+// problem: shapes, strides, dtypes, epilogue, accumulation, alignments). One
+// at a time in a process (a second throws).
+class GemmRecording {
+ public:
+  GemmRecording();
+  ~GemmRecording();
+  GemmRecording(const GemmRecording&) = delete;
+  GemmRecording& operator=(const GemmRecording&) = delete;
+  std::vector<RecordedGemm> problems() const;
+};
+
+// One of cuBLASLt's answers for a problem, timed.
+struct GemmCandidate {
+  int rank = 0;          // in the heuristic's order: rank 0 is the one gemm runs
+  double ms = 0.0;       // the median of the timed runs
+  size_t workspace = 0;  // bytes it asked for
+  float waves = 0.0f;    // the heuristic's estimate of its waves over the SMs
+};
+
+// Times up to `candidates` of the algorithms cuBLASLt's heuristic offers for
+// `args` (its first is the one gemm runs), each `repeats` times on `stream`
+// after one untimed run, by CUDA events; synchronises the stream. Runs the
+// product into args' own buffers (with beta != 0 each run adds to C). An
+// algorithm the library then refuses is left out. Empty when cuBLASLt has no
+// algorithm for the problem.
+std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& args, int device,
+                                                cudaStream_t stream, int candidates, int repeats);
 
 }  // namespace roformer::cuda

@@ -30,7 +30,9 @@ case $1 in
   profile)
     echo "bench profile precisions=$PROFILE_PRECISIONS kernels=$PROFILE_KERNELS" >> "$LOG"
     printf 'op fwd\nlinear 1\n' > "$OUT/profile.txt"
-    sleep "${PROFILE_SLEEP:-0}" ;;
+    sleep "${PROFILE_SLEEP:-0}"
+    echo "gemm report" > "$OUT/gemm_report.txt"
+    echo '{"gemm_report": []}' > "$OUT/gemm.jsonl" ;;
 esac
 SH
 run() {  # run NAME [VAR=VALUE...]: the session into $work/NAME, its status in $work/NAME.rc
@@ -46,7 +48,8 @@ run() {  # run NAME [VAR=VALUE...]: the session into $work/NAME, its status in $
 run full
 files=$(find "$work/full" -type f | wc -l)
 ((files <= 8)) || fail "$files files come back (at most 8)"
-for f in summary.txt check.tar.gz bench_summary.txt results.jsonl bench_logs.tar.gz profile.txt; do
+for f in summary.txt check.tar.gz bench_summary.txt results.jsonl bench_logs.tar.gz profile.txt \
+  gemm_report.txt; do
   [[ -f $work/full/$f ]] || fail "no $f"
 done
 # The listing read whole first: grep -q ends early, and tar's SIGPIPE would

@@ -1,5 +1,6 @@
 // cuBLASLt GEMMs, the optimizer passes and Philox on the device, each against
 // a host reference on fresh random data.
+#include <algorithm>
 #include <cmath>
 
 #include "core/cuda/gemm.h"
@@ -236,6 +237,68 @@ TEST(CudaGemm, MatmulAccumulateAddsIntoOutAsTheCpuDoes) {
       EXPECT_LT(relative_error(device.to_vector<double>(), host.to_vector<double>()), 1e-5);
     }
   }
+}
+
+// The products' measurement (bench/gpu/gemm_report.cpp): a recording counts
+// each distinct problem's calls, one recording at a time; timing runs the
+// heuristic's pick first and leaves the product in C.
+TEST(CudaGemm, RecordingCountsProblemsAndTimingRanksTheHeuristicsPickFirst) {
+  RF_REQUIRE_GPU();
+  const int64_t m = 96, n = 80, k = 64;
+  Generator gen{11, 0};
+  const Tensor a = Tensor::randn({m, k}, gen).to(DType::bf16);
+  const Tensor b = Tensor::randn({k, n}, gen).to(DType::bf16);
+  const Tensor da = a.to(kGpu), db = b.to(kGpu);
+  const Tensor dc = Tensor::full({m, n}, NAN, DType::f32).to(kGpu);
+  cuda::GemmArgs g;
+  g.m = m, g.n = n, g.k = k;
+  g.a = da.data(), g.lda = k, g.b = db.data(), g.ldb = n, g.c = dc.data(), g.ldc = n;
+  g.input_dtype = DType::bf16, g.output_dtype = DType::f32;
+  cuda::GemmArgs half = g;  // another problem: the first m / 2 rows
+  half.m = m / 2;
+  std::vector<cuda::RecordedGemm> problems;
+  {
+    const cuda::GemmRecording recording;
+    EXPECT_THROW(cuda::GemmRecording second, Error);
+    cuda::gemm(g, 0, nullptr);
+    cuda::gemm(half, 0, nullptr);
+    cuda::gemm(g, 0, nullptr);
+    problems = recording.problems();
+  }
+  ASSERT_EQ(problems.size(), 2u);
+  std::sort(problems.begin(), problems.end(),
+            [](const auto& x, const auto& y) { return x.args.m > y.args.m; });
+  EXPECT_EQ(problems[0].args.m, m);
+  EXPECT_EQ(problems[0].calls, 2);
+  EXPECT_EQ(problems[1].args.m, m / 2);
+  EXPECT_EQ(problems[1].calls, 1);
+  {
+    const cuda::GemmRecording again;  // the first one ended
+    cuda::gemm(half, 0, nullptr);
+    EXPECT_EQ(again.problems().size(), 1u);
+  }
+
+  const Tensor poisoned = Tensor::full({m, n}, NAN, DType::f32).to(kGpu);
+  g.c = poisoned.data();
+  const std::vector<cuda::GemmCandidate> timed = cuda::time_gemm_candidates(g, 0, nullptr, 4, 3);
+  ASSERT_FALSE(timed.empty());
+  EXPECT_EQ(timed.front().rank, 0);
+  for (size_t i = 0; i < timed.size(); ++i) {
+    EXPECT_GT(timed[i].ms, 0.0) << "candidate " << i;
+    if (i > 0) {
+      EXPECT_GT(timed[i].rank, timed[i - 1].rank);
+    }
+  }
+  EXPECT_LE(timed.size(), 4u);
+  const std::vector<double> out = poisoned.to_vector<double>();
+  const std::vector<double> ha = a.to_vector<double>(), hb = b.to_vector<double>();
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0.0;
+      for (int64_t l = 0; l < k; ++l) ref += ha[size_t(i * k + l)] * hb[size_t(l * n + j)];
+      ASSERT_NEAR(out[size_t(i * n + j)], ref, 1e-3 * (1.0 + std::abs(ref)))
+          << "element " << i << ", " << j;
+    }
 }
 
 TEST(CudaOptimizer, GradNormAndNonFiniteCountAreExactAndRepeatable) {
