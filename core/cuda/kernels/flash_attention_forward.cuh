@@ -100,9 +100,10 @@ __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r
 
 // Dropout on a warp's 16 x 64 probabilities p (keys j0...) by the tile's
 // keep_mask (drawn from positions alone, so a caller may draw it while the
-// tile's scores are still being computed): multiplies kept ones by
-// 1 / (1 - p) and zeroes the others, and writes the tile's two keep words of
-// each row (rows < Lq, words inside the row's ceil(Lk / 32)).
+// tile's scores are still being computed): zeroes the dropped ones (the kept
+// ones' 1 / (1 - p) is one factor of each output row, finish_forward_rows),
+// and writes the tile's two keep words of each row (rows < Lq, words inside
+// the row's ceil(Lk / 32)).
 __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, const FlashArgs& a,
                                              const Block& r, int64_t row0, int64_t j0, int g,
                                              int t) {
@@ -113,7 +114,7 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const uint32_t bit = (keep >> keep_bit(hf, nt, e)) & 1u;
-        p[nt][2 * hf + e] = bit ? p[nt][2 * hf + e] * a.inv_keep : 0.0f;
+        p[nt][2 * hf + e] = bit ? p[nt][2 * hf + e] : 0.0f;
       }
   const int64_t row_words = (r.Lk + 31) / 32;
 #pragma unroll
@@ -176,16 +177,18 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)
 // The end of the forward for a warp's 16 rows (row0 + g, + 8): the quad's
 // partial row sums l added up, the row's log-sum-exp written (natural log,
 // as the CPU writes it; -inf for a row with no key) and its output rows
-// divided by the sum (zeros for a row with no key).
+// divided by the sum and multiplied by `gain` (dropout's 1 / (1 - p), which
+// the kept probabilities were not: one multiply a row rather than one a
+// probability; 1 without dropout) (zeros for a row with no key).
 __device__ __forceinline__ void finish_forward_rows(const float (&o)[8][4], const float (&m)[2],
-                                                    float (&l)[2], const FlashArgs& a,
+                                                    float (&l)[2], float gain, const FlashArgs& a,
                                                     const Block& r, int64_t row0, int g, int t) {
   float inv[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     l[hf] = quad_sum(l[hf]);
     const bool empty = m[hf] == -INFINITY;  // no key to attend to: zeros
-    inv[hf] = empty ? 0.0f : 1.0f / l[hf];
+    inv[hf] = empty ? 0.0f : gain / l[hf];
     const int64_t i = row0 + g + 8 * hf;
     if (t == 0 && i < r.Lq)
       *row_of<float>(a.lse, r, i) =
