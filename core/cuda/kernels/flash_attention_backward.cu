@@ -398,7 +398,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
     const float one[2] = {1.0f, 1.0f};
     store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
-    store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, one, a, false, g, t);
+    float dv_scale[2];
+    dv_store_scale<kDropout>(dv_scale, a);
+    store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, dv_scale, a, false, g, t);
     if constexpr (kDq) {  // the early copies' buffers hold the next key tile
       bf16_t* const k_done = k_tile;
       bf16_t* const v_done = v_tile;
