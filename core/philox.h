@@ -177,17 +177,19 @@ inline uint32_t dropout_threshold(double p) {
   return uint32_t(std::ceil(p * 65536.0));
 }
 // Both draws of a word decided at once, for kernels where the decisions'
-// instructions cost as much as Philox itself: dropout_keep_halves(word, t)
-// has bit 15 set when the low draw is kept (>= the threshold), bit 31 when the
-// high one is, and every other bit clear. Each 16-bit half x with its top bit
-// forced on, minus the threshold's low 15 bits, cannot borrow from the next
-// half, and its top bit then says low15(x) >= low15(threshold); the two top
-// bits decide the rest (either is enough under a threshold below 2^15, both
-// are needed from 2^15 up: kHigh, a template argument so that a kernel's
-// loop carries no select). `offset` is dropout_halves_offset(threshold).
+// instructions cost as much as Philox itself: dropout_keep_halves<kHigh>(word,
+// offset) has bit 15 set when the low draw is kept (>= the threshold), bit 31
+// when the high one is, and every other bit clear. `offset` is
+// dropout_halves_offset(threshold) and kHigh is threshold >=
+// kDropoutHighThreshold (2^15), both of the same threshold. Each 16-bit half
+// x with its top bit forced on, minus the offset's half (the threshold less
+// 2^15 when kHigh, so 65536, "drop all", gives 2^15), cannot borrow from the
+// next half, and its top bit then says whether x's low 15 bits reach it; with
+// x's own top bit that decides x (either is enough below 2^15, both are
+// needed from 2^15 up: a template argument, so a kernel's loop carries no
+// select).
 constexpr uint32_t kDropoutHighThreshold = 0x8000u;
 RF_HOST_DEVICE inline uint32_t dropout_halves_offset(uint32_t threshold) {
-  // 65536 ("drop all") gives 2^15: no half reaches it.
   const uint32_t low = threshold >= kDropoutHighThreshold ? threshold - 0x8000u : threshold;
   return low | (low << 16);
 }

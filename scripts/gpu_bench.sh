@@ -19,10 +19,11 @@
 #                                  --gemm-report: every algorithm cuBLASLt
 #                                  offers for each, at the same shape) beside
 #                                  PyTorch's (bench/gpu/gemm_peer_torch.py),
-#                                  in $OUT/gemm_report.txt (not with
-#                                  GEMM_REPORT=0); then ncu on the flash
+#                                  in $OUT/gemm_report.txt and gemm.jsonl
+#                                  (not with GEMM_REPORT=0); then ncu on the flash
 #                                  kernels at 1536 ($OUT/flash_ncu.txt; not
 #                                  with PROFILE_KERNELS=0)
+#   scripts/gpu_bench.sh gemm      on the GPU machine: only the gemm report
 #   scripts/gpu_bench.sh kernels   on the GPU machine: only that ncu step, at
 #                                  PROFILE_ATTENTION_SEQ (1536): per-kernel
 #                                  counters and warp stalls, and the stall
@@ -239,7 +240,7 @@ run_profile() {
     --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
   if [[ ${GEMM_REPORT:-1} != 0 ]]; then
-    gemm_report || echo "gpu_bench profile: the gemm report failed (above)" | tee -a "$OUT/gemm_report.txt"
+    gemm_report || echo "gpu_bench profile: the gemm report failed (above)"
   fi
   # PROFILE_KERNELS=0 (scripts/gpu_session.sh): the op table only, no Nsight counters.
   [[ ${PROFILE_KERNELS:-1} == 0 ]] && return
@@ -251,9 +252,12 @@ run_profile() {
 # products could gain from another algorithm, and how cuBLASLt through us
 # compares with PyTorch's calls ($OUT/gemm_report.txt).
 gemm_report() {
+  : "${OUT:?gpu_bench gemm: \$OUT (the device tool output folder) is not set}"
+  command -v mlm_step_bench > /dev/null || gpu_unpack "$pack_dir"
+  rm -f "$OUT/gemm.jsonl"  # --json appends
   mlm_step_bench --device cuda --size base --precision bf16 --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 1 --warmup 1 --gemm-report \
-    --json "$OUT/gemm.jsonl" | tee "$OUT/gemm_report.txt"
+    --json "$OUT/gemm.jsonl" | tee "$OUT/gemm_report.txt" || return 1
   ${PYTHON:-python3} bench/gpu/gemm_peer_torch.py "$OUT/gemm.jsonl" --device cuda |
     tee -a "$OUT/gemm_report.txt"
 }
@@ -271,6 +275,7 @@ case $mode in
   run) run_bench ;;
   profile) run_profile ;;
   kernels) run_kernels ;;
+  gemm) gemm_report ;;
   dry) run_bench dry ;;
   __lib) ;;  # sourced by step(): the functions only
   *)

@@ -15,12 +15,13 @@
 #                                 eager's batch search);
 #   3. scripts/gpu_bench.sh profile, the op-by-op profile of one step at
 #                                 PROFILE_PRECISIONS (bf16,bf16-unfuseddrop,
-#                                 bf16-rotateonce: the A/Bs op by op), then
-#                                 the step's products timed one by one beside
-#                                 PyTorch's (its gemm report), without the
-#                                 Nsight counters, if
+#                                 bf16-rotateonce: the A/Bs op by op) without
+#                                 the Nsight counters, if
 #                                 SESSION_BUDGET (570 s, counted from the
-#                                 start) leaves PROFILE_MIN seconds (60).
+#                                 start) leaves PROFILE_MIN seconds (60);
+#   4. scripts/gpu_bench.sh gemm, the step's products timed one by one beside
+#                                 PyTorch's, if the budget leaves GEMM_MIN
+#                                 seconds (30).
 # Other variables pass through to the scripts (GPU_STEPS, ATTENTION_SEQS, ...).
 #
 # What comes back in $OUT, at most 8 files (the device tool's limit):
@@ -33,6 +34,7 @@
 #   profile.txt        the op-by-op profile (when it ran; as far as it got
 #                      when the budget cut it)
 #   gemm_report.txt    the products one by one, ours beside PyTorch's (likewise)
+#   gemm.jsonl         the same with every candidate's time
 # The exit status is the number of parts that failed.
 #
 # CHECK_SCRIPT and BENCH_SCRIPT replace the two scripts (the test's stand-ins:
@@ -74,12 +76,10 @@ run_session() {
   if ((left >= ${PROFILE_MIN:-60})); then
     local profiled=0
     OUT=$parts/profile PROFILE_PRECISIONS=${PROFILE_PRECISIONS:-bf16,bf16-unfuseddrop,bf16-rotateonce} \
-      PROFILE_KERNELS=0 timeout "$left" bash "$bench_script" profile \
+      PROFILE_KERNELS=0 GEMM_REPORT=0 timeout "$left" bash "$bench_script" profile \
       > "$parts/profile/profile_out.txt" 2>&1 || profiled=$?
     # What it wrote comes back even when the budget cut it.
-    for f in profile.txt gemm_report.txt; do
-      [[ -f $parts/profile/$f ]] && cp "$parts/profile/$f" "$OUT/$f"
-    done
+    [[ -f $parts/profile/profile.txt ]] && cp "$parts/profile/profile.txt" "$OUT/profile.txt"
     if ((profiled == 0)); then
       echo "ok    profile ($(wc -l < "$OUT/profile.txt") lines)" >> "$OUT/summary.txt"
     else
@@ -90,6 +90,26 @@ run_session() {
     fi
   else
     echo "skip  profile: ${left} s left of the session's budget (needs ${PROFILE_MIN:-60})" \
+      >> "$OUT/summary.txt"
+  fi
+  left=$((${SESSION_BUDGET:-570} - (SECONDS - start)))
+  if ((left >= ${GEMM_MIN:-30})); then
+    mkdir -p "$parts/gemm"
+    local reported=0
+    OUT=$parts/gemm timeout "$left" bash "$bench_script" gemm > "$parts/gemm/gemm_out.txt" 2>&1 ||
+      reported=$?
+    for f in gemm_report.txt gemm.jsonl; do
+      [[ -f $parts/gemm/$f ]] && cp "$parts/gemm/$f" "$OUT/$f"
+    done
+    if ((reported == 0)); then
+      echo "ok    gemm report" >> "$OUT/summary.txt"
+    else
+      failed=$((failed + 1))
+      { echo "FAIL  gemm report (exit $reported; 124: the budget): tail of its output"
+        tail -5 "$parts/gemm/gemm_out.txt"; } | sed '2,$s/^/      /' >> "$OUT/summary.txt"
+    fi
+  else
+    echo "skip  gemm report: ${left} s left of the session's budget (needs ${GEMM_MIN:-30})" \
       >> "$OUT/summary.txt"
   fi
   [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt" >> "$OUT/summary.txt"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# gemm_peer_torch.py on the CPU with a hand-written gemm report
-# (testdata/gemm_report.jsonl: a bias product, an accumulating one, the three
+# gemm_peer_torch.py on the CPU with a gemm report (testdata/gemm_report.jsonl,
+# which cuda_tests' GemmReport.ThePeersTestDataIsWhatTheRowsSay holds to what
+# gemm_report_row writes: a bias product, one accumulating into f32, the three
 # epilogues, a strided batch with no timed candidate): the torch call each
-# problem takes, its times, the totals line once every problem has ours, and
-# the refusal of a file without a report. Skips without python3-torch.
+# problem takes (an f32 result by out_dtype or a cast), its times, the totals
+# line once every problem has ours, and the refusal of a file without a
+# report. Skips without python3-torch.
 set -euo pipefail
 here=$(dirname "$0")
 python=$([[ -x /usr/bin/python3 ]] && echo /usr/bin/python3 || echo python3)
@@ -32,7 +34,12 @@ import json, re, sys
 work, rc = sys.argv[1], int(sys.argv[2])
 rows = [json.loads(l) for l in open(work + "/all.jsonl")]
 calls = [r["torch_call"] for r in rows]
-assert calls == ["addmm", "addmm_", "_addmm_activation", "mm + sum(0)", "mm + sum(1)", "bmm"], calls
+f32 = r"( \(out_dtype\)| \+ cast)"
+expected = ["addmm", r"add_\(mm%s\)" % f32, "_addmm_activation", r"mm \+ sum\(0\)",
+            r"mm%s \+ sum\(1\)" % f32, "bmm"]
+assert len(calls) == len(expected), calls
+for call, pattern in zip(calls, expected):
+    assert re.fullmatch(pattern, call), (call, pattern)
 assert all(r["torch_ms"] > 0 for r in rows), rows
 text = open(work + "/all.txt").read()
 assert "the step's products" not in text, "a total over a problem without ours"

@@ -5,9 +5,13 @@ Reads the rows of a results file (JSON lines, mlm_step_bench --json) that hold
 a gemm_report, runs each recorded problem as PyTorch would (torch.mm, addmm
 with the bias, addmm_ / baddbmm_ where C accumulates, _addmm_activation for
 the GELU epilogue; the dGELU and row-sums epilogues as the product followed by
-their reduction), and prints one table: per problem, our heuristic's pick, the
-fastest candidate cuBLASLt offered, and torch, in ms and TFLOP/s, and the
-step's products in total (calls x ms). --json writes torch's times per problem.
+their reduction, without dGELU's elementwise factor; an f32 result of bf16
+operands by mm's out_dtype where this torch has it, else the product then a
+cast), and prints one table: per problem, the algorithm our gemm runs, the
+fastest candidate cuBLASLt offered, and torch, in ms and TFLOP/s, the torch
+call as it ran, and the step's products in total (calls x ms). Each time is
+the median of three averages of --repeats runs back to back. --json writes
+torch's times per problem.
 
     gemm_peer_torch.py RESULTS.jsonl [--device cuda|cpu] [--repeats N] [--json OUT]
 
@@ -27,10 +31,24 @@ DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 def stored(rows, cols, ld, batch, stride, dtype, device, gen):
     """A random stored matrix with its strides (row stride ld, batch stride)."""
     span = (stride * (batch - 1) if stride else 0) + (rows - 1) * ld + cols
-    flat = torch.randn(max(span, 1), generator=gen, dtype=torch.float32).to(dtype).to(device)
+    flat = torch.randn(max(span, 1), generator=gen, device=device).to(dtype)
     if batch == 1:
         return flat.as_strided((rows, cols), (ld, 1))
     return flat.as_strided((batch, rows, cols), (stride, ld, 1))
+
+
+def product_into(dt_out, dt_in):
+    """torch's product writing dt_out from dt_in operands, and its name: mm's
+    out_dtype where this torch has it, else the product then a cast."""
+    if dt_out == dt_in:
+        return (lambda a, b: a @ b), ""
+    try:
+        probe = torch.ones(1, 1, dtype=dt_in)
+        torch.mm(probe, probe, out_dtype=dt_out)
+        return (lambda a, b: torch.mm(a, b, out_dtype=dt_out) if a.dim() == 2
+                else torch.bmm(a, b, out_dtype=dt_out)), " (out_dtype)"
+    except (TypeError, RuntimeError):
+        return (lambda a, b: (a @ b).to(dt_out)), " + cast"
 
 
 def problem_call(p, device, gen):
@@ -45,45 +63,58 @@ def problem_call(p, device, gen):
                device, gen)
     a = a.transpose(-1, -2) if p["trans_a"] else a
     b = b.transpose(-1, -2) if p["trans_b"] else b
-    # torch's products write the inputs' dtype; an f32 C from bf16 inputs is
-    # that product then cast, unless this torch takes out_dtype.
-    c = torch.randn((batch, m, n) if batch > 1 else (m, n), generator=gen).to(dt_in).to(device)
-    bias = torch.randn(n, generator=gen).to(dt_in).to(device)
+    shape = (batch, m, n) if batch > 1 else (m, n)
+    bias = torch.randn(n, generator=gen, device=device).to(dt_out) if p["bias"] else None
     epilogue = p["epilogue"]
     if p["beta"] != 0:
-        if batch > 1:
-            return (lambda: c.baddbmm_(a, b)), "baddbmm_"
-        return (lambda: c.addmm_(a, b)), "addmm_"
+        c = torch.randn(shape, generator=gen, device=device).to(dt_out)
+        if dt_out == dt_in:
+            run = (lambda: c.baddbmm_(a, b)) if batch > 1 else (lambda: c.addmm_(a, b))
+            what = "baddbmm_" if batch > 1 else "addmm_"
+        else:
+            mm, how = product_into(dt_out, dt_in)
+            run, what = (lambda: c.add_(mm(a, b))), "add_(mm%s)" % how
+        if bias is not None:
+            inner = run
+            run, what = (lambda: inner().add_(bias)), what + " + bias"
+        return run, what
     if epilogue == "gelu_aux":
         return (lambda: torch._addmm_activation(bias, a, b, use_gelu=True)), "_addmm_activation"
     if epilogue == "dgelu_bias_grad":
         return (lambda: torch.mm(a, b).sum(0)), "mm + sum(0)"
     if epilogue == "row_sums_of_a":
-        return (lambda: (torch.mm(a, b), a.sum(1))), "mm + sum(1)"
-    if p["bias"] and batch == 1:
+        mm, how = product_into(dt_out, dt_in)
+        return (lambda: (mm(a, b), a.sum(1))), "mm%s + sum(1)" % how
+    if bias is not None and batch == 1 and dt_out == dt_in:
         return (lambda: torch.addmm(bias, a, b)), "addmm"
-    if batch > 1:
-        return (lambda: torch.bmm(a, b)), "bmm"
-    return (lambda: torch.mm(a, b)), "mm"
+    mm, how = product_into(dt_out, dt_in)
+    name = ("bmm" if batch > 1 else "mm") + how
+    if bias is not None:
+        return (lambda: mm(a, b).add_(bias)), name + " + bias"
+    return (lambda: mm(a, b)), name
 
 
 def median_ms(run, device, repeats):
+    """ms a run: the median of three averages of `repeats` runs back to back
+    (the host's dispatch then overlaps the device's work)."""
     run()
-    times = []
-    for _ in range(repeats):
+    groups = []
+    for _ in range(3):
         if device == "cuda":
             start = torch.cuda.Event(enable_timing=True)
             stop = torch.cuda.Event(enable_timing=True)
             start.record()
-            run()
+            for _ in range(repeats):
+                run()
             stop.record()
             stop.synchronize()
-            times.append(start.elapsed_time(stop))
+            groups.append(start.elapsed_time(stop) / repeats)
         else:
             t0 = time.perf_counter()
-            run()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+            for _ in range(repeats):
+                run()
+            groups.append(1e3 * (time.perf_counter() - t0) / repeats)
+    return statistics.median(groups)
 
 
 def describe(p):
@@ -107,11 +138,12 @@ def main():
     if not reports:
         print("gemm_peer_torch: no row of %s holds a gemm_report" % args.results)
         return 1
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=args.device).manual_seed(0)
     out = []
     for row in reports:
-        print("gemm report, %s seq %s batch %s: ours (the heuristic's pick), the fastest cuBLASLt"
-              " candidate, torch %s" % (row["setup"], row["seq"], row["batch"], torch.__version__))
+        print("gemm report, %s seq %s batch %s: ours (the algorithm our gemm runs), the fastest"
+              " cuBLASLt candidate, torch %s" % (row["setup"], row["seq"], row["batch"],
+                                                 torch.__version__))
         print("%-44s %5s %9s %9s %9s %7s %8s %22s" % ("problem", "calls", "ours ms", "best ms",
                                                      "torch ms", "torch/", "ours", "torch call"))
         print("%-44s %5s %9s %9s %9s %7s %8s" % ("", "", "", "", "", "ours", "TFLOP/s"))

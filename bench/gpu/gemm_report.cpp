@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "core/cuda/backend.h"
-#include "core/cuda/gemm.h"
 #include "core/error.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -36,36 +36,62 @@ int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stri
   return stride * (batch - 1) + (rows - 1) * ld + cols;
 }
 
+// Bytes past a 256-byte boundary: the alignment cuBLASLt's heuristic sees.
+int64_t offset_of(const void* p) {
+  return int64_t(reinterpret_cast<uintptr_t>(p) % 256);
+}
+
 // A fresh random buffer of `elements` (at least one) on the device, from the
-// caching allocator (which holds the step's freed memory by now).
-Tensor random_buffer(int64_t elements, DType dtype, Device device, uint64_t seed) {
+// caching allocator (which holds the step's freed memory by now), and the
+// address `offset` bytes past a 256-byte boundary inside it: the recorded
+// operand's alignment, so the heuristic answers the step's own problem.
+struct Buffer {
+  Tensor storage;
+  void* at = nullptr;
+};
+Buffer random_buffer(int64_t elements, DType dtype, Device device, uint64_t seed, int64_t offset) {
   Generator gen{seed, 0};
-  return Tensor::randn({std::max<int64_t>(elements, 1)}, gen, dtype, device);
+  const int64_t extra = 512 / int64_t(dtype_size(dtype));
+  Buffer b;
+  b.storage = Tensor::randn({std::max<int64_t>(elements, 1) + extra}, gen, dtype, device);
+  const auto base = reinterpret_cast<uintptr_t>(b.storage.data());
+  b.at = reinterpret_cast<void*>((base + 255) / 256 * 256 + uintptr_t(offset));
+  return b;
 }
 
 nlohmann::json measure(const cuda::RecordedGemm& recorded, Device device, int candidates,
                        int repeats) {
-  cuda::GemmArgs g = recorded.args;
-  const Tensor a =
+  const cuda::GemmArgs& was = recorded.args;
+  cuda::GemmArgs g = was;
+  const Buffer a =
       random_buffer(span(g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a),
-                    g.input_dtype, device, 1);
-  const Tensor b =
+                    g.input_dtype, device, 1, offset_of(was.a));
+  const Buffer b =
       random_buffer(span(g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b),
-                    g.input_dtype, device, 2);
-  const Tensor c =
-      random_buffer(span(g.m, g.n, g.ldc, g.batch, g.stride_c), g.output_dtype, device, 3);
+                    g.input_dtype, device, 2, offset_of(was.b));
+  const Buffer c = random_buffer(span(g.m, g.n, g.ldc, g.batch, g.stride_c), g.output_dtype, device,
+                                 3, offset_of(was.c));
   const int64_t bias_elements = g.epilogue == cuda::GemmEpilogue::kRowSumsOfA ? g.m : g.n;
-  const Tensor bias = g.bias ? random_buffer(bias_elements, g.bias_dtype, device, 4) : Tensor();
-  const Tensor aux =
-      g.aux ? random_buffer(span(g.m, g.n, g.ld_aux, 1, 0), g.output_dtype, device, 5) : Tensor();
-  g.a = a.data();
-  g.b = b.data();
-  g.c = c.data();
-  g.bias = bias.defined() ? bias.data() : nullptr;
-  g.aux = aux.defined() ? aux.data() : nullptr;
+  const Buffer bias =
+      g.bias ? random_buffer(bias_elements, g.bias_dtype, device, 4, offset_of(was.bias))
+             : Buffer{};
+  const Buffer aux = g.aux ? random_buffer(span(g.m, g.n, g.ld_aux, 1, 0), g.output_dtype, device,
+                                           5, offset_of(was.aux))
+                           : Buffer{};
+  g.a = a.at;
+  g.b = b.at;
+  g.c = c.at;
+  g.bias = bias.at;
+  g.aux = aux.at;
   const std::vector<cuda::GemmCandidate> timed = cuda::time_gemm_candidates(
       g, device.index, cuda::native(current_stream(device)), candidates, repeats);
+  return gemm_report_row(was, recorded.calls, timed);
+}
 
+}  // namespace
+
+nlohmann::json gemm_report_row(const cuda::GemmArgs& g, int64_t calls,
+                               const std::vector<cuda::GemmCandidate>& timed) {
   const double flop = 2.0 * double(g.m) * double(g.n) * double(g.k) * double(g.batch);
   nlohmann::json row = {{"m", g.m},
                         {"n", g.n},
@@ -79,12 +105,15 @@ nlohmann::json measure(const cuda::RecordedGemm& recorded, Device device, int ca
                         {"stride_a", g.stride_a},
                         {"stride_b", g.stride_b},
                         {"stride_c", g.stride_c},
+                        {"offset_a", offset_of(g.a)},
+                        {"offset_b", offset_of(g.b)},
+                        {"offset_c", offset_of(g.c)},
                         {"beta", g.beta},
                         {"bias", g.bias != nullptr},
                         {"epilogue", epilogue_name(g.epilogue)},
                         {"input", dtype_name(g.input_dtype)},
                         {"output", dtype_name(g.output_dtype)},
-                        {"calls", recorded.calls},
+                        {"calls", calls},
                         {"flop", flop}};
   nlohmann::json list = nlohmann::json::array();
   for (const cuda::GemmCandidate& t : timed)
@@ -95,21 +124,18 @@ nlohmann::json measure(const cuda::RecordedGemm& recorded, Device device, int ca
     row["error"] = "cuBLASLt offered no algorithm that ran";
     return row;
   }
-  // Rank 0 is what gemm runs, unless the library refused it when timed.
-  const bool ran_first = timed.front().rank == 0;
   const auto best = std::min_element(timed.begin(), timed.end(),
                                      [](const auto& x, const auto& y) { return x.ms < y.ms; });
   row["best_rank"] = best->rank;
   row["best_ms"] = best->ms;
   row["tflops_best"] = flop / best->ms * 1e-9;
-  if (ran_first) {
+  // Rank 0 is what gemm runs, unless the library refused it when timed.
+  if (timed.front().rank == 0) {
     row["heuristic_ms"] = timed.front().ms;
     row["tflops_heuristic"] = flop / timed.front().ms * 1e-9;
   }
   return row;
 }
-
-}  // namespace
 
 nlohmann::json gemm_report(const std::function<void()>& step, Device device, int candidates,
                            int repeats) {
@@ -122,22 +148,30 @@ nlohmann::json gemm_report(const std::function<void()>& step, Device device, int
     problems = recording.problems();
   }
   // The step's heaviest problems first: calls x FLOPs.
-  std::sort(problems.begin(), problems.end(), [](const auto& x, const auto& y) {
-    const auto work = [](const cuda::RecordedGemm& r) {
-      return double(r.calls) * double(r.args.m) * double(r.args.n) * double(r.args.k) *
-             double(r.args.batch);
-    };
-    return work(x) > work(y);
-  });
+  const auto work = [](const cuda::RecordedGemm& r) {
+    return double(r.calls) * double(r.args.m) * double(r.args.n) * double(r.args.k) *
+           double(r.args.batch);
+  };
+  std::sort(problems.begin(), problems.end(),
+            [&](const auto& x, const auto& y) { return work(x) > work(y); });
   nlohmann::json report = nlohmann::json::array();
-  for (const cuda::RecordedGemm& p : problems)
-    report.push_back(measure(p, device, candidates, repeats));
+  for (const cuda::RecordedGemm& p : problems) {
+    // A problem that fails (its buffers not fitting, say) loses its own row only.
+    try {
+      report.push_back(measure(p, device, candidates, repeats));
+    } catch (const std::exception& e) {
+      nlohmann::json row = gemm_report_row(p.args, p.calls, {});
+      row["error"] = e.what();
+      report.push_back(row);
+    }
+  }
   return report;
 }
 
 void print_gemm_report(const nlohmann::json& report) {
   std::printf(
-      "gemm report: each product of one step, re-run with every algorithm cuBLASLt offers\n"
+      "gemm report: each product of one step, re-run with the algorithm gemm runs (rank 0) and "
+      "the others cuBLASLt offers\n"
       "%-40s %5s %9s %9s %4s %6s %7s %7s\n",
       "problem (m x k * k x n)", "calls", "ours ms", "best ms", "rank", "best/", "ours", "best");
   std::printf("%-40s %5s %9s %9s %4s %6s %7s %7s\n", "", "", "", "", "", "ours", "TFLOP/s",

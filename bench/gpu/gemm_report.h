@@ -9,18 +9,28 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <vector>
 
+#include "core/cuda/gemm.h"
 #include "core/device.h"
 
 namespace roformer::bench {
 
 // Runs `step` once under a recording of its products, then re-runs each
 // distinct product (up to `candidates` algorithms, `repeats` timed runs each)
-// on `device`. One JSON object per problem: its shape and settings, calls a
-// step, every candidate's median ms, and the heuristic's and the best
-// candidate's ms and TFLOP/s.
+// on `device` with fresh random operands at the recorded operands' offsets
+// past a 256-byte boundary: one gemm_report_row per problem, heaviest
+// (calls x FLOPs) first; a problem that throws gets its row with the error.
 nlohmann::json gemm_report(const std::function<void()>& step, Device device, int candidates,
                            int repeats);
+
+// One problem's row (what the report and bench/gpu/gemm_peer_torch.py read):
+// g's shapes, strides, transposes, dtypes, epilogue and accumulation, its
+// operands' offsets past a 256-byte boundary (from g's pointers), calls a
+// step, and the timed candidates with the chosen's (rank 0) and the best's
+// ms and TFLOP/s; an "error" where none was timed.
+nlohmann::json gemm_report_row(const cuda::GemmArgs& g, int64_t calls,
+                               const std::vector<cuda::GemmCandidate>& timed);
 
 // The report as a table, with the step's products in total (calls x ms) by
 // the heuristic's picks and by the best candidates.

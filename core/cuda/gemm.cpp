@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -266,11 +267,41 @@ cublasStatus_t run_algorithm(const DeviceContext& ctx, const LtProblem& p, const
                         stream);
 }
 
-// The recording in progress, if any (GemmRecording), by problem.
+// The heuristic's first answer by problem, or nullopt when it has none
+// (asked once per problem): what gemm runs.
+std::mutex g_algorithm_mutex;
+auto* g_algorithms = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();
+
+std::optional<cublasLtMatmulAlgo_t> chosen_algorithm(const DeviceContext& ctx, const LtProblem& p,
+                                                     const GemmArgs& g) {
+  {
+    std::lock_guard<std::mutex> lock(g_algorithm_mutex);
+    auto it = g_algorithms->find(p.key);
+    if (it != g_algorithms->end()) return it->second;
+  }
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  const auto answers = heuristic_answers(ctx, p, g, 1);
+  if (!answers.empty()) algo = answers.front().algo;
+  std::lock_guard<std::mutex> lock(g_algorithm_mutex);
+  return g_algorithms->try_emplace(p.key, algo).first->second;
+}
+
+// Refused when run though the heuristic offered it (seen nowhere yet; an
+// epilogue is the likely case): remembered as no algorithm, so callers with
+// an unfused way take it from now on.
+void forget_algorithm(const LtProblem& p) {
+  std::lock_guard<std::mutex> lock(g_algorithm_mutex);
+  (*g_algorithms)[p.key] = std::nullopt;
+}
+
+// The recording in progress, if any (GemmRecording), by problem; the flag
+// spares gemm the mutex when nothing records.
+std::atomic<bool> g_recording_on{false};
 std::mutex g_recording_mutex;
 std::map<AlgoKey, RecordedGemm>* g_recording = nullptr;
 
 void record(const LtProblem& p, const GemmArgs& g) {
+  if (!g_recording_on.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(g_recording_mutex);
   if (!g_recording) return;
   ++g_recording->try_emplace(p.key, RecordedGemm{g, 0}).first->second.calls;
@@ -282,10 +313,12 @@ GemmRecording::GemmRecording() {
   std::lock_guard<std::mutex> lock(g_recording_mutex);
   RF_CHECK(!g_recording, "gemm: a GemmRecording is already in progress");
   g_recording = new std::map<AlgoKey, RecordedGemm>();
+  g_recording_on = true;
 }
 
 GemmRecording::~GemmRecording() {
   std::lock_guard<std::mutex> lock(g_recording_mutex);
+  g_recording_on = false;
   delete g_recording;
   g_recording = nullptr;
 }
@@ -304,34 +337,11 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   DeviceGuard guard(device);
   LtProblem p;
   build_problem(p, g, device);
-
-  static std::mutex cache_mutex;
-  // The heuristic's answer, or nullopt when it has none (asked once too).
-  static auto* cache = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();
-  std::optional<cublasLtMatmulAlgo_t> algo;
-  bool found = false;
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    auto it = cache->find(p.key);
-    if (it != cache->end()) {
-      algo = it->second;
-      found = true;
-    }
-  }
-  if (!found) {
-    const auto answers = heuristic_answers(ctx, p, g, 1);
-    if (!answers.empty()) algo = answers.front().algo;
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    (*cache)[p.key] = algo;
-  }
+  const std::optional<cublasLtMatmulAlgo_t> algo = chosen_algorithm(ctx, p, g);
   if (!algo) return false;
   const cublasStatus_t status = run_algorithm(ctx, p, g, *algo, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
-    // Refused when run though the heuristic offered it (seen nowhere yet; an
-    // epilogue is the likely case): remembered as no algorithm, so callers
-    // with an unfused way take it from now on.
-    std::lock_guard<std::mutex> lock(cache_mutex);
-    (*cache)[p.key] = std::nullopt;
+    forget_algorithm(p);
     return false;
   }
   check_status(status, "cublasLtMatmul", __FILE__, __LINE__);
@@ -348,26 +358,49 @@ std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& g, int device, c
   DeviceGuard guard(device);
   LtProblem p;
   build_problem(p, g, device);
-  const auto answers = heuristic_answers(ctx, p, g, candidates);
+  // Rank 0 is gemm's own choice (the cached first answer), then the other
+  // answers of a longer list, each once.
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  std::vector<cublasLtMatmulHeuristicResult_t> answers = heuristic_answers(ctx, p, g, candidates);
+  if (const auto chosen = chosen_algorithm(ctx, p, g)) algos.push_back(*chosen);
+  for (const auto& answer : answers) {
+    const bool seen = std::any_of(algos.begin(), algos.end(), [&](const auto& a) {
+      return std::memcmp(&a, &answer.algo, sizeof(a)) == 0;
+    });
+    if (!seen && int(algos.size()) < candidates) algos.push_back(answer.algo);
+  }
   const CudaEvent start = CudaEvent::create(true), stop = CudaEvent::create(true);
   std::vector<GemmCandidate> out;
-  for (size_t rank = 0; rank < answers.size(); ++rank) {
-    const cublasLtMatmulAlgo_t& algo = answers[rank].algo;
-    // An answer the library then refuses to run is left out, not timed.
-    if (run_algorithm(ctx, p, g, algo, stream) != CUBLAS_STATUS_SUCCESS) continue;
+  for (size_t rank = 0; rank < algos.size(); ++rank) {
+    const cublasLtMatmulAlgo_t& algo = algos[rank];
+    // One untimed run; an answer the library then refuses is left out.
+    const cublasStatus_t first = run_algorithm(ctx, p, g, algo, stream);
+    if (first == CUBLAS_STATUS_NOT_SUPPORTED) continue;
+    check_status(first, "cublasLtMatmul", __FILE__, __LINE__);
+    // `repeats` runs back to back between one pair of events (so the host's
+    // launch work overlaps the device's), three times: the median average.
     std::vector<double> ms;
-    for (int r = 0; r < repeats; ++r) {
+    for (int group = 0; group < 3; ++group) {
       start.record(stream);
-      check_status(run_algorithm(ctx, p, g, algo, stream), "cublasLtMatmul", __FILE__, __LINE__);
+      for (int r = 0; r < repeats; ++r)
+        check_status(run_algorithm(ctx, p, g, algo, stream), "cublasLtMatmul", __FILE__, __LINE__);
       stop.record(stream);
       RF_CUDA_CHECK(cudaEventSynchronize(stop.get()));
       float elapsed = 0.0f;
       RF_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
-      ms.push_back(double(elapsed));
+      ms.push_back(double(elapsed) / repeats);
     }
-    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-    out.push_back(GemmCandidate{int(rank), ms[ms.size() / 2], answers[rank].workspaceSize,
-                                answers[rank].wavesCount});
+    std::sort(ms.begin(), ms.end());
+    GemmCandidate c;
+    c.rank = int(rank);
+    c.ms = ms[1];
+    // The heuristic's own estimates, where this algorithm is one of its answers.
+    for (const auto& answer : answers)
+      if (std::memcmp(&answer.algo, &algo, sizeof(algo)) == 0) {
+        c.workspace = answer.workspaceSize;
+        c.waves = answer.wavesCount;
+      }
+    out.push_back(c);
   }
   return out;
 }

@@ -92,18 +92,20 @@ class GemmRecording {
 
 // One of cuBLASLt's answers for a problem, timed.
 struct GemmCandidate {
-  int rank = 0;          // in the heuristic's order: rank 0 is the one gemm runs
-  double ms = 0.0;       // the median of the timed runs
-  size_t workspace = 0;  // bytes it asked for
+  int rank = 0;          // 0: the algorithm gemm runs for this problem; then the heuristic's order
+  double ms = 0.0;       // per run: the median of three averages of `repeats` runs
+  size_t workspace = 0;  // bytes it asked for (0 where the longer list did not hold it)
   float waves = 0.0f;    // the heuristic's estimate of its waves over the SMs
 };
 
-// Times up to `candidates` of the algorithms cuBLASLt's heuristic offers for
-// `args` (its first is the one gemm runs), each `repeats` times on `stream`
-// after one untimed run, by CUDA events; synchronises the stream. Runs the
-// product into args' own buffers (with beta != 0 each run adds to C). An
-// algorithm the library then refuses is left out. Empty when cuBLASLt has no
-// algorithm for the problem.
+// Times the algorithm gemm runs for `args` (rank 0: the heuristic's first
+// answer, as gemm caches it; the operands' alignments are part of the
+// problem) and the other answers of a list of up to `candidates`, each after
+// one untimed run as three groups of `repeats` runs back to back between CUDA
+// events (the host's launch work then overlaps the device's); synchronises
+// the stream. Runs the product into args' own buffers (with beta != 0 each
+// run adds to C). An algorithm the library then refuses is left out; other
+// failures throw. Empty when cuBLASLt has no algorithm for the problem.
 std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& args, int device,
                                                 cudaStream_t stream, int candidates, int repeats);
 

@@ -2,8 +2,9 @@
 # scripts/gpu_session.sh with stand-ins for gpu_check.sh and gpu_bench.sh (no
 # GPU, no bundle): the parts run in order with their budgets and variables,
 # everything comes back in at most 8 files, the goldens inside check.tar.gz,
-# the profile runs when the session's budget leaves room and is skipped when
-# not, and a failed part is counted in the exit status.
+# the profile and then the gemm report run when the session's budget leaves
+# room and are skipped when not, and a failed part is counted in the exit
+# status.
 set -euo pipefail
 root=${1:?usage: gpu_session_test.sh SOURCE_DIR}
 work=$(mktemp -d)
@@ -28,11 +29,14 @@ case $1 in
     echo logs > "$OUT/logs.tar.gz"
     sleep "${BENCH_SLEEP:-0}" ;;
   profile)
-    echo "bench profile precisions=$PROFILE_PRECISIONS kernels=$PROFILE_KERNELS" >> "$LOG"
+    echo "bench profile precisions=$PROFILE_PRECISIONS kernels=$PROFILE_KERNELS gemm=$GEMM_REPORT" >> "$LOG"
     printf 'op fwd\nlinear 1\n' > "$OUT/profile.txt"
-    sleep "${PROFILE_SLEEP:-0}"
+    sleep "${PROFILE_SLEEP:-0}" ;;
+  gemm)
+    echo "bench gemm" >> "$LOG"
     echo "gemm report" > "$OUT/gemm_report.txt"
-    echo '{"gemm_report": []}' > "$OUT/gemm.jsonl" ;;
+    echo '{"gemm_report": []}' > "$OUT/gemm.jsonl"
+    exit "${GEMM_RC:-0}" ;;
 esac
 SH
 run() {  # run NAME [VAR=VALUE...]: the session into $work/NAME, its status in $work/NAME.rc
@@ -49,7 +53,7 @@ run full
 files=$(find "$work/full" -type f | wc -l)
 ((files <= 8)) || fail "$files files come back (at most 8)"
 for f in summary.txt check.tar.gz bench_summary.txt results.jsonl bench_logs.tar.gz profile.txt \
-  gemm_report.txt; do
+  gemm_report.txt gemm.jsonl; do
   [[ -f $work/full/$f ]] || fail "no $f"
 done
 # The listing read whole first: grep -q ends early, and tar's SIGPIPE would
@@ -60,11 +64,13 @@ grep -q 'check_out.txt' <<< "$listing" || fail "gpu_check's output is not in che
 diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
 bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
-bench profile precisions=bf16,bf16-unfuseddrop,bf16-rotateonce kernels=0
+bench profile precisions=bf16,bf16-unfuseddrop,bf16-rotateonce kernels=0 gemm=0
+bench gemm
 LOG
 grep -q '^ok    cuda_tests' "$work/full/summary.txt" || fail "the check's steps in summary.txt"
 grep -q '^ok    ours_512' "$work/full/summary.txt" || fail "the bench's steps in summary.txt"
 grep -q '^ok    profile' "$work/full/summary.txt" || fail "the profile's line in summary.txt"
+grep -q '^ok    gemm report' "$work/full/summary.txt" || fail "the gemm report's line in summary.txt"
 grep -q '^| 512 | ours bf16 |' "$work/full/summary.txt" || fail "the bench table in summary.txt"
 [[ $(cat "$work/full.rc") == 0 ]] || fail "a clean session exits $(cat "$work/full.rc")"
 
@@ -72,6 +78,8 @@ grep -q '^| 512 | ours bf16 |' "$work/full/summary.txt" || fail "the bench table
 run short SESSION_BUDGET=2 BENCH_SLEEP=1 PROFILE_MIN=60 CHECK_RC=3 BENCH_SEQS=128 CHECK_BUDGET=9
 [[ ! -f $work/short/profile.txt ]] || fail "the profile ran without the budget for it"
 grep -q '^skip  profile' "$work/short/summary.txt" || fail "the skipped profile is not said"
+grep -q '^skip  gemm report' "$work/short/summary.txt" || fail "the skipped gemm report is not said"
+[[ ! -f $work/short/gemm_report.txt ]] || fail "the gemm report ran without the budget for it"
 grep -q 'check run budget=9 ' "$work/short.log" || fail "CHECK_BUDGET is not passed on"
 grep -q 'seqs=128 ' "$work/short.log" || fail "BENCH_SEQS is not passed on"
 [[ $(cat "$work/short.rc") == 1 ]] || fail "one failed part exits $(cat "$work/short.rc"), not 1"
@@ -80,4 +88,9 @@ run cut SESSION_BUDGET=8 PROFILE_MIN=1 PROFILE_SLEEP=30
 [[ -f $work/cut/profile.txt ]] || fail "the cut profile's output did not come back"
 grep -q '^FAIL  profile (exit 124' "$work/cut/summary.txt" || fail "the cut profile is not said"
 [[ $(cat "$work/cut.rc") == 1 ]] || fail "a cut profile exits $(cat "$work/cut.rc"), not 1"
+# A failed gemm report: counted, and what it wrote comes back.
+run gemmfail GEMM_RC=2
+grep -q '^FAIL  gemm report (exit 2' "$work/gemmfail/summary.txt" || fail "the failed gemm report is not said"
+[[ -f $work/gemmfail/gemm.jsonl ]] || fail "the failed gemm report's output did not come back"
+[[ $(cat "$work/gemmfail.rc") == 1 ]] || fail "a failed gemm report exits $(cat "$work/gemmfail.rc"), not 1"
 echo "gpu_session_test: ok"

@@ -106,8 +106,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
   cp_async_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt)
-    finish_forward_rows(o[mt], m[mt], l[mt], kDropout ? a.inv_keep : 1.0f, a, r, row0 + 16 * mt, g,
-                        t);
+    finish_forward_rows(o[mt], m[mt], l[mt], dropout_gain<kDropout>(a), a, r, row0 + 16 * mt, g, t);
 }
 
 // The forward's dynamic shared memory before the angles (the layout at the

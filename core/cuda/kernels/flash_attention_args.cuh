@@ -95,6 +95,14 @@ struct Block {
   uint32_t drop_sequence = 0, drop_position = 0;  // dropout key of row 0
 };
 
+// Dropout's 1 / (1 - p) as one factor of a whole row (the forward's outputs,
+// the backward's dV), which the kernels leave out of each kept probability;
+// 1 without dropout.
+template <bool kDropout>
+__device__ __forceinline__ float dropout_gain(const FlashArgs& a) {
+  return kDropout ? a.inv_keep : 1.0f;
+}
+
 __device__ __forceinline__ Block block_of(const FlashArgs& a, int64_t tiles) {
   Block r;
   const int64_t seq = int64_t(blockIdx.x) / tiles;

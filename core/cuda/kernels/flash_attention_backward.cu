@@ -398,8 +398,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
     const float one[2] = {1.0f, 1.0f};
     store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
-    float dv_scale[2];
-    dv_store_scale<kDropout>(dv_scale, a);
+    const float dv_scale[2] = {dropout_gain<kDropout>(a), dropout_gain<kDropout>(a)};
     store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, dv_scale, a, false, g, t);
     if constexpr (kDq) {  // the early copies' buffers hold the next key tile
       bf16_t* const k_done = k_tile;

@@ -155,7 +155,7 @@ __device__ __forceinline__ void key_biases_of(float (&bias)[2], const FlashArgs&
 // A warp's S^T and dP^T for a query tile (rows: keys key0 + g, + 8 of the
 // block's; columns: the tile's 64 queries, 8 nt + 2 t (+ 1)) become P^T (with
 // dropout's keep bits applied; its 1 / (1 - p) is dV's to take once, at its
-// store: dv_store_scale) and dS^T = P (dP z - D) scale, the scale inside:
+// store: dropout_gain) and dS^T = P (dP z - D) scale, the scale inside:
 // P (dP z scale - D scale). A tile with a key
 // to leave out (`masked`) adds the keys' biases first. sLse2, sDScaled and
 // sBits: the tile's row data (QueryRowData, prepared).
@@ -187,14 +187,6 @@ __device__ __forceinline__ void key_tile_probabilities(float (&st)[8][4], float 
         dpt[nt][e] = p * fmaf(dpt[nt][e], a.scale, -sDScaled[col]);
       }
     }
-}
-
-// The factor of dV's rows at their store: dropout's 1 / (1 - p), which
-// key_tile_probabilities leaves out of each kept P^T (one multiply a key
-// row rather than one a probability), or 1.
-template <bool kDropout>
-__device__ __forceinline__ void dv_store_scale(float (&scale)[2], const FlashArgs& a) {
-  scale[0] = scale[1] = kDropout ? a.inv_keep : 1.0f;
 }
 
 // Shared bytes of QueryRowData's two buffers.

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     __syncthreads();  // this buffer's readers are done before it is refilled
   }
   cp_async_wait<0>();  // as the mma.sync forward: no path exits with copies in flight
-  finish_forward_rows(o, m, l, kDropout ? a.inv_keep : 1.0f, a, r, row0, g, t);
+  finish_forward_rows(o, m, l, dropout_gain<kDropout>(a), a, r, row0, g, t);
 #else
   // Built without sm_90a's features (the object library's architecture
   // lost): a launch must fail loudly, not leave its outputs unwritten.
