@@ -46,11 +46,38 @@ source scripts/gpu_common.sh  # gpu_usage
 check_script=${CHECK_SCRIPT:-scripts/gpu_check.sh}
 bench_script=${BENCH_SCRIPT:-scripts/gpu_bench.sh}
 
+# A part under what is left of the session's budget (run_session's start,
+# parts and failed), if that is at least MIN seconds: `$bench_script MODE`
+# with the VAR=VALUE settings, its FILES copied back even when the budget cut
+# it, and an ok / FAIL / skip line in summary.txt (a failure counted).
+budgeted_part() {  # budgeted_part NAME MIN MODE "FILES" [VAR=VALUE...]
+  local name=$1 min=$2 mode=$3 files=$4 dir=$parts/$3 rc=0 f
+  shift 4
+  local left=$((${SESSION_BUDGET:-570} - (SECONDS - start)))
+  if ((left < min)); then
+    echo "skip  $name: ${left} s left of the session's budget (needs $min)" >> "$OUT/summary.txt"
+    return
+  fi
+  mkdir -p "$dir"
+  env "$@" OUT="$dir" timeout "$left" bash "$bench_script" "$mode" > "$dir/${mode}_out.txt" 2>&1 ||
+    rc=$?
+  for f in $files; do
+    [[ -f $dir/$f ]] && cp "$dir/$f" "$OUT/$f"
+  done
+  if ((rc == 0)); then
+    echo "ok    $name ($(wc -l < "$OUT/${files%% *}") lines)" >> "$OUT/summary.txt"
+  else
+    failed=$((failed + 1))
+    { echo "FAIL  $name (exit $rc; 124: the budget): tail of its output"
+      tail -5 "$dir/${mode}_out.txt"; } | sed '2,$s/^/      /' >> "$OUT/summary.txt"
+  fi
+}
+
 run_session() {
   : "${OUT:?gpu_session run: \$OUT (the device tool output folder) is not set}"
   local start=$SECONDS failed=0 parts
   parts=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX")
-  mkdir -p "$parts/check" "$parts/bench" "$parts/profile"
+  mkdir -p "$parts/check" "$parts/bench"
   : > "$OUT/summary.txt"
 
   OUT=$parts/check GPU_CHECK_BUDGET=${CHECK_BUDGET:-230} \
@@ -72,46 +99,10 @@ run_session() {
   tar czf "$OUT/bench_logs.tar.gz" -C "$parts/bench" --exclude bench_summary.txt \
     --exclude results.jsonl .
 
-  local left=$((${SESSION_BUDGET:-570} - (SECONDS - start)))
-  if ((left >= ${PROFILE_MIN:-60})); then
-    local profiled=0
-    OUT=$parts/profile PROFILE_PRECISIONS=${PROFILE_PRECISIONS:-bf16,bf16-unfuseddrop,bf16-rotateonce} \
-      PROFILE_KERNELS=0 GEMM_REPORT=0 timeout "$left" bash "$bench_script" profile \
-      > "$parts/profile/profile_out.txt" 2>&1 || profiled=$?
-    # What it wrote comes back even when the budget cut it.
-    [[ -f $parts/profile/profile.txt ]] && cp "$parts/profile/profile.txt" "$OUT/profile.txt"
-    if ((profiled == 0)); then
-      echo "ok    profile ($(wc -l < "$OUT/profile.txt") lines)" >> "$OUT/summary.txt"
-    else
-      failed=$((failed + 1))
-      { echo "FAIL  profile (exit $profiled; 124: the budget): tail of its output"
-        tail -5 "$parts/profile/profile_out.txt"; } |
-        sed '2,$s/^/      /' >> "$OUT/summary.txt"
-    fi
-  else
-    echo "skip  profile: ${left} s left of the session's budget (needs ${PROFILE_MIN:-60})" \
-      >> "$OUT/summary.txt"
-  fi
-  left=$((${SESSION_BUDGET:-570} - (SECONDS - start)))
-  if ((left >= ${GEMM_MIN:-30})); then
-    mkdir -p "$parts/gemm"
-    local reported=0
-    OUT=$parts/gemm timeout "$left" bash "$bench_script" gemm > "$parts/gemm/gemm_out.txt" 2>&1 ||
-      reported=$?
-    for f in gemm_report.txt gemm.jsonl; do
-      [[ -f $parts/gemm/$f ]] && cp "$parts/gemm/$f" "$OUT/$f"
-    done
-    if ((reported == 0)); then
-      echo "ok    gemm report" >> "$OUT/summary.txt"
-    else
-      failed=$((failed + 1))
-      { echo "FAIL  gemm report (exit $reported; 124: the budget): tail of its output"
-        tail -5 "$parts/gemm/gemm_out.txt"; } | sed '2,$s/^/      /' >> "$OUT/summary.txt"
-    fi
-  else
-    echo "skip  gemm report: ${left} s left of the session's budget (needs ${GEMM_MIN:-30})" \
-      >> "$OUT/summary.txt"
-  fi
+  budgeted_part profile "${PROFILE_MIN:-60}" profile profile.txt \
+    PROFILE_PRECISIONS="${PROFILE_PRECISIONS:-bf16,bf16-unfuseddrop,bf16-rotateonce}" \
+    PROFILE_KERNELS=0 GEMM_REPORT=0
+  budgeted_part "gemm report" "${GEMM_MIN:-30}" gemm "gemm_report.txt gemm.jsonl"
   [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt" >> "$OUT/summary.txt"
   echo "gpu_session: $failed part(s) failed in $((SECONDS - start)) s" >> "$OUT/summary.txt"
   cat "$OUT/summary.txt"  # the device tool shows the output's tail

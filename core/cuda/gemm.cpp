@@ -267,6 +267,11 @@ cublasStatus_t run_algorithm(const DeviceContext& ctx, const LtProblem& p, const
                         stream);
 }
 
+// Whether two of cuBLASLt's answers are one algorithm (an opaque struct).
+bool same_algorithm(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+  return std::memcmp(&x, &y, sizeof(x)) == 0;
+}
+
 // The heuristic's first answer by problem, or nullopt when it has none
 // (asked once per problem): what gemm runs.
 std::mutex g_algorithm_mutex;
@@ -364,9 +369,8 @@ std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& g, int device, c
   std::vector<cublasLtMatmulHeuristicResult_t> answers = heuristic_answers(ctx, p, g, candidates);
   if (const auto chosen = chosen_algorithm(ctx, p, g)) algos.push_back(*chosen);
   for (const auto& answer : answers) {
-    const bool seen = std::any_of(algos.begin(), algos.end(), [&](const auto& a) {
-      return std::memcmp(&a, &answer.algo, sizeof(a)) == 0;
-    });
+    const bool seen = std::any_of(algos.begin(), algos.end(),
+                                  [&](const auto& a) { return same_algorithm(a, answer.algo); });
     if (!seen && int(algos.size()) < candidates) algos.push_back(answer.algo);
   }
   const CudaEvent start = CudaEvent::create(true), stop = CudaEvent::create(true);
@@ -396,7 +400,7 @@ std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& g, int device, c
     c.ms = ms[1];
     // The heuristic's own estimates, where this algorithm is one of its answers.
     for (const auto& answer : answers)
-      if (std::memcmp(&answer.algo, &algo, sizeof(algo)) == 0) {
+      if (same_algorithm(answer.algo, algo)) {
         c.workspace = answer.workspaceSize;
         c.waves = answer.wavesCount;
       }
