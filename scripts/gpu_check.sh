@@ -63,8 +63,9 @@
 #                 by MPI through host memory) against e2e_f32's 1-rank GPU run
 #   memcheck      compute-sanitizer --tool memcheck over the op table, the flash
 #                 attention kernels and the CUDA op, optimizer, GEMM and upload
-#                 tests, then racecheck over one flash case (its first two
-#                 variants: the defaults, wgmma and mma.sync); started after the
+#                 tests, then racecheck over one flash case (its first three
+#                 variants: the defaults, wgmma and mma.sync, and the pipelined
+#                 wgmma forward); started after the
 #                 op table, it runs beside the later steps and is reported last
 #
 # More checks (NCCL, ...): write a function and add a `step NAME SECONDS FUNC`
@@ -403,10 +404,11 @@ memcheck_step() {
     # allocator's own test, which checks that pool.
     local segments=0
     [[ $filter == *CudaAllocator* ]] && segments=1
-    # racecheck: the flash tests' first two variants (the defaults: wgmma
-    # on compute capability 9.0, mma.sync), not all seven.
+    # racecheck: the flash tests' first three variants (the defaults: wgmma
+    # on compute capability 9.0, mma.sync; and the pipelined wgmma forward,
+    # whose buffers are handed over with one barrier a tile), not all nine.
     local variants=0
-    [[ $tool == racecheck ]] && variants=2
+    [[ $tool == racecheck ]] && variants=3
     ROFORMER_CUDA_ALLOC_SEGMENTS=$segments ROFORMER_FLASH_VARIANTS=$variants \
       timeout --kill-after=5 "$limit" compute-sanitizer --tool "$tool" "${leaks[@]}" $extra \
       --error-exitcode 1 "$binary" --gtest_filter="$filter" > "$log" 2>&1 || rc=$?

@@ -13,6 +13,9 @@
 //                   flash_attention_backward_wgmma.cu; compute capability 9.0
 //                   only, and the default there), ours-fused-dropout-wgmma
 //                   with dropout 0.1
+//   ours-*-wgmma-pipelined  the wgmma forward's pipelined schedule
+//                   (set_flash_forward_pipelined; the backward's times are the
+//                   -wgmma row's, the same kernel)
 //   ours-*-2pass    the same with the two-pass backward (dq per query
 //                   tile, then dk/dv per key tile: seven products) in place
 //                   of the fused one (five): flash_attention.h
@@ -240,6 +243,13 @@ void bench(int64_t S, Device device) {
     print("ours-fused-wgmma", S, B, fused_f, fused_b);
     const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
     print("ours-fused-dropout-wgmma", S, B, dropout_f, dropout_b);
+    // The forward's pipelined schedule (the backward is the same kernel:
+    // its times are the rows' above).
+    kernels::cuda::set_flash_forward_pipelined(true);
+    print("ours-plain-wgmma-pipelined", S, B, plain_fwd(), plain_b);
+    print("ours-fused-wgmma-pipelined", S, B, fused_fwd(params, none), fused_b);
+    print("ours-fused-dropout-wgmma-pipelined", S, B, fused_fwd(dropped, keep), dropout_b);
+    kernels::cuda::set_flash_forward_pipelined(false);
     separate("ours-separate-wgmma", params, none);
     separate("ours-separate-dropout-wgmma", dropped, keep);
     kernels::cuda::set_flash_forward_uses_wgmma(false);

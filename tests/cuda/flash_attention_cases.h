@@ -226,11 +226,12 @@ inline void expect_match(const Case& c, const Problem& p, const Result& gpu, con
 
 // The flash kernels' process-wide settings (flash_attention.h): forward
 // rows a warp, the two-pass dq blocks an SM, backward passes, fused splits,
-// the forward on wgmma (Hopper).
+// the forward on wgmma (Hopper), the fused backward on wgmma, the wgmma
+// forward's pipelined schedule.
 struct FlashSettings {
   int rows = 16, dq_blocks = 2, passes = 1, splits = 0;
   const char* what = "";
-  bool wgmma = false, wgmma_backward = false;
+  bool wgmma = false, wgmma_backward = false, pipelined = false;
 };
 
 // The wgmma forward and fused backward with the automatic split count: the
@@ -245,13 +246,15 @@ inline FlashSettings mma_sync_variant() {
 }
 
 // The settings each test runs under: the defaults of an H100 (wgmma) and of
-// every other GPU (mma.sync) first, then the two-pass backward and the other
-// variants. ROFORMER_FLASH_VARIANTS=N keeps the first N (scripts/gpu_check.sh
-// racechecks the first two: a sanitizer's slowdown times seven is too long).
+// every other GPU (mma.sync) first, then the wgmma forward's pipelined
+// schedule, the two-pass backward and the other variants.
+// ROFORMER_FLASH_VARIANTS=N keeps the first N (scripts/gpu_check.sh
+// racechecks the first three: a sanitizer's slowdown times nine is too long).
 inline std::vector<FlashSettings> flash_variants() {
   std::vector<FlashSettings> all{
       wgmma_variant(),
       mma_sync_variant(),
+      {16, 2, 1, 0, "wgmma forward pipelined, fused backward on wgmma", true, true, true},
       {16, 2, 2, 0, "two-pass backward, dq 2 blocks an SM"},
       {32, 1, 2, 0, "32 rows a warp, two-pass backward, dq 1 block an SM"},
       {16, 2, 1, 1, "fused backward, one split"},
@@ -281,6 +284,8 @@ struct FlashKnobs {
   bool (*wgmma_backward)();
   void (*set_wgmma_backward)(bool);
   bool (*wgmma_available)(int device);
+  bool (*pipelined)();
+  void (*set_pipelined)(bool);
 };
 
 // Sets `settings` for its scope and restores what was set before.
@@ -288,8 +293,8 @@ class ScopedFlashSettings {
  public:
   ScopedFlashSettings(const FlashKnobs& knobs, const FlashSettings& settings)
       : knobs_(knobs),
-        saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(),        knobs.splits(),
-               "",           knobs.wgmma(),     knobs.wgmma_backward()} {
+        saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(),         knobs.splits(),
+               "",           knobs.wgmma(),     knobs.wgmma_backward(), knobs.pipelined()} {
     apply(settings);
   }
   ~ScopedFlashSettings() { apply(saved_); }
@@ -304,6 +309,7 @@ class ScopedFlashSettings {
     knobs_.set_splits(s.splits);
     knobs_.set_wgmma(s.wgmma);
     knobs_.set_wgmma_backward(s.wgmma_backward);
+    knobs_.set_pipelined(s.pipelined);
   }
   FlashKnobs knobs_;
   FlashSettings saved_;
@@ -350,7 +356,8 @@ inline void expect_same_results(const Result& a, const Result& b, bool same_dq) 
 
 // Runs `run` under every variant's settings, and checks each result against
 // the CPU's and against the first mma.sync variant's run; the two-pass runs'
-// dq against each other bit for bit too. The mma.sync variants run first.
+// dq against each other bit for bit too, and the pipelined wgmma forward's
+// run against the first wgmma run's. The mma.sync variants run first.
 // The wgmma products may sum in another order than mma.sync's: their
 // results are held to the CPU's tolerances and that run's keep bits; they
 // are left out (saying so) where the device (0) cannot run them.
@@ -381,10 +388,12 @@ void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem
                   defaults.bits.to(Device::cpu()).to_vector<int32_t>());
       }
       // The wgmma backward's split counts: dk and dv the same bits, dq
-      // within f32 summation order, as on mma.sync.
+      // within f32 summation order, as on mma.sync. The pipelined forward
+      // against the first (in step, the same backward and splits): every
+      // output the same bits, dq too.
       if (variants[i].wgmma_backward) {
         if (wgmma_backward.dq.defined())
-          expect_same_results(r, wgmma_backward, false);
+          expect_same_results(r, wgmma_backward, variants[i].pipelined);
         else
           wgmma_backward = r;
       }

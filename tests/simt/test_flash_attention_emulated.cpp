@@ -62,7 +62,9 @@ const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
                         &kernels::cuda::set_simt_flash_forward_uses_wgmma,
                         &kernels::cuda::simt_flash_backward_uses_wgmma,
                         &kernels::cuda::set_simt_flash_backward_uses_wgmma,
-                        &kernels::cuda::simt_flash_wgmma_available};
+                        &kernels::cuda::simt_flash_wgmma_available,
+                        &kernels::cuda::simt_flash_forward_pipelined,
+                        &kernels::cuda::set_simt_flash_forward_pipelined};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.
@@ -91,6 +93,8 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   // since an H100 timed them faster (docs/performance.md).
   EXPECT_TRUE(kernels::cuda::simt_flash_forward_uses_wgmma());
   EXPECT_TRUE(kernels::cuda::simt_flash_backward_uses_wgmma());
+  // The pipelined forward is not, until a GPU has timed it.
+  EXPECT_FALSE(kernels::cuda::simt_flash_forward_pipelined());
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in

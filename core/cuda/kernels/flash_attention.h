@@ -42,6 +42,15 @@ bool flash_forward_uses_wgmma();
 void set_flash_forward_uses_wgmma(bool on);
 bool flash_wgmma_available(int device);
 
+// The wgmma forward's schedule of the key tiles: pipelined (true: the next
+// tile's scores are issued with this tile's P V and its softmax runs while P V
+// does, one barrier a tile; FlashAttention-3's overlap within a warpgroup)
+// or in step (false, the default until a GPU has timed both: each tile's
+// products waited for in turn, two barriers a tile). The same bits either
+// way; attention_bench measures both. Process-wide.
+bool flash_forward_pipelined();
+void set_flash_forward_pipelined(bool on);
+
 // The fused backward's key-tile kernel on wgmma (true, the default;
 // flash_attention_backward_wgmma.cu, sm_90a) or on mma.sync (false), under
 // the same rule: where the device is compute capability 9.0. The two-pass

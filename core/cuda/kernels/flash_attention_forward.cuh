@@ -135,24 +135,26 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
     }
 }
 
-// One key tile of the online softmax for a warp's 16 query rows: s holds
-// the tile's raw scores Q K^T (keys j0...) and becomes the probabilities
-// exp2(scale_log2 (score - running max)); the running max m (of raw scores),
-// the sum l and the output rows o are rescaled to the new max. Only a tile
+// One key tile of the online softmax for a warp's 16 query rows, all but the
+// output: s holds the tile's raw scores Q K^T (keys j0...) and becomes the
+// probabilities exp2(scale_log2 (score - running max)); the running max m
+// (of raw scores) and the sum l move to the new max, and corr is what the
+// output rows must be multiplied by to follow (rescale_rows). Only a tile
 // with a key to leave out (`masked`) adds the key biases (0 or -inf). The
 // scale is applied inside the exponent's FFMA (max(scale x) = scale max(x)
 // for scale > 0, rounding being monotonic), and a row with no key so far
 // shifts by 0 so that its -inf scores give 0 without a test per element.
-__device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)[8][4],
-                                                    float (&m)[2], float (&l)[2], const float* bias,
-                                                    bool masked, float scale_log2, int t) {
+__device__ __forceinline__ void softmax_tile_probabilities(float (&s)[8][4], float (&m)[2],
+                                                           float (&l)[2], float (&corr)[2],
+                                                           const float* bias, bool masked,
+                                                           float scale_log2, int t) {
   if (masked) add_key_biases(s, bias, t);
   float mx[2] = {m[0], m[1]};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-  float corr[2], shift[2];
+  float shift[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     mx[hf] = quad_max(mx[hf]);
@@ -170,8 +172,27 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)
       const float p = exp2_approx(fmaf(s[nt][e], scale_log2, -shift[hf]));
       s[nt][e] = p;
       l[hf] += p;  // the softmax sums every probability; dropout acts after
-      o[nt][e] *= corr[hf];
     }
+}
+
+// Output rows o (a warp's 16 x 64) moved to a new running max: row g + 8 hf
+// times corr[hf].
+__device__ __forceinline__ void rescale_rows(float (&o)[8][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[nt][e] *= corr[e >> 1];
+}
+
+// The whole online-softmax step of a key tile (softmax_tile_probabilities,
+// then the output rows rescaled), for a forward whose products of the tile
+// before have landed in o.
+__device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)[8][4],
+                                                    float (&m)[2], float (&l)[2], const float* bias,
+                                                    bool masked, float scale_log2, int t) {
+  float corr[2];
+  softmax_tile_probabilities(s, m, l, corr, bias, masked, scale_log2, t);
+  rescale_rows(o, corr);
 }
 
 // The end of the forward for a warp's 16 rows (row0 + g, + 8): the quad's

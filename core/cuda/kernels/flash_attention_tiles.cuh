@@ -85,6 +85,26 @@ struct StreamedPair {
   __device__ float* slots(int buffer) const {
     return angles + buffer * kInnerTile * 4 * kAngleSlot;
   }
+  // Queues (without committing) the copies of the first operand's tile at
+  // rows r0 into `buffer`, with its angles; nothing when r0 is past `limit`.
+  __device__ void queue_first(int buffer, const Block& r, int64_t r0, int64_t limit,
+                              const FlashArgs& a) const {
+    if (r0 >= limit) return;
+    copy_tile_async<kInnerTile, kThreads, Layout>(first(buffer), operand0, r0, limit);
+    if (angles) copy_angles_async<kInnerTile, kThreads>(slots(buffer), r, r0, limit, a);
+  }
+  // ... of the second operand's tile.
+  __device__ void queue_second(int buffer, int64_t r0, int64_t limit) const {
+    if (r0 < limit)
+      copy_tile_async<kInnerTile, kThreads, Layout>(second(buffer), operand1, r0, limit);
+  }
+  // Once this thread's wait covers the first operand's tile at rows r0 in
+  // `buffer`: rotates the chunks it copied, when there are angles.
+  __device__ void rotate_first(int buffer, int64_t r0, int64_t limit, const FlashArgs& a) const {
+    if (angles)
+      rotate_own_chunks<kInnerTile, kThreads, Layout>(first(buffer), slots(buffer), r0, limit,
+                                                      a.interleaved);
+  }
   // Queues the copies of the tile at rows r0 into `buffer` (and its angles)
   // and commits them as one group (an empty one when r0 is past `limit`), so
   // a wait for all but the newest group always covers the tile before.
@@ -105,9 +125,7 @@ struct StreamedPair {
                          const FlashArgs& a) const {
     fetch(buffer ^ 1, r, r0 + kInnerTile, limit, a);
     cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
-    if (angles)
-      rotate_own_chunks<kInnerTile, kThreads, Layout>(first(buffer), slots(buffer), r0, limit,
-                                                      a.interleaved);
+    rotate_first(buffer, r0, limit, a);
   }
 };
 

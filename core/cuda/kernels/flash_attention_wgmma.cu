@@ -12,6 +12,14 @@
 // it to f32 rounding (the products may sum in another order), the keep bits
 // exactly. The default on compute capability 9.0
 // (set_flash_forward_uses_wgmma, flash_attention.h).
+//
+// Two schedules of the key tiles (set_flash_forward_pipelined). In step:
+// per tile, S, wait, softmax, O += P V, wait, and two barriers. Pipelined
+// (FlashAttention-3's overlap within a warpgroup): tile j + 1's S is issued
+// with tile j's P V, so the softmax of j + 1 runs while the tensor cores
+// compute P V; K streams one tile ahead of V, so one barrier a tile covers
+// both buffers (pipelined_key_tiles). Both compute every element the same
+// way: the same bits.
 #include "core/cuda/kernels/flash_attention_forward.cuh"
 #include "core/cuda/kernels/wgmma.cuh"
 
@@ -19,7 +27,178 @@ namespace roformer::kernels::cuda {
 
 namespace {
 
+// One key tile's scores S = Q K^T for a warpgroup's 64 query rows, issued
+// and committed (q_rows and k_tile whole swizzle atoms).
+__device__ __forceinline__ void issue_scores(float (&s)[8][4], const bf16_t* q_rows,
+                                             const bf16_t* k_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    wgmma_ss(s, k_major_step(q_rows, ks), k_major_step(k_tile, ks), ks > 0);
+  wgmma_commit();
+}
+
+// O += P V for a key tile, P from registers (as the products' A), issued and
+// committed.
+__device__ __forceinline__ void issue_output(float (&o)[8][4], const uint32_t (&p)[4][4],
+                                             const bf16_t* v_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs(o, p[kk], n_major_step(v_tile, kk));
+  wgmma_commit();
+}
+
+// The tile's probabilities (with dropout's zeros) as the A fragments of P V.
+__device__ __forceinline__ void probabilities_as_a(uint32_t (&p)[4][4], const float (&s)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) accumulator_as_a(p[kk], s, kk);
+}
+
+// Keeps the registers of A fragments that an in-flight wgmma reads live and
+// unchanged until this point (after its wait): the compiler sees them read
+// and written here, so it cannot give them to other values before.
+__device__ __forceinline__ void fence_fragments(uint32_t (&p)[4][4]) {
+#if !defined(ROFORMER_SIMT_EMULATION)
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[kk][e])::"memory");
+#else
+  (void)p;
+#endif
+}
+
+// The block's tiles as they stream (K and V), its Q and this warp's place.
+struct ForwardTiles {
+  const StreamedPair<kThreadsPerBlock, SwizzledTile>& kv;
+  const bf16_t* q_rows;  // this warpgroup's 64 query rows
+  float* sBias;          // two buffers of kInnerTile key biases
+  int64_t row0;          // this warp's first query row
+  int g, t;
+};
+
+// The in-step schedule: each key tile's S, softmax and P V in turn, K and V
+// of the next tile in flight meanwhile.
 template <bool kDropout>
+__device__ __forceinline__ void key_tiles_in_step(const ForwardTiles& x, const FlashArgs& a,
+                                                  const Block& r, float (&o)[8][4], float (&m)[2],
+                                                  float (&l)[2]) {
+  int buffer = 0;
+  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
+    key_tile_ready(x.kv, buffer, r, j0, a, x.sBias);
+    const bool masked = key_tile_masked(a, r, j0);
+    float s[8][4];
+    issue_scores(s, x.q_rows, x.kv.first(buffer));
+    // The keep bits depend on positions alone: their Philox rounds run on the
+    // ALUs while the tensor cores compute the scores.
+    uint32_t keep = 0u;
+    if constexpr (kDropout) keep = keep_mask(a, r, x.row0, j0, x.g, x.t);
+    wgmma_wait<0>();
+    fence_accumulator(s);
+    online_softmax_tile(s, o, m, l, x.sBias, masked, a.scale_log2, x.t);
+    if constexpr (kDropout) dropout_tile(s, keep, a, r, x.row0, j0, x.g, x.t);
+    uint32_t p[4][4];
+    probabilities_as_a(p, s);
+    fence_accumulator(o);
+    issue_output(o, p, x.kv.second(buffer));
+    wgmma_wait<0>();
+    fence_accumulator(o);
+    __syncthreads();  // this buffer's readers are done before it is refilled
+  }
+}
+
+// Key tile j0's probabilities from its scores (the online softmax, dropout
+// and its keep bits) into P's A fragments; corr: what the output rows take
+// to follow the new max.
+template <bool kDropout>
+__device__ __forceinline__ void tile_probabilities(uint32_t (&p)[4][4], float (&corr)[2],
+                                                   float (&s)[8][4], uint32_t keep,
+                                                   const ForwardTiles& x, const float* bias,
+                                                   const FlashArgs& a, const Block& r, int64_t j0,
+                                                   float (&m)[2], float (&l)[2]) {
+  softmax_tile_probabilities(s, m, l, corr, bias, key_tile_masked(a, r, j0), a.scale_log2, x.t);
+  if constexpr (kDropout) dropout_tile(s, keep, a, r, x.row0, j0, x.g, x.t);
+  probabilities_as_a(p, s);
+}
+
+// This thread's copies of K tile j0 landed: rotated (under RoPE), the tile's
+// key biases (if it has a key to leave out) in bias buffer `buffer`, then
+// made visible to the block's products by the barrier that must follow.
+__device__ __forceinline__ void key_tile_landed(const ForwardTiles& x, int buffer,
+                                                const FlashArgs& a, const Block& r, int64_t j0) {
+  x.kv.rotate_first(buffer, j0, r.Lk, a);
+  fence_shared_for_wgmma();
+  if (threadIdx.x < kInnerTile && key_tile_masked(a, r, j0))  // others read no bias
+    x.sBias[buffer * kInnerTile + threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+}
+
+// The pipelined schedule. K runs one tile ahead of V: the copy group
+// queued at tile j holds K of j + 2 and V of j + 1, waited for at the top of
+// tile j + 1, whose one barrier then also says that every warp is done
+// with the buffers refilled next (K of j + 1's S completed at tile j, V of
+// j's P V likewise). Each tile issues the next tile's S and its own P V
+// together, and computes the next tile's probabilities while P V runs
+// (its A fragments are a second set of registers); only then are the output
+// rows rescaled, once P V has landed. The last tile's P V runs after the
+// loop, so no product sits in a branch.
+template <bool kDropout>
+__device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const FlashArgs& a,
+                                                    const Block& r, float (&o)[8][4], float (&m)[2],
+                                                    float (&l)[2]) {
+  // K of tile 0 alone, then K of tile 1 with V of tile 0.
+  cp_async_wait<1>();
+  key_tile_landed(x, 0, a, r, 0);
+  __syncthreads();
+  float s[8][4];
+  issue_scores(s, x.q_rows, x.kv.first(0));
+  uint32_t keep = 0u;
+  if constexpr (kDropout) keep = keep_mask(a, r, x.row0, 0, x.g, x.t);
+  wgmma_wait<0>();
+  fence_accumulator(s);
+  uint32_t p[4][4];
+  float corr[2];  // o is all zeros here: nothing to rescale
+  tile_probabilities<kDropout>(p, corr, s, keep, x, x.sBias, a, r, 0, m, l);
+  int buffer = 0;  // tile j's (K and V alike)
+  for (int64_t j0 = 0; j0 + kInnerTile < r.Lk; j0 += kInnerTile, buffer ^= 1) {
+    const int next = buffer ^ 1;
+    const int64_t j1 = j0 + kInnerTile;
+    cp_async_wait<0>();  // K of j + 1, V of j
+    key_tile_landed(x, next, a, r, j1);
+    __syncthreads();
+    x.kv.queue_first(buffer, r, j1 + kInnerTile, r.Lk, a);
+    x.kv.queue_second(next, j1, r.Lk);
+    cp_async_commit();
+    // The next tile's keep bits, drawn before the products are issued: while
+    // they run, their operands hold the registers the Philox rounds need.
+    if constexpr (kDropout) keep = keep_mask(a, r, x.row0, j1, x.g, x.t);
+    issue_scores(s, x.q_rows, x.kv.first(next));
+    fence_accumulator(o);
+    issue_output(o, p, x.kv.second(buffer));
+    wgmma_wait<1>();  // the scores (the older group); P V may still run
+    fence_accumulator(s);
+    uint32_t p_next[4][4];
+    tile_probabilities<kDropout>(p_next, corr, s, keep, x, x.sBias + next * kInnerTile, a, r, j1, m,
+                                 l);
+    wgmma_wait<0>();
+    fence_accumulator(o);
+    fence_fragments(p);
+    rescale_rows(o, corr);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
+  }
+  // The last tile's V (queued with the K past the end, or at tile 0).
+  cp_async_wait<0>();
+  fence_shared_for_wgmma();
+  __syncthreads();
+  fence_accumulator(o);
+  issue_output(o, p, x.kv.second(buffer));
+  wgmma_wait<0>();
+  fence_accumulator(o);
+}
+
+template <bool kDropout, bool kPipelined>
 __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     flash_forward_wgmma_kernel(FlashArgs a, int64_t tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
@@ -27,8 +206,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   bf16_t* sQ = reinterpret_cast<bf16_t*>(swizzle_aligned(smem));
   bf16_t* sK = sQ + kRowsPerBlock * kD;  // two tiles of kInnerTile rows
   bf16_t* sV = sK + 2 * kInnerTile * kD;
-  float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kD);
-  float* sAngles = sBias + kInnerTile;  // kAngleFloats, with RoPE only
+  float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kD);  // two buffers
+  float* sAngles = sBias + 2 * kInnerTile;  // kAngleFloats, with RoPE only
   enum { kK, kV, kStreamCount };
   __shared__ RowStream streams[kStreamCount];
   const Block r = block_of(a, tiles);
@@ -43,48 +222,31 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   __syncthreads();
   const StreamedPair<kThreadsPerBlock, SwizzledTile> kv{sK, sV, streams[kK], streams[kV],
                                                         rope ? sAngles : nullptr};
-  kv.fetch(0, r, 0, r.Lk, a);
+  if constexpr (kPipelined) {
+    kv.queue_first(0, r, 0, r.Lk, a);
+    cp_async_commit();
+  } else {
+    kv.fetch(0, r, 0, r.Lk, a);
+  }
   load_tile<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(sQ, a.q, r, i0, r.Lq, a, rope);
   fence_shared_for_wgmma();  // the first key tile's barrier publishes Q to every warpgroup
+  if constexpr (kPipelined) {
+    kv.queue_first(1, r, kInnerTile, r.Lk, a);
+    kv.queue_second(0, 0, r.Lk);
+    cp_async_commit();
+  }
   // This warpgroup's 64 query rows (a whole number of swizzle atoms).
-  const bf16_t* q_rows = sQ + (warp / 4) * 64 * kD;
-  const int64_t row0 = i0 + warp * 16;  // this warp's rows
+  const ForwardTiles x{kv, sQ + (warp / 4) * 64 * kD, sBias, i0 + warp * 16, g, t};
   float o[8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  int buffer = 0;
-  for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
-    const bf16_t* k_tile = kv.first(buffer);
-    const bf16_t* v_tile = kv.second(buffer);
-    key_tile_ready(kv, buffer, r, j0, a, sBias);
-    const bool masked = key_tile_masked(a, r, j0);
-    float s[8][4];
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wgmma_ss(s, k_major_step(q_rows, ks), k_major_step(k_tile, ks), ks > 0);
-    wgmma_commit();
-    // The keep bits depend on positions alone: their Philox rounds run on the
-    // ALUs while the tensor cores compute the scores.
-    uint32_t keep = 0u;
-    if constexpr (kDropout) keep = keep_mask(a, r, row0, j0, g, t);
-    wgmma_wait<0>();
-    fence_accumulator(s);
-    online_softmax_tile(s, o, m, l, sBias, masked, a.scale_log2, t);
-    if constexpr (kDropout) dropout_tile(s, keep, a, r, row0, j0, g, t);
-    uint32_t p[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) accumulator_as_a(p[kk], s, kk);
-    fence_accumulator(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs(o, p[kk], n_major_step(v_tile, kk));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulator(o);
-    __syncthreads();  // this buffer's readers are done before it is refilled
+  if (r.Lk > 0) {
+    if constexpr (kPipelined)
+      pipelined_key_tiles<kDropout>(x, a, r, o, m, l);
+    else
+      key_tiles_in_step<kDropout>(x, a, r, o, m, l);
   }
   cp_async_wait<0>();  // as the mma.sync forward: no path exits with copies in flight
-  finish_forward_rows(o, m, l, dropout_gain<kDropout>(a), a, r, row0, g, t);
+  finish_forward_rows(o, m, l, dropout_gain<kDropout>(a), a, r, x.row0, g, t);
 #else
   // Built without sm_90a's features (the object library's architecture
   // lost): a launch must fail loudly, not leave its outputs unwritten.
@@ -99,7 +261,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
 // The dynamic shared memory before the angles, with room to align the tiles.
 constexpr size_t kWgmmaForwardShared =
     kSwizzleAtom + size_t(kRowsPerBlock + 4 * kInnerTile) * kD * sizeof(bf16_t) +
-    kInnerTile * sizeof(float);
+    2 * kInnerTile * sizeof(float);
 static_assert(2 * (kWgmmaForwardShared + kAngleBytes + kStreamBytes + kReservedPerBlock) <=
                   kSharedPerSm,
               "two wgmma forward blocks no longer fit an SM");
@@ -118,8 +280,11 @@ void flash_forward_wgmma(Stream stream, const AttentionParams& params, const Fla
   const int64_t heads = q.sizes[1];
   const Grid g = grid_of(params, q, k, segments, false);
   if (g.sequences * g.tiles == 0 || heads == 0) return;
-  const auto kernel =
-      a.drop.on ? flash_forward_wgmma_kernel<true> : flash_forward_wgmma_kernel<false>;
+  const auto kernel = flash_forward_pipelined()
+                          ? (a.drop.on ? flash_forward_wgmma_kernel<true, true>
+                                       : flash_forward_wgmma_kernel<false, true>)
+                          : (a.drop.on ? flash_forward_wgmma_kernel<true, false>
+                                       : flash_forward_wgmma_kernel<false, false>);
   const size_t shared = kWgmmaForwardShared + angle_bytes(a);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, launch_grid(g, heads), kThreadsPerBlock, shared, native(stream), a, g.tiles);
