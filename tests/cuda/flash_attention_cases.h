@@ -36,6 +36,11 @@ struct Case {
   RopeLayout layout = RopeLayout::interleaved;
   int64_t D = 64;  // 64: the tensor-core kernel; others: the f32 fallback on bf16 values
   int64_t H = 3;   // heads
+  // Scores that jump by over 2^11 from key tile to key tile (padded, no
+  // RoPE): every query's first feature 1, every key's 64 times its tile
+  // index, so each tile's max moves the row's reference max (the kernels
+  // rescale lazily; random scores never move it that far).
+  bool growing_scores = false;
 };
 
 // gtest prints a parameter in test listings; the name says it all (without
@@ -88,6 +93,15 @@ inline Problem make_problem(const Case& c) {
   p.positions = Tensor::from_vector(positions, {int64_t(positions.size())});
   p.q = bf16_values(shape, 1);
   p.k = bf16_values(shape, 2);
+  if (c.growing_scores) {
+    std::vector<float> q = p.q.to_vector<float>(), k = p.k.to_vector<float>();
+    for (size_t row = 0; row < q.size() / size_t(c.D); ++row) {  // [B, H, S, D]
+      q[row * size_t(c.D)] = 1.0f;
+      k[row * size_t(c.D)] = 64.0f * float(int64_t(row) % c.S / 64);
+    }
+    p.q = Tensor::from_vector(q, shape);
+    p.k = Tensor::from_vector(k, shape);
+  }
   p.v = bf16_values(shape, 3);
   p.grad_out = bf16_values(shape, 4);
   return p;
@@ -430,6 +444,8 @@ inline std::vector<Case> cases() {
   out.push_back(
       {.name = "plain_masked_dropout", .rows = {}, .mask = true, .dropout = 0.1, .rope = false});
   out.push_back({.name = "plain_long", .B = 1, .S = 1000, .rows = {}, .rope = false});
+  out.push_back(
+      {.name = "plain_growing_scores", .rows = {}, .rope = false, .growing_scores = true});
   out.push_back({.name = "plain_packed_dropout",
                  .token_stream = true,
                  .rows = packed,

@@ -135,16 +135,27 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
     }
 }
 
+// How far (in log2 units) a row's scores may rise above the max its
+// exponents are taken from before that max moves: probabilities up to 2^8,
+// an f32 sum and a bf16 P far from their ranges' ends. Most tiles after the
+// first raise no row's max that far, and then the output rows need no
+// rescaling (FlashAttention-4's lazy rescale): 32 multiplies a tile fewer.
+constexpr float kMaxHeadroomLog2 = 8.0f;
+
 // One key tile of the online softmax for a warp's 16 query rows, all but the
 // output: s holds the tile's raw scores Q K^T (keys j0...) and becomes the
-// probabilities exp2(scale_log2 (score - running max)); the running max m
-// (of raw scores) and the sum l move to the new max, and corr is what the
-// output rows must be multiplied by to follow (rescale_rows). Only a tile
-// with a key to leave out (`masked`) adds the key biases (0 or -inf). The
-// scale is applied inside the exponent's FFMA (max(scale x) = scale max(x)
-// for scale > 0, rounding being monotonic), and a row with no key so far
-// shifts by 0 so that its -inf scores give 0 without a test per element.
-__device__ __forceinline__ void softmax_tile_probabilities(float (&s)[8][4], float (&m)[2],
+// probabilities exp2(scale_log2 (score - m)), m being the row's reference
+// max (of raw scores): it moves to the tile's new max only where that is
+// more than kMaxHeadroomLog2 above it, with the sum l rescaled, and corr
+// (1 elsewhere) is what the output rows must then be multiplied by
+// (rescale_rows). Returns whether any row of the warp moved (the same in
+// every lane), so that a warp with none skips the rescale. The log-sum-exp,
+// m + log2 l, is the same whichever reference was kept. Only a tile with a
+// key to leave out (`masked`) adds the key biases (0 or -inf). The scale is
+// applied inside the exponent's FFMA (max(scale x) = scale max(x) for scale
+// > 0, rounding being monotonic), and a row with no key so far shifts by 0
+// so that its -inf scores give 0 without a test per element.
+__device__ __forceinline__ bool softmax_tile_probabilities(float (&s)[8][4], float (&m)[2],
                                                            float (&l)[2], float (&corr)[2],
                                                            const float* bias, bool masked,
                                                            float scale_log2, int t) {
@@ -154,16 +165,24 @@ __device__ __forceinline__ void softmax_tile_probabilities(float (&s)[8][4], flo
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
-  float shift[2];
+  bool moves[2];
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     mx[hf] = quad_max(mx[hf]);
-    const bool none = mx[hf] == -INFINITY;
-    corr[hf] = none ? 1.0f : exp2_approx((m[hf] - mx[hf]) * scale_log2);
-    shift[hf] = none ? 0.0f : mx[hf] * scale_log2;
-    m[hf] = mx[hf];
+    // From -inf to a score: +inf, moves; -inf to -inf: NaN, stays.
+    moves[hf] = (mx[hf] - m[hf]) * scale_log2 > kMaxHeadroomLog2;
+  }
+  // Selects, not a branch: ptxas serializes the wgmma products of a
+  // pipelined forward whose softmax branches while they run.
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    corr[hf] = moves[hf] ? exp2_approx((m[hf] - mx[hf]) * scale_log2) : 1.0f;  // 0 from -inf
+    m[hf] = moves[hf] ? mx[hf] : m[hf];
     l[hf] *= corr[hf];
   }
+  float shift[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) shift[hf] = m[hf] == -INFINITY ? 0.0f : m[hf] * scale_log2;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -173,6 +192,7 @@ __device__ __forceinline__ void softmax_tile_probabilities(float (&s)[8][4], flo
       s[nt][e] = p;
       l[hf] += p;  // the softmax sums every probability; dropout acts after
     }
+  return __ballot_sync(0xffffffffu, moves[0] || moves[1]) != 0u;
 }
 
 // Output rows o (a warp's 16 x 64) moved to a new running max: row g + 8 hf
@@ -185,14 +205,13 @@ __device__ __forceinline__ void rescale_rows(float (&o)[8][4], const float (&cor
 }
 
 // The whole online-softmax step of a key tile (softmax_tile_probabilities,
-// then the output rows rescaled), for a forward whose products of the tile
-// before have landed in o.
+// then the output rows rescaled where a max moved), for a forward whose
+// products of the tile before have landed in o.
 __device__ __forceinline__ void online_softmax_tile(float (&s)[8][4], float (&o)[8][4],
                                                     float (&m)[2], float (&l)[2], const float* bias,
                                                     bool masked, float scale_log2, int t) {
   float corr[2];
-  softmax_tile_probabilities(s, m, l, corr, bias, masked, scale_log2, t);
-  rescale_rows(o, corr);
+  if (softmax_tile_probabilities(s, m, l, corr, bias, masked, scale_log2, t)) rescale_rows(o, corr);
 }
 
 // The end of the forward for a warp's 16 rows (row0 + g, + 8): the quad's
