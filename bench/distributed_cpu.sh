@@ -6,7 +6,7 @@
 # first log window is dropped) and, for the 2-rank runs, the share of the
 # step the gradient all-reduce kept rank 0 waiting (metrics.jsonl's
 # comm_share: communication not hidden behind backward, load imbalance
-# included). Figures: docs/performance.md, "Data parallelism on CPU".
+# included). Figures: docs/performance/distributed.md, "Data parallelism on CPU".
 #
 # With MODE zero: 2 ranks x 1 thread, plain (distributed.zero 0, gradients
 # all-reduced), ZeRO-1 with its gradients reduce-scattered and ZeRO-1 with
@@ -14,7 +14,7 @@
 # tokens/s, the share of the step waiting for the gradient reduction
 # (comm_share) and in ZeRO-1's parameter all-gather, the MiB each rank sends
 # per step by the ring model (comm_bytes_per_step), the AdamW moments' MiB
-# per rank and each rank's peak RSS (docs/performance.md, "ZeRO-1 on CPU").
+# per rank and each rank's peak RSS (docs/performance/distributed.md, "ZeRO-1 on CPU").
 # Usage: bench/distributed_cpu.sh [ROFORMER_BINARY] [STEPS] [ROUNDS] [MODE: threads|zero]
 set -euo pipefail
 cd "$(dirname "$0")/.."

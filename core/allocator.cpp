@@ -89,7 +89,7 @@ void CpuCachingAllocator::release_cached() {
   // ones land on its heap once freed mmapped chunks have raised the mmap
   // threshold) and the process keeps them: the six-stage tiny schedule peaked
   // 27% above its largest stage instead of staying at it
-  // (docs/performance.md, "Memory across stages").
+  // (docs/performance/cpu.md, "Memory across stages").
 #ifdef __GLIBC__
   ::malloc_trim(0);
 #endif

@@ -79,7 +79,7 @@
 #   ours_f32       ours in f32 at the lengths not yet measured in f32 (last)
 #   summary        bench/gpu/bench_summary.py: the table
 # What comes back in $OUT:
-#   bench_summary.txt   the Markdown table for docs/performance.md (tokens/s,
+#   bench_summary.txt   the Markdown table for docs/performance/gpu-step.md (tokens/s,
 #                       TFLOP/s, MFU, peak memory, ours / best peer per length,
 #                       cost per token at 1536 over 512, the targets)
 #   summary.txt         one line per step

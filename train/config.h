@@ -80,7 +80,7 @@ struct DataConfig {
   // Micro-batches as token streams (layers/token_layout.h): no padding is
   // computed (softmax attention on the CPU; otherwise rows are padded). On by
   // default: as fast as padded on nearly full rows (pretraining), faster on
-  // short texts (docs/performance.md).
+  // short texts (docs/performance/cpu.md, "Unpadded batches").
   bool unpadded = true;
   bool packing = false;                   // short documents share a row (needs unpadded)
   bool packing_restart_positions = true;  // each packed document's positions start at 0

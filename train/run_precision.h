@@ -1,7 +1,7 @@
 // run.precision for one command: f32, or bf16 mixed precision (the matrix
 // products of linear, matmul and attention in bf16 with f32 accumulation;
 // parameters, gradients, optimizer state, layer norm, softmax and the loss in
-// f32; see core/precision.h and docs/performance.md). Checkpoints hold f32
+// f32; see core/precision.h and docs/performance/cpu.md). Checkpoints hold f32
 // parameters whatever the precision, so a run may resume in the other one.
 #pragma once
 

@@ -4,7 +4,7 @@ mlm_step_bench (ours) and hf_roformer_bench.py (the peer) wrote, puts every
 row on one FLOP scale (the FLOPs of each row's shape from
 `mlm_step_bench --flops-for`, i.e. train/telemetry's mlm_training_flops, also
 for the peer, whose full-head set-up does more work than that counts) and
-writes a Markdown table ready for docs/performance.md: tokens/s, TFLOP/s, MFU,
+writes a Markdown table ready for docs/performance/gpu-step.md: tokens/s, TFLOP/s, MFU,
 peak memory, ours over the best peer per sequence length, and the cost per
 token at the longest length over that at 512 (--reference-seq), with issue 14's targets.
 

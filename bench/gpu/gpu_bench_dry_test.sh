@@ -51,7 +51,7 @@ for who, pick in (("ours", lambda r: r["framework"] == "ours"), ("the peer", lam
         fitted = [t["batch"] for t in r["search"] if t["fits"]]
         failed = [t["batch"] for t in r["search"] if not t["fits"]]
         assert r["batch"] == max(fitted) and r["batch"] < min(failed), (who, r["search"], r["batch"])
-# The tiny model's FLOPs by hand (docs/performance.md): ours and the peer on one scale.
+# The tiny model's FLOPs by hand (docs/performance/gpu-step.md): ours and the peer on one scale.
 layers, hidden, ffn, vocab = 2, 64, 128, 1000
 p_layers = layers * (4 * hidden * hidden + 2 * hidden * ffn)
 p_head = hidden * hidden + hidden * vocab

@@ -3,7 +3,7 @@
 // trainer does them, at each sequence length with the largest micro-batch that
 // fits. The peer is bench/gpu/hf_roformer_bench.py (transformers'
 // RoFormerForMaskedLM); scripts/gpu_bench.sh runs both in one device call and
-// docs/performance.md, "RoFormer-base on one GPU (issue 14)", gives the method.
+// docs/performance/gpu-step.md gives the method.
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
 //                  [--precision

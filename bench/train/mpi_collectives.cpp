@@ -5,7 +5,7 @@
 // checks that an in-place reduce-scatter leaves each rank's sum at the
 // buffer's front, equal bit for bit to the all-reduce's.
 // Usage: mpirun -np 2 build/bench/train/mpi_collectives [MIB] [REPS]
-// Figures: docs/performance.md, "ZeRO-1's gradients: reduce-scatter vs all-reduce".
+// Figures: docs/performance/distributed.md, "ZeRO-1's gradients: reduce-scatter vs all-reduce".
 #include <mpi.h>
 
 #include <algorithm>

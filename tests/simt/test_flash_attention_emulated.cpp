@@ -90,7 +90,7 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   EXPECT_THROW(kernels::cuda::set_simt_flash_backward_splits(65), Error);
   EXPECT_EQ(kernels::cuda::simt_flash_backward_splits(), 0);
   // The wgmma kernels are the default (on compute capability 9.0 alone)
-  // since an H100 timed them faster (docs/performance.md).
+  // since an H100 timed them faster (docs/performance/attention.md).
   EXPECT_TRUE(kernels::cuda::simt_flash_forward_uses_wgmma());
   EXPECT_TRUE(kernels::cuda::simt_flash_backward_uses_wgmma());
   // The pipelined forward is not, until a GPU has timed it.

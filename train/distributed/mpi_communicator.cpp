@@ -225,7 +225,7 @@ void MpiCommunicator::start_reduce_scatter_sum(std::span<float> values,
            " values for parts summing to ", total);
   // OpenMPI's non-blocking reduce-scatter (libnbc) is slow on large buffers:
   // 21 MiB on 2 ranks took 17 ms whole, 5.5 ms as 8 pieces (an all-reduce:
-  // 11 ms; docs/performance.md). So the buffer goes in pieces of at most
+  // 11 ms; docs/performance/distributed.md). So the buffer goes in pieces of at most
   // kPiece floats, each a reduce-scatter of its own, its parts the pieces of
   // the ranks' parts; every element is still summed once over the ranks.
   constexpr int64_t kPiece = int64_t(1) << 19;  // 2 MiB
