@@ -69,6 +69,9 @@
 #                  before each residual layer norm (--precision
 #                  bf16-unfuseddrop): what the dropout inside the layer-norm
 #                  kernels (the default) gains, side by side
+#   ours_pipelined ours at 512 with the wgmma attention forward's pipelined
+#                  schedule (--precision bf16-pipelined): whether
+#                  set_flash_forward_pipelined should be the default
 #   ours_separate  ours at 512 with model.attention_kernel: separate (three
 #                  products, rope kernels, then the plain attention kernels)
 #                  against the default (one product, RoPE inside): whether
@@ -219,6 +222,7 @@ run_bench() {
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
   step ours_rotateonce 60 ours_step bf16-rotateonce "$REFERENCE_SEQ" --budget-s 45
   step ours_unfuseddrop 60 ours_step bf16-unfuseddrop "$REFERENCE_SEQ" --budget-s 45
+  step ours_pipelined 60 ours_step bf16-pipelined "$REFERENCE_SEQ" --budget-s 45
   step ours_separate 60 ours_step bf16 "$REFERENCE_SEQ" --attention-kernel separate --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45

@@ -8,7 +8,7 @@
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
 //                  [--precision
 //                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce,
-//                  bf16-unfuseddrop]
+//                  bf16-unfuseddrop,bf16-pipelined]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -54,6 +54,11 @@
 // own before each residual layer norm (set_fused_residual_dropout(false),
 // core/ops.h), beside bf16 (the dropout inside the layer-norm kernels): what
 // that fusion gains; the same bits either way.
+//
+// --precision bf16-pipelined: bf16 with the wgmma attention forward's
+// pipelined schedule (set_flash_forward_pipelined, flash_attention.h) beside
+// bf16 (the in-step schedule) to decide that setting's default; the same
+// bits either way; elsewhere the same step as bf16.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -127,9 +132,10 @@ using Clock = std::chrono::steady_clock;
 constexpr double kMaskProb = 0.15;
 
 // The --precision values (the header comment says what each one runs).
-constexpr std::array<std::string_view, 8> kPrecisions{
-    "bf16",         "f32",          "bf16-f32act",     "bf16-bgrad",
-    "bf16-addgrad", "bf16-mmasync", "bf16-rotateonce", "bf16-unfuseddrop"};
+constexpr std::array<std::string_view, 9> kPrecisions{
+    "bf16",          "f32",          "bf16-f32act",     "bf16-bgrad",
+    "bf16-addgrad",  "bf16-mmasync", "bf16-rotateonce", "bf16-unfuseddrop",
+    "bf16-pipelined"};
 
 std::string precision_list() {
   std::string list;
@@ -339,9 +345,8 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
 }
 
 // The fields every row starts with (hf_roformer_bench.py writes the same).
-// `label`: the --precision value (bf16, f32, bf16-f32act, bf16-bgrad, bf16-addgrad or
-// bf16-mmasync or bf16-rotateonce); an attention kernel other than auto is named in the
-// set-up.
+// `label`: the --precision value (kPrecisions); an attention kernel other than auto is
+// named in the set-up.
 nlohmann::json row_head(const Config& run, int64_t S, const std::string& label,
                         const Options& opt) {
   const std::string kernel = opt.attention_kernel == AttentionKernel::kAuto
@@ -672,6 +677,7 @@ int run(int argc, char** argv) {
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
       kernels::cuda::set_flash_forward_uses_wgmma(precision != "bf16-mmasync");
       kernels::cuda::set_flash_backward_uses_wgmma(precision != "bf16-mmasync");
+      kernels::cuda::set_flash_forward_pipelined(precision == "bf16-pipelined");
 #endif
       bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {
