@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   bf16_t* sO = sQ + 2 * kInnerTile * kD;   // dO, two tiles
   bf16_t* sDs = sO + 2 * kInnerTile * kD;  // dS^T [keys][queries]
   const DqPartialTiles sums{reinterpret_cast<float*>(sDs + kRowsPerBlock * kD)};
-  float* sDq = sums.end();  // [kInnerTile][kAccLd]: dQ rows one warpgroup hands the other
+  float* sDq = sums.end();  // [kInnerTile][kAccLd]: dQ tiles each warpgroup hands the other
   const QueryRowData rows{sDq + kInnerTile * kAccLd};  // two buffers
   float* sAngles = rows.end();
   const Block r = block_of(a, tiles);
@@ -159,50 +159,54 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       fence_accumulator(acc);
       fence_accumulator(dv);
       fence_accumulator(dk);
-      // The two halves meet in shared memory: query rows 0-31 in the first
-      // warpgroup's warps 0 and 1, rows 32-63 in the second's warps 6 and 7;
-      // the other four warps hand their rows over. (a + b is b + a, so both
-      // owners sum the same bits.)
+      // The two halves meet in shared memory, split by columns so that every
+      // warp does the same work: warp w of each warpgroup holds the same 16
+      // query rows; it keeps the column tiles kept_tile(., group) of them
+      // (0, 1, 4, 5 or 2, 3, 6, 7: RoPE's pairs, 32 columns apart in the half
+      // layout, stay with one thread) and hands the other four to its twin in
+      // the other warpgroup. (a + b is b + a: the sums are the same bits
+      // whichever twin adds.)
       const int local = warp % 4;  // rows 16 local... of the tile
-      const bool owner = (local < 2) == (group == 0);
-      if (!owner) {
+      const auto kept_tile = [](int n, int owner) { return (n & 1) + 2 * owner + 4 * (n >> 1); };
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
+      for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<float2*>(sDq + (local * 16 + g + 8 * hf) * kAccLd + nt * 8 + 2 * t) =
-                make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-      }
-      __syncthreads();  // the handed-over rows are in sDq
-      if (owner) {
-        const float* staged = sums.tile(buffer);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int row = local * 16 + g + 8 * hf;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            const float2 o = *reinterpret_cast<const float2*>(sDq + row * kAccLd + nt * 8 + 2 * t);
-            acc[nt][2 * hf] += o.x;
-            acc[nt][2 * hf + 1] += o.y;
-          }
-          if (first || i0 + row >= r.Lq) continue;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {  // the sums of the split's earlier key tiles
-            const float2 o =
-                *reinterpret_cast<const float2*>(staged + row * kAccLd + nt * 8 + 2 * t);
-            acc[nt][2 * hf] += o.x;
-            acc[nt][2 * hf + 1] += o.y;
-          }
+        for (int n = 0; n < 4; ++n) {
+          const int nt = kept_tile(n, 1 - group);
+          *reinterpret_cast<float2*>(sDq + (local * 16 + g + 8 * hf) * kAccLd + nt * 8 + 2 * t) =
+              make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
         }
-        const int64_t q0 = i0 + local * 16;  // this warp's 16 query rows
-        const float one[2] = {1.0f, 1.0f};
-        if (dq_final)
-          store_rows(acc, a.dq, a.grad_dtype, r, q0, r.Lq, one, a, rope, g, t);
-        else if (sums_kept)
-          store_row_tiles(
-              acc, [](int n) { return n; }, StreamRows{streams[kStreamSums]}, DType::f32, r, q0,
-              r.Lq, one, a, false, g, t);
+      __syncthreads();  // the handed-over tiles are in sDq
+      const float* staged = sums.tile(buffer);
+      float kept[4][4];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = local * 16 + g + 8 * hf;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const int nt = kept_tile(n, group);
+          const float2 o = *reinterpret_cast<const float2*>(sDq + row * kAccLd + nt * 8 + 2 * t);
+          kept[n][2 * hf] = acc[nt][2 * hf] + o.x;
+          kept[n][2 * hf + 1] = acc[nt][2 * hf + 1] + o.y;
+        }
+        if (first || i0 + row >= r.Lq) continue;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {  // the sums of the split's earlier key tiles
+          const int nt = kept_tile(n, group);
+          const float2 o = *reinterpret_cast<const float2*>(staged + row * kAccLd + nt * 8 + 2 * t);
+          kept[n][2 * hf] += o.x;
+          kept[n][2 * hf + 1] += o.y;
+        }
       }
+      const int64_t q0 = i0 + local * 16;  // this warp's 16 query rows
+      const float one[2] = {1.0f, 1.0f};
+      const auto tile_of = [group, kept_tile](int n) { return kept_tile(n, group); };
+      if (dq_final)
+        store_row_tiles(kept, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one, a,
+                        rope, g, t);
+      else if (sums_kept)
+        store_row_tiles(kept, tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r, q0, r.Lq,
+                        one, a, false, g, t);
       __syncthreads();  // this buffer's, the row data's and sDs's readers are done
     }
     const float one[2] = {1.0f, 1.0f};
