@@ -73,19 +73,25 @@ def short_name(mangled):
 
 
 def ptxas_usage(path):
-    """{mangled name: 'R registers, S bytes spilled'} from an -Xptxas -v log."""
-    usage, cur, spill = {}, None, ''
+    """{mangled name: 'R registers, S bytes spilled[, F bytes stack frame]'} from
+    an -Xptxas -v log. The stack frame is named when not empty: a register
+    array indexed at run time lands there without any spill."""
+    usage, cur, spill, frame = {}, None, '', '0'
     for line in open(path):
         m = re.search(r"Compiling entry function '(\S+)'", line)
         if m:
             cur = m.group(1)
-        m = re.search(r'(\d+) bytes spill stores, (\d+) bytes spill loads', line)
+        m = re.search(r'(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads',
+                      line)
         if m:
-            spill = m.group(1) if m.group(1) == m.group(2) else '%s/%s' % m.groups()
+            frame = m.group(1)
+            spill = m.group(2) if m.group(2) == m.group(3) else '%s/%s' % m.groups()[1:]
         m = re.search(r'Used (\d+) registers', line)
         if m and cur:
             usage[cur] = '%s registers, %s bytes spilled' % (m.group(1), spill or '0')
-            cur, spill = None, ''
+            if frame != '0':
+                usage[cur] += ', %s bytes stack frame' % frame
+            cur, spill, frame = None, '', '0'
     return usage
 
 

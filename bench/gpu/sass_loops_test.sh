@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sass_loops.py on a hand-written listing: one loop of eight instructions, two
 # HMMA and one MUFU, a guarded FMUL counted as FMUL, the kernel named with its
-# template arguments, ptxas's registers and spills read from a log.
+# template arguments, ptxas's registers, spills and stack frame read from a log.
 set -euo pipefail
 here=$(dirname "$0")
 log=$(mktemp)
@@ -18,7 +18,7 @@ rows = json.loads(sys.argv[1])
 assert len(rows) == 1, rows
 r = rows[0]
 assert r['kernel'] == 'flash_forward_kernel<1,0>', r['kernel']
-assert r['ptxas'] == '128 registers, 4 bytes spilled', r['ptxas']
+assert r['ptxas'] == '128 registers, 4 bytes spilled, 8 bytes stack frame', r['ptxas']
 (loop,) = r['loops']
 assert loop['instructions'] == 8, loop
 assert loop['hmma'] == 2 and loop['mufu'] == 1, loop

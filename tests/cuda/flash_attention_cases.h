@@ -441,6 +441,13 @@ inline std::vector<Case> cases() {
                    .dropout = 0.15,
                    .layout = layout});
   }
+  // Sequences of whole key tiles: the last one full, reached through the
+  // pipelined forward's loop.
+  out.push_back({.name = "packed_whole_tiles_dropout_half",
+                 .token_stream = true,
+                 .rows = {{128, 64}, {192}},
+                 .dropout = 0.1,
+                 .layout = RopeLayout::half});
   out.push_back(
       {.name = "plain_masked_dropout", .rows = {}, .mask = true, .dropout = 0.1, .rope = false});
   out.push_back({.name = "plain_long", .B = 1, .S = 1000, .rows = {}, .rope = false});

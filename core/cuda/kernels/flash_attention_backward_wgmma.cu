@@ -168,14 +168,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       // whichever twin adds.)
       const int local = warp % 4;  // rows 16 local... of the tile
       const auto kept_tile = [](int n, int owner) { return (n & 1) + 2 * owner + 4 * (n >> 1); };
+      // Row half hf of tile kept_tile(n, owner) of acc, for an owner known at
+      // run time: a select between compile-time indices (acc indexed by the
+      // warp's group would go to local memory).
+      const auto kept_pair = [&acc, kept_tile](int n, int owner, int hf) {
+        return owner == 0
+                   ? make_float2(acc[kept_tile(n, 0)][2 * hf], acc[kept_tile(n, 0)][2 * hf + 1])
+                   : make_float2(acc[kept_tile(n, 1)][2 * hf], acc[kept_tile(n, 1)][2 * hf + 1]);
+      };
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const int nt = kept_tile(n, 1 - group);
-          *reinterpret_cast<float2*>(sDq + (local * 16 + g + 8 * hf) * kAccLd + nt * 8 + 2 * t) =
-              make_float2(acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-        }
+        for (int n = 0; n < 4; ++n)  // the twin's tiles
+          *reinterpret_cast<float2*>(sDq + (local * 16 + g + 8 * hf) * kAccLd +
+                                     kept_tile(n, 1 - group) * 8 + 2 * t) =
+              kept_pair(n, 1 - group, hf);
       __syncthreads();  // the handed-over tiles are in sDq
       const float* staged = sums.tile(buffer);
       float kept[4][4];
@@ -186,8 +193,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         for (int n = 0; n < 4; ++n) {
           const int nt = kept_tile(n, group);
           const float2 o = *reinterpret_cast<const float2*>(sDq + row * kAccLd + nt * 8 + 2 * t);
-          kept[n][2 * hf] = acc[nt][2 * hf] + o.x;
-          kept[n][2 * hf + 1] = acc[nt][2 * hf + 1] + o.y;
+          const float2 x = kept_pair(n, group, hf);
+          kept[n][2 * hf] = x.x + o.x;
+          kept[n][2 * hf + 1] = x.y + o.y;
         }
         if (first || i0 + row >= r.Lq) continue;
 #pragma unroll
