@@ -54,20 +54,6 @@ __device__ __forceinline__ void probabilities_as_a(uint32_t (&p)[4][4], const fl
   for (int kk = 0; kk < 4; ++kk) accumulator_as_a(p[kk], s, kk);
 }
 
-// Keeps the registers of A fragments that an in-flight wgmma reads live and
-// unchanged until this point (after its wait): the compiler sees them read
-// and written here, so it cannot give them to other values before.
-__device__ __forceinline__ void fence_fragments(uint32_t (&p)[4][4]) {
-#if !defined(ROFORMER_SIMT_EMULATION)
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[kk][e])::"memory");
-#else
-  (void)p;
-#endif
-}
-
 // The block's tiles as they stream (K and V), its Q and this warp's place.
 struct ForwardTiles {
   const StreamedPair<kThreadsPerBlock, SwizzledTile>& kv;

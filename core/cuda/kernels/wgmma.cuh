@@ -145,6 +145,20 @@ __device__ __forceinline__ void fence_accumulator(float (&d)[8][4]) {
 #endif
 }
 
+// The same for the A fragments (k steps of four registers) an in-flight
+// wgmma_rs reads, after its wait: they stay live and unchanged until here,
+// so the compiler cannot give their registers to other values before.
+__device__ __forceinline__ void fence_fragments(uint32_t (&p)[4][4]) {
+#if !defined(ROFORMER_SIMT_EMULATION)
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[kk][e])::"memory");
+#else
+  (void)p;
+#endif
+}
+
 }  // namespace
 
 }  // namespace roformer::kernels::cuda
