@@ -106,6 +106,33 @@ def table(rows, reference):
     return out, ok, seqs
 
 
+def spread(r):
+    """A row's timed steps, slowest over fastest, less one (0 if not recorded)."""
+    lo, hi = r.get("step_ms_min"), r.get("step_ms_max")
+    return hi / lo - 1 if lo and hi else 0.0
+
+
+def ab_table(ok, seqs):
+    """Each A/B row of ours (another precision or attention kernel, bf16) over
+    the default ("ours bf16") at the same length, with a verdict: faster or
+    slower only by more than the wider of the two rows' step spreads."""
+    out = ["| seq | set-up | tokens/s over ours bf16 | spread (max / min - 1) | verdict |",
+           "|---:|---|---:|---:|---|"]
+    for s in seqs:
+        base = next((r for r in ok if r["seq"] == s and r["setup"] == "ours bf16"), None)
+        if base is None:
+            continue
+        for r in ok:
+            if r["seq"] != s or r["framework"] != "ours" or r is base or not r["setup"].startswith("ours bf16"):
+                continue
+            ratio = r["tokens_per_s"] / base["tokens_per_s"]
+            margin = max(spread(base), spread(r))
+            verdict = ("faster" if ratio - 1 > margin else "slower" if 1 - ratio > margin
+                       else "within the spread")
+            out.append(f"| {s} | {r['setup']} | {ratio:.3f}x | {100 * margin:.1f}% | {verdict} |")
+    return out + [""] if len(out) > 2 else []
+
+
 def comparable_peers(ok, seq):
     """The peer's rows at seq doing our work: the head on the masked rows. Its
     stock full-head forward does more, so it is shown but never the yardstick
@@ -150,7 +177,7 @@ def main():
     add_flops(rows, args.flops_cmd)
     lines = [args.title] if args.title else []
     body, ok, seqs = table(rows, args.reference_seq)
-    lines += body + targets(ok, seqs)
+    lines += body + ab_table(ok, seqs) + targets(ok, seqs)
     lines.append("FLOPs per step (every row, ours and the peer): tokens x (6 x P_layers + 12 x layers x hidden x "
                  "seq) + masked x 6 x P_head (train/telemetry.h); MFU against the peak in each row's peak_tflops.")
     text = "\n".join(lines) + "\n"

@@ -40,6 +40,16 @@ assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 64 for r in rows
 assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 128 for r in rows), "no ours bf16-rotateonce row at 128"
 assert any(r["setup"] == "ours bf16-unfuseddrop" and r["seq"] == 64 for r in rows), "no ours bf16-unfuseddrop row at 64"
 assert any(r["setup"] == "ours bf16-pipelined" and r["seq"] == 64 for r in rows), "no ours bf16-pipelined row at 64"
+# The A/B table: each A/B row over ours bf16 at its length, with the spread and a verdict.
+summary_text = open(os.path.join(out, "bench_summary.txt")).read()
+base = next(r for r in ok if r["setup"] == "ours bf16" and r["seq"] == 64)
+ab = next(r for r in ok if r["setup"] == "ours bf16-pipelined" and r["seq"] == 64)
+assert ab["step_ms_min"] <= ab["step_ms"] <= ab["step_ms_max"], ab
+verdicts = ("| faster |", "| slower |", "| within the spread |")
+ab_line = [l for l in summary_text.splitlines()
+           if l.startswith("| 64 | ours bf16-pipelined | ") and l.rstrip().endswith(verdicts)]
+assert len(ab_line) == 1, "no A/B line for ours bf16-pipelined at 64"
+assert f"| {ab['tokens_per_s'] / base['tokens_per_s']:.3f}x |" in ab_line[0], ab_line[0]
 assert any(r["setup"] == "ours bf16 separate" and r["attention_kernel"] == "separate" and r["seq"] == 64
            for r in rows), "no ours bf16 separate row at 64"
 # Ours runs the trainer's default layout: one token stream per micro-batch.

@@ -450,6 +450,8 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
             {"masked", bench.masked()},
             {"loss", loss},
             {"step_ms", 1e3 * step_s},
+            {"step_ms_min", 1e3 * *std::min_element(times.begin(), times.end())},
+            {"step_ms_max", 1e3 * *std::max_element(times.begin(), times.end())},
             {"tokens_per_s", tokens / step_s},
             {"flops_per_step", flops},
             {"tflops", flops / step_s / 1e12},
