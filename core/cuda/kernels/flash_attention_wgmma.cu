@@ -95,19 +95,16 @@ __device__ __forceinline__ void key_tiles_in_step(const ForwardTiles& x, const F
 
 // Key tile j0's probabilities from its scores (the online softmax, dropout
 // and its keep bits) into P's A fragments; corr: what the output rows take
-// to follow a moved max, and the result whether any row's max moved (as
-// softmax_tile_probabilities).
+// to follow a moved max (1 where none moved).
 template <bool kDropout>
-__device__ __forceinline__ bool tile_probabilities(uint32_t (&p)[4][4], float (&corr)[2],
+__device__ __forceinline__ void tile_probabilities(uint32_t (&p)[4][4], float (&corr)[2],
                                                    float (&s)[8][4], uint32_t keep,
                                                    const ForwardTiles& x, const float* bias,
                                                    const FlashArgs& a, const Block& r, int64_t j0,
                                                    float (&m)[2], float (&l)[2]) {
-  const bool moved =
-      softmax_tile_probabilities(s, m, l, corr, bias, key_tile_masked(a, r, j0), a.scale_log2, x.t);
+  softmax_tile_probabilities(s, m, l, corr, bias, key_tile_masked(a, r, j0), a.scale_log2, x.t);
   if constexpr (kDropout) dropout_tile(s, keep, a, r, x.row0, j0, x.g, x.t);
   probabilities_as_a(p, s);
-  return moved;
 }
 
 // This thread's copies of K tile j0 landed: rotated (under RoPE), the tile's
