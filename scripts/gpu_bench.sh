@@ -84,7 +84,8 @@
 # What comes back in $OUT:
 #   bench_summary.txt   the Markdown table for docs/performance/gpu-step.md (tokens/s,
 #                       TFLOP/s, MFU, peak memory, ours / best peer per length,
-#                       cost per token at 1536 over 512, the targets)
+#                       cost per token at 1536 over 512, our A/B rows over the
+#                       default with a verdict, the targets)
 #   summary.txt         one line per step
 #   results.jsonl       every row, as the programs wrote them (MFU filled in)
 #   logs.tar.gz         every step's log

@@ -5,8 +5,9 @@ row on one FLOP scale (the FLOPs of each row's shape from
 `mlm_step_bench --flops-for`, i.e. train/telemetry's mlm_training_flops, also
 for the peer, whose full-head set-up does more work than that counts) and
 writes a Markdown table ready for docs/performance/gpu-step.md: tokens/s, TFLOP/s, MFU,
-peak memory, ours over the best peer per sequence length, and the cost per
-token at the longest length over that at 512 (--reference-seq), with issue 14's targets.
+peak memory, ours over the best peer per sequence length, the cost per
+token at the longest length over that at 512 (--reference-seq), our A/B rows over
+the default with a verdict, and issue 14's targets.
 
   bench_summary.py RESULTS.jsonl --flops-cmd "mlm_step_bench --size base --device cuda" [--out FILE]
 """
@@ -107,29 +108,42 @@ def table(rows, reference):
 
 
 def spread(r):
-    """A row's timed steps, slowest over fastest, less one (0 if not recorded)."""
+    """The range of a row's timed steps, slowest over fastest less one; None
+    when it has fewer than two or did not record them (the peer's rows, older
+    results): a verdict then has nothing to judge by."""
     lo, hi = r.get("step_ms_min"), r.get("step_ms_max")
-    return hi / lo - 1 if lo and hi else 0.0
+    if not lo or not hi or r.get("steps", 0) < 2:
+        return None
+    return hi / lo - 1
 
 
 def ab_table(ok, seqs):
-    """Each A/B row of ours (another precision or attention kernel, bf16) over
-    the default ("ours bf16") at the same length, with a verdict: faster or
-    slower only by more than the wider of the two rows' step spreads."""
-    out = ["| seq | set-up | tokens/s over ours bf16 | spread (max / min - 1) | verdict |",
-           "|---:|---|---:|---:|---|"]
+    """Each A/B row of ours (another precision or attention kernel, in bf16)
+    over the default, "ours bf16", at the same length (the last such row, as
+    targets() takes it), with a verdict: faster or slower only by more than
+    the wider of the two rows' step ranges (a time ratio, so "slower" means
+    the step took that much longer), "no spread recorded" without both."""
+    out = ["| seq | set-up | tokens/s over ours bf16 | steps | spread (max / min - 1) | verdict |",
+           "|---:|---|---:|---:|---:|---|"]
+    ours = {(r["seq"], r["setup"]): r for r in ok if r["framework"] == "ours"}
     for s in seqs:
-        base = next((r for r in ok if r["seq"] == s and r["setup"] == "ours bf16"), None)
-        if base is None:
+        ab = [r for (seq, setup), r in ours.items()
+              if seq == s and setup.startswith("ours bf16") and setup != "ours bf16"]
+        base = ours.get((s, "ours bf16"))
+        if ab and (base is None or not base["tokens_per_s"] > 0):
+            out.append(f"| {s} | (no ours bf16 row to compare with) | - | - | - | - |")
             continue
-        for r in ok:
-            if r["seq"] != s or r["framework"] != "ours" or r is base or not r["setup"].startswith("ours bf16"):
-                continue
+        for r in ab:
             ratio = r["tokens_per_s"] / base["tokens_per_s"]
-            margin = max(spread(base), spread(r))
-            verdict = ("faster" if ratio - 1 > margin else "slower" if 1 - ratio > margin
-                       else "within the spread")
-            out.append(f"| {s} | {r['setup']} | {ratio:.3f}x | {100 * margin:.1f}% | {verdict} |")
+            ranges = [spread(base), spread(r)]
+            if None in ranges:
+                margin, verdict = "-", "no spread recorded"
+            else:
+                m = max(ranges)
+                margin = f"{100 * m:.1f}%"
+                verdict = ("faster" if ratio > 1 + m else "slower" if ratio * (1 + m) < 1
+                           else "within the spread")
+            out.append(f"| {s} | {r['setup']} | {ratio:.3f}x | {r.get('steps', '-')} | {margin} | {verdict} |")
     return out + [""] if len(out) > 2 else []
 
 

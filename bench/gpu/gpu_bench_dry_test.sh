@@ -40,16 +40,6 @@ assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 64 for r in rows
 assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 128 for r in rows), "no ours bf16-rotateonce row at 128"
 assert any(r["setup"] == "ours bf16-unfuseddrop" and r["seq"] == 64 for r in rows), "no ours bf16-unfuseddrop row at 64"
 assert any(r["setup"] == "ours bf16-pipelined" and r["seq"] == 64 for r in rows), "no ours bf16-pipelined row at 64"
-# The A/B table: each A/B row over ours bf16 at its length, with the spread and a verdict.
-summary_text = open(os.path.join(out, "bench_summary.txt")).read()
-base = next(r for r in ok if r["setup"] == "ours bf16" and r["seq"] == 64)
-ab = next(r for r in ok if r["setup"] == "ours bf16-pipelined" and r["seq"] == 64)
-assert ab["step_ms_min"] <= ab["step_ms"] <= ab["step_ms_max"], ab
-verdicts = ("| faster |", "| slower |", "| within the spread |")
-ab_line = [l for l in summary_text.splitlines()
-           if l.startswith("| 64 | ours bf16-pipelined | ") and l.rstrip().endswith(verdicts)]
-assert len(ab_line) == 1, "no A/B line for ours bf16-pipelined at 64"
-assert f"| {ab['tokens_per_s'] / base['tokens_per_s']:.3f}x |" in ab_line[0], ab_line[0]
 assert any(r["setup"] == "ours bf16 separate" and r["attention_kernel"] == "separate" and r["seq"] == 64
            for r in rows), "no ours bf16 separate row at 64"
 # Ours runs the trainer's default layout: one token stream per micro-batch.
@@ -85,6 +75,35 @@ for r in (r for r in ok if r["framework"] == "ours"):
     assert line in text, f"bench_summary.txt lacks {line!r}:\n{text}"
 for needle in ("| seq | set-up | batch | tokens/s", "ours / best peer", "cost per token at 128 / at 64"):
     assert needle in text, f"bench_summary.txt lacks {needle!r}:\n{text}"
+# The A/B table: each A/B row over ours bf16 at its length, its steps, the
+# wider step range of the two and the verdict that range gives.
+base = next((r for r in ok if r["setup"] == "ours bf16" and r["seq"] == 64), None)
+ab = next((r for r in ok if r["setup"] == "ours bf16-pipelined" and r["seq"] == 64), None)
+assert base and ab, "no ours bf16 or ours bf16-pipelined row at 64 that ran"
+assert ab["step_ms_min"] <= ab["step_ms"] <= ab["step_ms_max"] and ab["steps"] >= 2, ab
+m = max(bench_summary.spread(base), bench_summary.spread(ab))
+ratio = ab["tokens_per_s"] / base["tokens_per_s"]
+verdict = "faster" if ratio > 1 + m else "slower" if ratio * (1 + m) < 1 else "within the spread"
+line = f"| 64 | ours bf16-pipelined | {ratio:.3f}x | {ab['steps']} | {100 * m:.1f}% | {verdict} |"
+assert line in text, f"bench_summary.txt lacks {line!r}:\n{text}"
+# The verdicts on made-up rows: beyond the range either way (a step 10.5%
+# longer is slower against a 10% range), within it, no range recorded (a
+# row timed once, or without its steps' times), no default to compare with.
+def row(setup, tps, lo=10.0, hi=11.0, steps=5, seq=512):
+    return {"seq": seq, "setup": setup, "framework": "ours", "tokens_per_s": tps, "steps": steps,
+            "step_ms_min": lo, "step_ms_max": hi}
+made_up = [row("ours bf16", 100.0), row("ours bf16-a", 111.0), row("ours bf16-b", 100 / 1.105),
+           row("ours bf16-c", 95.0), row("ours bf16-d", 120.0, steps=1), row("ours bf16-e", 120.0, lo=None),
+           row("ours bf16-f", 50.0, seq=64)]
+table = "\n".join(bench_summary.ab_table(made_up, [64, 512]))
+for want in ("| 512 | ours bf16-a | 1.110x | 5 | 10.0% | faster |",
+             "| 512 | ours bf16-b | 0.905x | 5 | 10.0% | slower |",
+             "| 512 | ours bf16-c | 0.950x | 5 | 10.0% | within the spread |",
+             "| 512 | ours bf16-d | 1.200x | 1 | - | no spread recorded |",
+             "| 512 | ours bf16-e | 1.200x | 5 | - | no spread recorded |",
+             "| 64 | (no ours bf16 row to compare with) | - | - | - | - |"):
+    assert want in table, f"the A/B table lacks {want!r}:\n{table}"
+assert "| 512 | ours bf16 |" not in table, table
 # The targets are judged at 512: the reference length's rows stand in for
 # it. With the peer's masked-row set-ups the 2x target is judged; with only
 # its full-head row left (the others failed), it is not.

@@ -428,7 +428,8 @@ nlohmann::json measure(Bench& bench, const ModelConfig& mc, const Config& run, i
                                    [&](const Trial& t) { return t.fits && t.batch == B; });
   if (opt.budget_s > 0 && fitted != trials.rend() && fitted->step_s > 0) {
     const double left = opt.budget_s - std::chrono::duration<double>(Clock::now() - began).count();
-    steps = std::clamp(int(left / fitted->step_s) - opt.warmup, 2, opt.steps);
+    // At least 2 (unless --steps asks for fewer), at most --steps.
+    steps = std::min(std::max(int(left / fitted->step_s) - opt.warmup, 2), opt.steps);
   }
   for (int i = 0; i < opt.warmup; ++i) bench.step(uint64_t(1 + i));
   reset_device_peak(device);
