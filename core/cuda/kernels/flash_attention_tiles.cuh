@@ -107,7 +107,10 @@ struct StreamedPair {
   }
   // Queues the copies of the tile at rows r0 into `buffer` (and its angles)
   // and commits them as one group (an empty one when r0 is past `limit`), so
-  // a wait for all but the newest group always covers the tile before.
+  // a wait for all but the newest group always covers the tile before. Both
+  // tiles, then the angles: queue_first and queue_second would put the angles
+  // between them, which moved ptxas's schedule of the mma.sync forward (16
+  // instructions more a tile with dropout).
   __device__ void fetch(int buffer, const Block& r, int64_t r0, int64_t limit,
                         const FlashArgs& a) const {
     if (r0 < limit) {
@@ -231,6 +234,14 @@ __device__ __forceinline__ void add_key_biases(float (&s)[8][4], const float* bi
     for (int e = 0; e < 4; ++e) s[nt][e] += bias[nt * 8 + 2 * t + (e & 1)];
 }
 
+// The key biases of the 64-key tile at j0 into `bias` (threads 0..63, one
+// each), in a tile with a key to leave out: the others read none.
+__device__ __forceinline__ void stage_key_biases(float* bias, const FlashArgs& a, const Block& r,
+                                                 int64_t j0) {
+  if (threadIdx.x < kInnerTile && key_tile_masked(a, r, j0))
+    bias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+}
+
 // Key tile j0 (K and V in `buffer` of kv) made ready for the whole block:
 // this thread's copies landed and its K chunks rotated, the tile's key biases
 // in sBias (a tile with a key to leave out: the others read none), then a
@@ -241,8 +252,7 @@ __device__ __forceinline__ void key_tile_ready(const StreamedPair<kThreads, Layo
                                                float* sBias) {
   kv.arrive(buffer, r, j0, r.Lk, a);
   if constexpr (Layout::kReadByWgmma) fence_shared_for_wgmma();
-  if (threadIdx.x < kInnerTile && key_tile_masked(a, r, j0))  // others read no bias
-    sBias[threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+  stage_key_biases(sBias, a, r, j0);
   __syncthreads();  // every thread's copies, rotations and biases are visible
 }
 

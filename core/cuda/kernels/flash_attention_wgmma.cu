@@ -114,8 +114,7 @@ __device__ __forceinline__ void key_tile_landed(const ForwardTiles& x, int buffe
                                                 const FlashArgs& a, const Block& r, int64_t j0) {
   x.kv.rotate_first(buffer, j0, r.Lk, a);
   fence_shared_for_wgmma();
-  if (threadIdx.x < kInnerTile && key_tile_masked(a, r, j0))  // others read no bias
-    x.sBias[buffer * kInnerTile + threadIdx.x] = key_bias(a, r, j0 + threadIdx.x);
+  stage_key_biases(x.sBias + buffer * kInnerTile, a, r, j0);
 }
 
 // The pipelined schedule. K runs one tile ahead of V: the copy group
