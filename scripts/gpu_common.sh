@@ -63,6 +63,9 @@ gpu_build_and_pack() {
   for t in "$@"; do
     find "$gpu_build_dir" -name "$t" -type f -perm -u+x -not -path '*/CMakeFiles/*' -exec cp {} "$stage/" \;
   done
+  # Symbols only cost the carry's 64 MiB (the device tool's limit): the copies
+  # travel stripped.
+  strip --strip-unneeded "$stage"/*
   "$pack" "$stage" "$pack_dir"
   rm -rf "$stage"
   # The test programs read the tree at this absolute path (ROFORMER_SOURCE_DIR,
