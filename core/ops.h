@@ -214,11 +214,12 @@ Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& s
 // rotated copies by the rope kernel, then run the plain attention kernels and
 // rotate dq and dk back (copies kept for backward: 2 x [T, H, D]); rather
 // than rotating inside the attention kernels, where on CUDA every block of
-// queries rotates every key tile again. Off by default until a GPU has timed
-// it in the model (mlm_step_bench --precision bf16-rotateonce): on an H100
-// the kernels alone took 12-15% less time rotated once, with dropout on
-// wgmma (attention_bench's ours-separate-dropout-wgmma). The same function
-// either way, up to rounding.
+// queries rotates every key tile again. On by default: an H200 (2026-11-27)
+// ran RoFormer-base's training step 1.09x faster at seq 1536 rotated once,
+// and 1.04x at 512, for 9% more peak memory (mlm_step_bench --precision
+// bf16-ropeinside times RoPE inside). On the CPU, RoPE inside is the same
+// composition of kernels with scratch copies. The same function either way,
+// up to rounding.
 void set_rotate_once(bool on);
 bool rotate_once();
 

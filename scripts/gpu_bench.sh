@@ -59,19 +59,16 @@
 #                  mma.sync rather than wgmma (--precision bf16-mmasync; on
 #                  compute capability 9.0, where wgmma is the default): what
 #                  wgmma gains, side by side
-#   ours_rotateonce ours at 512 with q and k rotated once by the rope kernel
-#                  around the plain attention kernels, inside the one-product
-#                  op (--precision bf16-rotateonce): whether set_rotate_once
-#                  should be the default; ours_rotateonce_1536 the same at
+#   ours_ropeinside ours at 512 with RoPE inside the attention kernels rather
+#                  than q and k rotated once around the plain ones (the
+#                  default, set_rotate_once; --precision bf16-ropeinside):
+#                  what rotating once gains; ours_ropeinside_1536 the same at
 #                  1536 (when BENCH_SEQS has it; right after ours_1536, so
 #                  that a budget cut spares it)
 #   ours_unfuseddrop ours at 512 with the hidden dropout as a pass of its own
 #                  before each residual layer norm (--precision
 #                  bf16-unfuseddrop): what the dropout inside the layer-norm
 #                  kernels (the default) gains, side by side
-#   ours_pipelined ours at 512 with the wgmma attention forward's pipelined
-#                  schedule (--precision bf16-pipelined): whether
-#                  set_flash_forward_pipelined should be the default
 #   ours_separate  ours at 512 with model.attention_kernel: separate (three
 #                  products, rope kernels, then the plain attention kernels)
 #                  against the default (one product, RoPE inside): whether
@@ -211,9 +208,10 @@ run_bench() {
     step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused --budget-s 45
     # Rotating once saves more per token at the long length (the target of the
     # cost per token), where each key tile is rotated by more query blocks:
-    # beside ours there, before the attention table can spend the budget.
+    # RoPE inside beside ours there, before the attention table can spend the
+    # budget.
     [[ $seq == "$LONG_SEQ" ]] &&
-      step "ours_rotateonce_$LONG_SEQ" 60 ours_step bf16-rotateonce "$LONG_SEQ" --budget-s 45
+      step "ours_ropeinside_$LONG_SEQ" 60 ours_step bf16-ropeinside "$LONG_SEQ" --budget-s 45
     [[ " ${HF_SEQS:-$BENCH_SEQS} " == *" $seq "* ]] && step "hf_$seq" 120 hf_step "$seq"
   done
   ((n <= 2)) && step attention 150 attention_step
@@ -221,9 +219,8 @@ run_bench() {
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
-  step ours_rotateonce 60 ours_step bf16-rotateonce "$REFERENCE_SEQ" --budget-s 45
+  step ours_ropeinside 60 ours_step bf16-ropeinside "$REFERENCE_SEQ" --budget-s 45
   step ours_unfuseddrop 60 ours_step bf16-unfuseddrop "$REFERENCE_SEQ" --budget-s 45
-  step ours_pipelined 60 ours_step bf16-pipelined "$REFERENCE_SEQ" --budget-s 45
   step ours_separate 60 ours_step bf16 "$REFERENCE_SEQ" --attention-kernel separate --budget-s 45
   step ours_bgrad 60 ours_step bf16-bgrad "$REFERENCE_SEQ" --budget-s 45
   step ours_addgrad 60 ours_step bf16-addgrad "$REFERENCE_SEQ" --budget-s 45

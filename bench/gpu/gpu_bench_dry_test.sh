@@ -36,10 +36,9 @@ assert any(r["setup"] == "ours bf16-f32act" and r["seq"] == 64 for r in rows), "
 assert any(r["setup"] == "ours bf16-bgrad" and r["seq"] == 64 for r in rows), "no ours bf16-bgrad row at 64"
 assert any(r["setup"] == "ours bf16-addgrad" and r["seq"] == 64 for r in rows), "no ours bf16-addgrad row at 64"
 assert any(r["setup"] == "ours bf16-mmasync" and r["seq"] == 64 for r in rows), "no ours bf16-mmasync row at 64"
-assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 64 for r in rows), "no ours bf16-rotateonce row at 64"
-assert any(r["setup"] == "ours bf16-rotateonce" and r["seq"] == 128 for r in rows), "no ours bf16-rotateonce row at 128"
+assert any(r["setup"] == "ours bf16-ropeinside" and r["seq"] == 64 for r in rows), "no ours bf16-ropeinside row at 64"
+assert any(r["setup"] == "ours bf16-ropeinside" and r["seq"] == 128 for r in rows), "no ours bf16-ropeinside row at 128"
 assert any(r["setup"] == "ours bf16-unfuseddrop" and r["seq"] == 64 for r in rows), "no ours bf16-unfuseddrop row at 64"
-assert any(r["setup"] == "ours bf16-pipelined" and r["seq"] == 64 for r in rows), "no ours bf16-pipelined row at 64"
 assert any(r["setup"] == "ours bf16 separate" and r["attention_kernel"] == "separate" and r["seq"] == 64
            for r in rows), "no ours bf16 separate row at 64"
 # Ours runs the trainer's default layout: one token stream per micro-batch.
@@ -78,13 +77,13 @@ for needle in ("| seq | set-up | batch | tokens/s", "ours / best peer", "cost pe
 # The A/B table: each A/B row over ours bf16 at its length, its steps, the
 # wider step range of the two and the verdict that range gives.
 base = next((r for r in ok if r["setup"] == "ours bf16" and r["seq"] == 64), None)
-ab = next((r for r in ok if r["setup"] == "ours bf16-pipelined" and r["seq"] == 64), None)
-assert base and ab, "no ours bf16 or ours bf16-pipelined row at 64 that ran"
+ab = next((r for r in ok if r["setup"] == "ours bf16-ropeinside" and r["seq"] == 64), None)
+assert base and ab, "no ours bf16 or ours bf16-ropeinside row at 64 that ran"
 assert ab["step_ms_min"] <= ab["step_ms"] <= ab["step_ms_max"] and ab["steps"] >= 2, ab
 m = max(bench_summary.spread(base), bench_summary.spread(ab))
 ratio = ab["tokens_per_s"] / base["tokens_per_s"]
 verdict = "faster" if ratio > 1 + m else "slower" if ratio * (1 + m) < 1 else "within the spread"
-line = f"| 64 | ours bf16-pipelined | {ratio:.3f}x | {ab['steps']} | {100 * m:.1f}% | {verdict} |"
+line = f"| 64 | ours bf16-ropeinside | {ratio:.3f}x | {ab['steps']} | {100 * m:.1f}% | {verdict} |"
 assert line in text, f"bench_summary.txt lacks {line!r}:\n{text}"
 # The verdicts on made-up rows: beyond the range either way (a step 10.5%
 # longer is slower against a 10% range), within it, no range recorded (a

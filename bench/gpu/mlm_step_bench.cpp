@@ -7,8 +7,8 @@
 //
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
 //                  [--precision
-//                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-rotateonce,
-//                  bf16-unfuseddrop,bf16-pipelined]
+//                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-ropeinside,
+//                  bf16-unfuseddrop]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -46,19 +46,15 @@
 // what wgmma gains, side by side; elsewhere (and in a build without the
 // CUDA kernels) the same step as bf16.
 //
-// --precision bf16-rotateonce: bf16 with q and k rotated once by the rope
-// kernel around the plain attention kernels (set_rotate_once, core/ops.h),
-// beside bf16 (RoPE inside the kernels) to decide that setting's default.
+// --precision bf16-ropeinside: bf16 with RoPE inside the attention kernels
+// (set_rotate_once(false), core/ops.h), beside bf16 (q and k rotated once by
+// the rope kernel around the plain attention kernels, the default since an
+// H200 timed it faster): what rotating once gains, side by side.
 //
 // --precision bf16-unfuseddrop: bf16 with the hidden dropout as a pass of its
 // own before each residual layer norm (set_fused_residual_dropout(false),
 // core/ops.h), beside bf16 (the dropout inside the layer-norm kernels): what
 // that fusion gains; the same bits either way.
-//
-// --precision bf16-pipelined: bf16 with the wgmma attention forward's
-// pipelined schedule (set_flash_forward_pipelined, flash_attention.h) beside
-// bf16 (the in-step schedule) to decide that setting's default; the same
-// bits either way; elsewhere the same step as bf16.
 //
 // --profile: after the timed steps, one more step with every op's scope
 // synchronised (core/profile.h), printed as a table of device milliseconds
@@ -132,10 +128,9 @@ using Clock = std::chrono::steady_clock;
 constexpr double kMaskProb = 0.15;
 
 // The --precision values (the header comment says what each one runs).
-constexpr std::array<std::string_view, 9> kPrecisions{
-    "bf16",          "f32",          "bf16-f32act",     "bf16-bgrad",
-    "bf16-addgrad",  "bf16-mmasync", "bf16-rotateonce", "bf16-unfuseddrop",
-    "bf16-pipelined"};
+constexpr std::array<std::string_view, 8> kPrecisions{
+    "bf16",         "f32",          "bf16-f32act",     "bf16-bgrad",
+    "bf16-addgrad", "bf16-mmasync", "bf16-ropeinside", "bf16-unfuseddrop"};
 
 std::string precision_list() {
   std::string list;
@@ -675,12 +670,11 @@ int run(int argc, char** argv) {
       if (precision == "bf16-f32act") f32_activations.emplace(DType::bf16, false);
       set_bias_grad_in_product(precision == "bf16-bgrad");
       set_accumulate_in_backward(precision != "bf16-addgrad");
-      set_rotate_once(precision == "bf16-rotateonce");
+      set_rotate_once(precision != "bf16-ropeinside");
       set_fused_residual_dropout(precision != "bf16-unfuseddrop");
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
       kernels::cuda::set_flash_forward_uses_wgmma(precision != "bf16-mmasync");
       kernels::cuda::set_flash_backward_uses_wgmma(precision != "bf16-mmasync");
-      kernels::cuda::set_flash_forward_pipelined(precision == "bf16-pipelined");
 #endif
       bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {

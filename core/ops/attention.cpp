@@ -228,7 +228,7 @@ SegmentCover checked_segments(const Tensor& segments, int64_t T) {
   return {longest, covered == T};
 }
 
-std::atomic<bool> g_rotate_once{false};
+std::atomic<bool> g_rotate_once{true};
 
 // q or k [T, H, D] rotated once at the table's token positions: [H, T, D]
 // memory (the rope kernel rotates along the dim before the last), returned as

@@ -210,8 +210,8 @@ TEST(VarlenAttention, Bf16AutocastMatchesThePaddedKernel) {
 // set_rotate_once: q and k rotated once by the rope kernel around the plain
 // attention kernels, in place of the rope_attention kernels, for the packed
 // op and varlen_rope_attention alike: the same output and qkv gradient (f64,
-// dropout, a token in no segment, both pair layouts), and the setting back
-// after its scope.
+// dropout, a token in no segment, both pair layouts), and the setting (on by
+// default) back after its scope.
 TEST(VarlenAttention, RotatingOnceGivesTheRopeInsideResult) {
   const Tensor segments = Tensor::from_vector<int64_t>({0, 5, 0, 0, 6, 6, 1, 0}, {2, 4});
   const Tensor positions = Tensor::from_vector<int64_t>({0, 1, 2, 3, 4, 0, 0, 1, 2, 3, 4, 5}, {12});
@@ -241,7 +241,7 @@ TEST(VarlenAttention, RotatingOnceGivesTheRopeInsideResult) {
     EXPECT_TRUE(all_close(outs[1], outs[0], 1e-12, 1e-12));
     EXPECT_TRUE(all_close(grads[1], grads[0], 1e-12, 1e-12));
   }
-  EXPECT_FALSE(rotate_once());
+  EXPECT_TRUE(rotate_once());
 }
 
 TEST(VarlenAttention, TokensInNoSegmentGetZeros) {
