@@ -11,11 +11,12 @@
 //   ours-*-wgmma    the same with the forward and the fused backward on
 //                   Hopper's wgmma (flash_attention_wgmma.cu,
 //                   flash_attention_backward_wgmma.cu; compute capability 9.0
-//                   only, and the default there), ours-fused-dropout-wgmma
-//                   with dropout 0.1
+//                   only, and the default there), the forward in step;
+//                   ours-*-dropout-wgmma with dropout 0.1
 //   ours-*-wgmma-pipelined  the wgmma forward's pipelined schedule
-//                   (set_flash_forward_pipelined; the backward's times are the
-//                   -wgmma row's, the same kernel)
+//                   (set_flash_forward_schedule; the backward's times are the
+//                   -wgmma row's, the same kernel). The default schedule
+//                   pipelines the plain forwards (no RoPE inside) alone.
 //   ours-*-2pass    the same with the two-pass backward (dq per query
 //                   tile, then dk/dv per key tile: seven products) in place
 //                   of the fused one (five): flash_attention.h
@@ -148,9 +149,10 @@ void launch_once(int64_t S, Device device) {
     launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
     launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none,
                                o.grad_out, o.dq, o.dk, o.dv);
-    kernels::cuda::set_flash_forward_pipelined(true);  // its forward's other schedule
+    // Its forward's other schedule (the default pipelines it).
+    kernels::cuda::set_flash_forward_schedule(kernels::cuda::ForwardSchedule::in_step);
     launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
-    kernels::cuda::set_flash_forward_pipelined(false);
+    kernels::cuda::set_flash_forward_schedule(kernels::cuda::ForwardSchedule::automatic);
     kernels::cuda::set_flash_forward_uses_wgmma(false);
     kernels::cuda::set_flash_backward_uses_wgmma(false);
   }
@@ -174,14 +176,13 @@ void bench(int64_t S, Device device) {
   // dropout, `keep` its bits).
   const kernels::AttentionParams& dropped = o.dropped;
   const Tensor& keep = o.keep;
-  auto plain_fwd = [&] {
-    return time_ms(
-        device, [&] { launch::attention_forward(device, params, q, k, v, none, out, lse, none); });
+  auto plain_fwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
+    return time_ms(device,
+                   [&] { launch::attention_forward(device, p, q, k, v, none, out, lse, bits); });
   };
-  auto plain_bwd = [&] {
+  auto plain_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
     return time_ms(device, [&] {
-      launch::attention_backward(device, params, q, k, v, none, out, lse, none, grad_out, dq, dk,
-                                 dv);
+      launch::attention_backward(device, p, q, k, v, none, out, lse, bits, grad_out, dq, dk, dv);
     });
   };
   auto fused_fwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
@@ -203,7 +204,7 @@ void bench(int64_t S, Device device) {
   for (const int rows : {16, 32}) {
     kernels::cuda::set_flash_forward_rows_per_warp(rows);
     const std::string suffix = rows == 16 ? "" : "-r32";
-    const double plain_f = plain_fwd(), plain_b = plain_bwd();
+    const double plain_f = plain_fwd(params, none), plain_b = plain_bwd(params, none);
     print(("ours-plain" + suffix).c_str(), S, B, plain_f, plain_b);
     const double fused_f = fused_fwd(params, none), fused_b = fused_bwd(params, none);
     print(("ours-fused" + suffix).c_str(), S, B, fused_f, fused_b);
@@ -239,21 +240,28 @@ void bench(int64_t S, Device device) {
   // and RoPE as separate kernels around the plain wgmma kernels, with and
   // without dropout: whether rotating once beats rotating in every block.
   if (kernels::cuda::flash_wgmma_available(device.index)) {
+    using kernels::cuda::ForwardSchedule;
     kernels::cuda::set_flash_forward_uses_wgmma(true);
     kernels::cuda::set_flash_backward_uses_wgmma(true);
-    const double plain_f = plain_fwd(), plain_b = plain_bwd();
+    kernels::cuda::set_flash_forward_schedule(ForwardSchedule::in_step);
+    const double plain_f = plain_fwd(params, none), plain_b = plain_bwd(params, none);
     print("ours-plain-wgmma", S, B, plain_f, plain_b);
     const double fused_f = fused_fwd(params, none), fused_b = fused_bwd(params, none);
     print("ours-fused-wgmma", S, B, fused_f, fused_b);
     const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
     print("ours-fused-dropout-wgmma", S, B, dropout_f, dropout_b);
+    // The plain kernels with dropout: the training step's attention when q
+    // and k are rotated once (set_rotate_once, the default).
+    const double plain_dropout_b = plain_bwd(dropped, keep);
+    print("ours-plain-dropout-wgmma", S, B, plain_fwd(dropped, keep), plain_dropout_b);
     // The forward's pipelined schedule (the backward is the same kernel:
     // its times are the rows' above).
-    kernels::cuda::set_flash_forward_pipelined(true);
-    print("ours-plain-wgmma-pipelined", S, B, plain_fwd(), plain_b);
+    kernels::cuda::set_flash_forward_schedule(ForwardSchedule::pipelined);
+    print("ours-plain-wgmma-pipelined", S, B, plain_fwd(params, none), plain_b);
     print("ours-fused-wgmma-pipelined", S, B, fused_fwd(params, none), fused_b);
     print("ours-fused-dropout-wgmma-pipelined", S, B, fused_fwd(dropped, keep), dropout_b);
-    kernels::cuda::set_flash_forward_pipelined(false);
+    print("ours-plain-dropout-wgmma-pipelined", S, B, plain_fwd(dropped, keep), plain_dropout_b);
+    kernels::cuda::set_flash_forward_schedule(ForwardSchedule::automatic);
     separate("ours-separate-wgmma", params, none);
     separate("ours-separate-dropout-wgmma", dropped, keep);
     kernels::cuda::set_flash_forward_uses_wgmma(false);
@@ -270,7 +278,7 @@ void bench(int64_t S, Device device) {
   for (const int dq_blocks : {2, 1}) {
     kernels::cuda::set_flash_dq_blocks_per_sm(dq_blocks);
     const std::string suffix = dq_blocks == 2 ? "-2pass" : "-2pass-dq1";
-    const double plain_b = plain_bwd(), fused_b = fused_bwd(params, none);
+    const double plain_b = plain_bwd(params, none), fused_b = fused_bwd(params, none);
     print(("ours-plain" + suffix).c_str(), S, B, default_plain_fwd, plain_b);
     print(("ours-fused" + suffix).c_str(), S, B, default_fused_fwd, fused_b);
   }

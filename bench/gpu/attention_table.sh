@@ -99,12 +99,12 @@ table() {
         printf "wgmma / mma.sync S=%s (ours-fused): forward %.2fx, backward %.2fx\n", \
           lengths[j], fwd[w] / fwd[a], bwd[w] / bwd[a]
       }
-      # The wgmma forward pipelined against in step: whether it should be the
-      # default (set_flash_forward_pipelined).
-      split("ours-plain-wgmma ours-fused-wgmma ours-fused-dropout-wgmma", kinds, " ")
+      # The wgmma forward pipelined against in step, kernel by kernel: which
+      # ones the default schedule should pipeline (set_flash_forward_schedule).
+      split("ours-plain-wgmma ours-fused-wgmma ours-fused-dropout-wgmma ours-plain-dropout-wgmma", kinds, " ")
       for (j = 1; j <= m; ++j) {
         line = ""
-        for (k = 1; k <= 3; ++k) {
+        for (k = 1; k <= 4; ++k) {
           a = kinds[k] SUBSEP lengths[j]; w = kinds[k] "-pipelined" SUBSEP lengths[j]
           if (!(a in fwd) || !(w in fwd) || fwd[w] == "n/a" || fwd[a] + 0 <= 0) continue
           line = line sprintf("%s %s %.2fx", (line == "" ? "" : ","), kinds[k], fwd[w] / fwd[a])

@@ -31,8 +31,8 @@ const FlashKnobs kKnobs{
     &kernels::cuda::flash_backward_splits,       &kernels::cuda::set_flash_backward_splits,
     &kernels::cuda::flash_forward_uses_wgmma,    &kernels::cuda::set_flash_forward_uses_wgmma,
     &kernels::cuda::flash_backward_uses_wgmma,   &kernels::cuda::set_flash_backward_uses_wgmma,
-    &kernels::cuda::flash_wgmma_available,       &kernels::cuda::flash_forward_pipelined,
-    &kernels::cuda::set_flash_forward_pipelined};
+    &kernels::cuda::flash_wgmma_available,       &kernels::cuda::flash_forward_schedule,
+    &kernels::cuda::set_flash_forward_schedule};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.

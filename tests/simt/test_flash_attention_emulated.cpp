@@ -63,8 +63,8 @@ const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
                         &kernels::cuda::simt_flash_backward_uses_wgmma,
                         &kernels::cuda::set_simt_flash_backward_uses_wgmma,
                         &kernels::cuda::simt_flash_wgmma_available,
-                        &kernels::cuda::simt_flash_forward_pipelined,
-                        &kernels::cuda::set_simt_flash_forward_pipelined};
+                        &kernels::cuda::simt_flash_forward_schedule,
+                        &kernels::cuda::set_simt_flash_forward_schedule};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.
@@ -93,8 +93,8 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   // since an H100 timed them faster (docs/performance/attention.md).
   EXPECT_TRUE(kernels::cuda::simt_flash_forward_uses_wgmma());
   EXPECT_TRUE(kernels::cuda::simt_flash_backward_uses_wgmma());
-  // The pipelined forward is not, until a GPU has timed it.
-  EXPECT_FALSE(kernels::cuda::simt_flash_forward_pipelined());
+  // The forward's schedule is chosen per kernel (flash_attention.h).
+  EXPECT_EQ(kernels::cuda::simt_flash_forward_schedule(), ForwardSchedule::automatic);
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in

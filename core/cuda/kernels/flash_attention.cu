@@ -120,7 +120,7 @@ static_assert(2 * (kForwardShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 // flash_forward_uses_wgmma).
 std::atomic<int> forward_rows_per_warp{16};
 std::atomic<bool> forward_wgmma{true};
-std::atomic<bool> forward_pipelined{false};
+std::atomic<ForwardSchedule> forward_schedule{ForwardSchedule::automatic};
 
 }  // namespace
 
@@ -142,12 +142,12 @@ void set_flash_forward_uses_wgmma(bool on) {
   forward_wgmma.store(on);
 }
 
-bool flash_forward_pipelined() {
-  return forward_pipelined.load(std::memory_order_relaxed);
+ForwardSchedule flash_forward_schedule() {
+  return forward_schedule.load(std::memory_order_relaxed);
 }
 
-void set_flash_forward_pipelined(bool on) {
-  forward_pipelined.store(on);
+void set_flash_forward_schedule(ForwardSchedule schedule) {
+  forward_schedule.store(schedule);
 }
 
 bool flash_wgmma_available(int device) {

@@ -3,6 +3,7 @@
 // kernel of attention.cu.
 #pragma once
 
+#include "core/cuda/kernels/forward_schedule.h"
 #include "core/kernels/kernel_list.h"
 
 namespace roformer::kernels::cuda {
@@ -42,14 +43,19 @@ bool flash_forward_uses_wgmma();
 void set_flash_forward_uses_wgmma(bool on);
 bool flash_wgmma_available(int device);
 
-// The wgmma forward's schedule of the key tiles: pipelined (true: the next
-// tile's scores are issued with this tile's P V and its softmax runs while P V
-// does, one barrier a tile; FlashAttention-3's overlap within a warpgroup)
-// or in step (false, the default until a GPU has timed both: each tile's
-// products waited for in turn, two barriers a tile). The same bits either
-// way; attention_bench measures both. Process-wide.
-bool flash_forward_pipelined();
-void set_flash_forward_pipelined(bool on);
+// The wgmma forward's schedule of the key tiles: pipelined (the next tile's
+// scores are issued with this tile's P V and its softmax runs while P V does,
+// one barrier a tile; FlashAttention-3's overlap within a warpgroup) or in
+// step (each tile's products waited for in turn, two barriers a tile). The
+// same bits either way; attention_bench measures both. `automatic`, the
+// default, pipelines the forwards without RoPE inside (the model's, since q
+// and k are rotated once: set_rotate_once) and runs those with RoPE inside in
+// step: on an H200 (2026-11-27) pipelining ran the plain forward 1.03x
+// (S=512) to 1.07x (S=16384) faster, 1.02x with dropout (S=1536, 4096), and
+// the ones with RoPE inside 0.91x to 0.97x (docs/performance/attention.md).
+// Process-wide.
+ForwardSchedule flash_forward_schedule();
+void set_flash_forward_schedule(ForwardSchedule schedule);
 
 // The fused backward's key-tile kernel on wgmma (true, the default;
 // flash_attention_backward_wgmma.cu, sm_90a) or on mma.sync (false), under

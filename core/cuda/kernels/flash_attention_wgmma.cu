@@ -13,7 +13,7 @@
 // exactly. The default on compute capability 9.0
 // (set_flash_forward_uses_wgmma, flash_attention.h).
 //
-// Two schedules of the key tiles (set_flash_forward_pipelined). In step:
+// Two schedules of the key tiles (set_flash_forward_schedule). In step:
 // per tile, S, wait, softmax, O += P V, wait, and two barriers. Pipelined
 // (FlashAttention-3's overlap within a warpgroup): tile j + 1's S is issued
 // with tile j's P V, so the softmax of j + 1 runs while the tensor cores
@@ -267,11 +267,14 @@ void flash_forward_wgmma(Stream stream, const AttentionParams& params, const Fla
   const int64_t heads = q.sizes[1];
   const Grid g = grid_of(params, q, k, segments, false);
   if (g.sequences * g.tiles == 0 || heads == 0) return;
-  const auto kernel = flash_forward_pipelined()
-                          ? (a.drop.on ? flash_forward_wgmma_kernel<true, true>
-                                       : flash_forward_wgmma_kernel<false, true>)
-                          : (a.drop.on ? flash_forward_wgmma_kernel<true, false>
-                                       : flash_forward_wgmma_kernel<false, false>);
+  // The schedule timed faster for this forward (flash_forward_schedule).
+  const ForwardSchedule schedule = flash_forward_schedule();
+  const bool pipelined = schedule == ForwardSchedule::pipelined ||
+                         (schedule == ForwardSchedule::automatic && a.table == nullptr);
+  const auto kernel = pipelined ? (a.drop.on ? flash_forward_wgmma_kernel<true, true>
+                                             : flash_forward_wgmma_kernel<false, true>)
+                                : (a.drop.on ? flash_forward_wgmma_kernel<true, false>
+                                             : flash_forward_wgmma_kernel<false, false>);
   const size_t shared = kWgmmaForwardShared + angle_bytes(a);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, launch_grid(g, heads), kThreadsPerBlock, shared, native(stream), a, g.tiles);
