@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/gpu_session.sh with stand-ins for gpu_check.sh and gpu_bench.sh (no
 # GPU, no bundle): the parts run in order with their budgets and variables,
-# everything comes back in at most 8 files, the goldens inside check.tar.gz,
+# everything comes back in at most 8 files, the goldens inside check.tar.gz
+# where they differ from the committed ones (the logs alone when it would be
+# over the device tool's limit),
 # the profile and then the gemm report run when the session's budget leaves
 # room and are skipped when not, and a failed part is counted in the exit
 # status.
@@ -16,7 +18,9 @@ cat > "$work/check.sh" <<'SH'
 echo "check $1 budget=$GPU_CHECK_BUDGET memcheck=$MEMCHECK_SUITE_SECONDS" >> "$LOG"
 echo "ok    cuda_tests (1 s)" > "$OUT/summary.txt"
 echo golden > "$OUT/roformer_mlm.h5"
-echo logs > "$OUT/logs.tar.gz"
+cp tests/fixtures/golden_train10.h5 "$OUT/"  # the same as the committed one
+mkdir -p "$OUT/w" && echo "[  FAILED  ] a test" > "$OUT/w/cuda_tests.log" && echo xml > "$OUT/w/t.xml"
+tar czf "$OUT/logs.tar.gz" -C "$OUT/w" . && rm -rf "$OUT/w"
 exit "${CHECK_RC:-0}"
 SH
 cat > "$work/bench.sh" <<'SH'
@@ -60,7 +64,15 @@ done
 # fail the pipeline under pipefail.
 listing=$(tar tzf "$work/full/check.tar.gz")
 grep -q 'roformer_mlm.h5' <<< "$listing" || fail "the goldens are not in check.tar.gz"
+! grep -q 'golden_train10.h5' <<< "$listing" || fail "a golden equal to the committed one came back"
 grep -q 'check_out.txt' <<< "$listing" || fail "gpu_check's output is not in check.tar.gz"
+# Over the limit: the steps' logs, the summary and check_out.txt alone.
+run big CHECK_TAR_LIMIT=1
+listing=$(tar tzf "$work/big/check.tar.gz")
+grep -q 'cuda_tests.log' <<< "$listing" || fail "the step logs are not in the cut check.tar.gz"
+grep -q 'check_out.txt' <<< "$listing" || fail "check_out.txt is not in the cut check.tar.gz"
+! grep -q 'roformer_mlm.h5\|t.xml\|logs.tar.gz' <<< "$listing" || fail "the cut check.tar.gz holds more than logs"
+grep -q 'over the tool.s limit: the logs alone' "$work/big/summary.txt" || fail "the cut is not said"
 diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
 bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
