@@ -422,6 +422,7 @@ std::vector<OpCase> make_table() {
                  fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
       .build =
           [](const X& x) {
+            const RotateOnceScope inside(false);  // RoPE inside the kernels
             DropoutContext ctx{0, 0, 0};
             return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.0, false, ctx,
                                          0.5);
@@ -438,7 +439,8 @@ std::vector<OpCase> make_table() {
                            {40}))},
       .build =
           [](const X& x) {
-            DropoutContext ctx{7, 3, 2};  // the same dropout mask in every run
+            const RotateOnceScope inside(false);  // RoPE inside the kernels
+            DropoutContext ctx{7, 3, 2};          // the same dropout mask in every run
             return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0, RopeLayout::half},
                                          0.2, true, ctx, 0.5);
           },
@@ -462,6 +464,7 @@ std::vector<OpCase> make_table() {
                  fixed(i64({0, 1, 2, 3, 4, 0, 0, 1, 0}, {9}))},
       .build =
           [](const X& x) {
+            const RotateOnceScope inside(false);  // RoPE inside the kernels
             DropoutContext ctx{0, 0, 0};
             return varlen_attention_packed(x[0], 2, x[1], RotaryEmbedding{x[2], 100.0}, 0.0, false,
                                            ctx, 0.5);
@@ -484,7 +487,8 @@ std::vector<OpCase> make_table() {
                  fixed(covering_positions)},
       .build =
           [](const X& x) {
-            DropoutContext ctx{5, 2, 1};  // the same dropout mask in every run
+            const RotateOnceScope inside(false);  // RoPE inside the kernels
+            DropoutContext ctx{5, 2, 1};          // the same dropout mask in every run
             return varlen_attention_packed(x[0], 2, x[1], RotaryEmbedding{x[2], 100.0}, 0.1, true,
                                            ctx, 0.125);
           },
@@ -538,7 +542,8 @@ std::vector<OpCase> make_table() {
                  in({24, 2, 64}), fixed(covering_segments), fixed(covering_positions)},
       .build =
           [](const X& x) {
-            DropoutContext ctx{5, 2, 1};  // the same dropout mask in every run
+            const RotateOnceScope inside(false);  // RoPE inside the kernels
+            DropoutContext ctx{5, 2, 1};          // the same dropout mask in every run
             return varlen_rope_attention(x[0], x[1], x[2], x[3], {x[4], 100.0}, 0.1, true, ctx,
                                          0.125);
           },

@@ -83,6 +83,7 @@ TEST_P(RopeAttention, TokenStreamEqualsRopeThenVarlenAttention) {
       Tensor::from_vector<int64_t>({0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 5, 0}, {T});
   const RotaryEmbedding rotary{positions, 100.0, layout};
   const Grads fused = run(q, k, v, r, [&] {
+    const RotateOnceScope inside(false);  // the kernels' RoPE, not the default's rotated copies
     DropoutContext ctx{9, 2, 1};
     return varlen_rope_attention(q, k, v, segments, rotary, 0.2, true, ctx, 0.5);
   });

@@ -99,12 +99,16 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in
 // seconds; the token streams keep their segments (70 and 1, 130, 45, 19, 64).
+// plain_growing_scores keeps the GPU's S = 200: its flaw (session 20) showed
+// there and passed at 130.
 std::vector<Case> emulated_cases() {
   std::vector<Case> out;
   for (Case c : cases()) {
     if (c.D != 64 || c.S > 300) continue;
-    c.S = 130;
-    c.H = 2;
+    if (!c.growing_scores) {
+      c.S = 130;
+      c.H = 2;
+    }
     out.push_back(c);
   }
   return out;
