@@ -219,7 +219,9 @@ Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& s
 // and 1.04x at 512, for 9% more peak memory (mlm_step_bench --precision
 // bf16-ropeinside times RoPE inside). On the CPU, RoPE inside is the same
 // composition of kernels with scratch copies. The same function either way,
-// up to rounding.
+// up to rounding: in bf16 the plain kernels write the rotated copies'
+// gradients in bf16 and the inverse rotation rounds them again, two
+// roundings of dq and dk where RoPE inside has one.
 void set_rotate_once(bool on);
 bool rotate_once();
 

@@ -50,9 +50,11 @@ std::string enum_choices() {
 
 enum class PositionEncoding { kRope, kAbsolute, kNone };
 enum class AttentionKind { kSoftmax, kLinear };
-// Where softmax attention applies RoPE to q and k: inside the attention
-// kernel (rope_attention: no rotated copies; CUDA rotates tiles as they
-// load), as separate rope ops before it, or auto (inside on an accelerator,
+// Where softmax attention applies RoPE to q and k: inside the attention op
+// (rope_attention: on token streams by default q and k rotated once around
+// the plain kernels, set_rotate_once in core/ops.h; otherwise CUDA rotates
+// tiles as they load, no rotated copies), as separate rope ops before it,
+// or auto (inside on an accelerator,
 // separate on the CPU, where the fused op composes the same kernels);
 // cudnn_sdpa: separate rope ops, then cuDNN's fused attention (CUDA, bf16,
 // padded batches, no attention dropout).

@@ -71,8 +71,9 @@
 #                  kernels (the default) gains, side by side
 #   ours_separate  ours at 512 with model.attention_kernel: separate (three
 #                  products, rope kernels, then the plain attention kernels)
-#                  against the default (one product, RoPE inside): whether
-#                  rotating q and k once beats rotating them in every block
+#                  against the default (one product read in place, q and k
+#                  rotated once around the plain kernels inside that op):
+#                  what the one product gains
 #   ours_f32act    ours at 512 with bf16 activations off (--precision
 #                  bf16-f32act): what bf16 activations gained, side by side
 #   hf_full_512    the peer's stock forward (logits at every position), eager

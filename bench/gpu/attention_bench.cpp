@@ -158,7 +158,7 @@ void launch_once(int64_t S, Device device) {
   }
   launch::synchronize(device);
   std::printf("attention_bench: one launch each of ours-plain and ours-fused-dropout%s at S=%lld\n",
-              wgmma ? " (and ours-plain-wgmma, its forward in step and pipelined)" : "",
+              wgmma ? " (and ours-plain-wgmma, its forward pipelined and in step)" : "",
               static_cast<long long>(S));
 }
 

@@ -91,8 +91,9 @@ table() {
         printf "target S=%s: forward %.1f (%s) >= 300 %s; backward %.1f (%s) >= 200 %s\n", \
           lengths[j], bf, fi_, (bf >= 300 ? "met" : "not met"), bb, bi_, (bb >= 200 ? "met" : "not met")
       }
-      # The wgmma kernels against mma.sync at each length, on the path the
-      # model takes (RoPE inside): whether they should be the default on Hopper.
+      # The wgmma kernels against mma.sync at each length, with RoPE inside
+      # (the path of the model until session 20, which rotates once around
+      # the plain kernels): whether they should be the default on Hopper.
       for (j = 1; j <= m; ++j) {
         a = "ours-fused" SUBSEP lengths[j]; w = "ours-fused-wgmma" SUBSEP lengths[j]
         if (!(a in fwd) || !(w in fwd) || fwd[w] == "n/a" || fwd[a] + 0 <= 0 || bwd[a] + 0 <= 0) continue

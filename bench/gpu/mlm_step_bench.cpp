@@ -68,7 +68,9 @@
 //
 // --attention-kernel: model.attention_kernel (auto by default: on a token
 // stream, q, k and v from one product read in place by the attention op, RoPE
-// inside; separate: three products and rope ops; fused_rope, cudnn_sdpa).
+// inside that op (q and k rotated once around the plain kernels by default,
+// set_rotate_once); separate: three products and rope ops; fused_rope,
+// cudnn_sdpa).
 //
 // --gemm-report (CUDA builds, on a GPU): after the timed steps, one more step
 // with its cuBLASLt products recorded, then each distinct product re-run on
