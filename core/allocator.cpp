@@ -46,7 +46,8 @@ void* CpuCachingAllocator::allocate(size_t nbytes) {
       ptr = std::aligned_alloc(kAlignment, size);
     }
     if (!ptr)
-      throw Error(detail::concat("cpu allocator: out of memory allocating ", size, " bytes"));
+      throw OutOfMemoryError(
+          detail::concat("cpu allocator: out of memory allocating ", size, " bytes"));
   }
   stats_.allocated_bytes += size;
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes)

@@ -22,6 +22,13 @@ class InputError : public Error {
   using Error::Error;
 };
 
+// An allocator found no room (host or device memory): callers with a way
+// that needs less memory catch this one (core/cuda/gemm.cpp's timing).
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 template <class... Args>
 std::string concat(Args&&... args) {

@@ -15,27 +15,6 @@ namespace roformer::bench {
 
 namespace {
 
-const char* epilogue_name(cuda::GemmEpilogue e) {
-  switch (e) {
-    case cuda::GemmEpilogue::kGeluAux:
-      return "gelu_aux";
-    case cuda::GemmEpilogue::kDGeluBiasGrad:
-      return "dgelu_bias_grad";
-    case cuda::GemmEpilogue::kRowSumsOfA:
-      return "row_sums_of_a";
-    case cuda::GemmEpilogue::kNone:
-      break;
-  }
-  return "none";
-}
-
-// Elements a stored matrix of `rows` x `cols` (row stride ld) spans over
-// `batch` entries `stride` apart (0: one matrix for all).
-int64_t span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
-  if (rows == 0 || cols == 0) return 0;
-  return stride * (batch - 1) + (rows - 1) * ld + cols;
-}
-
 // Bytes past a 256-byte boundary: the alignment cuBLASLt's heuristic sees.
 int64_t offset_of(const void* p) {
   return int64_t(reinterpret_cast<uintptr_t>(p) % 256);
@@ -64,19 +43,21 @@ nlohmann::json measure(const cuda::RecordedGemm& recorded, Device device, int ca
   const cuda::GemmArgs& was = recorded.args;
   cuda::GemmArgs g = was;
   const Buffer a =
-      random_buffer(span(g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a),
+      random_buffer(cuda::gemm_matrix_span(g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda,
+                                           g.batch, g.stride_a),
                     g.input_dtype, device, 1, offset_of(was.a));
   const Buffer b =
-      random_buffer(span(g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b),
+      random_buffer(cuda::gemm_matrix_span(g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb,
+                                           g.batch, g.stride_b),
                     g.input_dtype, device, 2, offset_of(was.b));
-  const Buffer c = random_buffer(span(g.m, g.n, g.ldc, g.batch, g.stride_c), g.output_dtype, device,
-                                 3, offset_of(was.c));
+  const Buffer c = random_buffer(cuda::gemm_matrix_span(g.m, g.n, g.ldc, g.batch, g.stride_c),
+                                 g.output_dtype, device, 3, offset_of(was.c));
   const int64_t bias_elements = g.epilogue == cuda::GemmEpilogue::kRowSumsOfA ? g.m : g.n;
   const Buffer bias =
       g.bias ? random_buffer(bias_elements, g.bias_dtype, device, 4, offset_of(was.bias))
              : Buffer{};
-  const Buffer aux = g.aux ? random_buffer(span(g.m, g.n, g.ld_aux, 1, 0), g.output_dtype, device,
-                                           5, offset_of(was.aux))
+  const Buffer aux = g.aux ? random_buffer(cuda::gemm_matrix_span(g.m, g.n, g.ld_aux, 1, 0),
+                                           g.output_dtype, device, 5, offset_of(was.aux))
                            : Buffer{};
   g.a = a.at;
   g.b = b.at;
@@ -110,7 +91,7 @@ nlohmann::json gemm_report_row(const cuda::GemmArgs& g, int64_t calls,
                         {"offset_c", offset_of(g.c)},
                         {"beta", g.beta},
                         {"bias", g.bias != nullptr},
-                        {"epilogue", epilogue_name(g.epilogue)},
+                        {"epilogue", cuda::gemm_epilogue_name(g.epilogue)},
                         {"input", dtype_name(g.input_dtype)},
                         {"output", dtype_name(g.output_dtype)},
                         {"calls", calls},

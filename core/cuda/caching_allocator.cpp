@@ -128,10 +128,10 @@ void* CachingAllocator::malloc_or_throw(size_t size) {
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw Error(detail::concat("cuda:", device_, ": out of memory allocating ", size,
-                               " bytes (allocated ", stats_.allocated_bytes, ", cached ",
-                               stats_.cached_bytes, ", free on the device ", free_bytes, " of ",
-                               total_bytes, ")"));
+    throw OutOfMemoryError(detail::concat("cuda:", device_, ": out of memory allocating ", size,
+                                          " bytes (allocated ", stats_.allocated_bytes, ", cached ",
+                                          stats_.cached_bytes, ", free on the device ", free_bytes,
+                                          " of ", total_bytes, ")"));
   }
   RF_CUDA_CHECK(status);
   return ptr;

@@ -10,8 +10,10 @@
 #include <tuple>
 #include <vector>
 
+#include "core/cuda/backend.h"
 #include "core/cuda/raii.h"
 #include "core/error.h"
+#include "core/gemm_table/gemm_table.h"
 
 namespace roformer::cuda {
 
@@ -19,11 +21,21 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
-// One handle and workspace per device, created on first use and kept.
+// One handle and workspace per device, created on first use and kept, and
+// the GPU as the table of timed choices names it.
 struct DeviceContext {
   CublasLtHandle handle;
   DeviceMemory workspace;
+  std::string gpu;
 };
+
+// "NVIDIA H200 (132 SMs), cuBLASLt 130100": what a timed choice holds for.
+std::string gpu_identity(int device) {
+  cudaDeviceProp prop{};
+  RF_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return detail::concat(prop.name, " (", prop.multiProcessorCount, " SMs), cuBLASLt ",
+                        cublasLtGetVersion());
+}
 
 DeviceContext& context(int device) {
   static std::mutex mutex;
@@ -35,6 +47,7 @@ DeviceContext& context(int device) {
     slot = std::make_unique<DeviceContext>();
     slot->handle = CublasLtHandle::create();
     slot->workspace = DeviceMemory(kWorkspaceBytes);
+    slot->gpu = gpu_identity(device);
   }
   return *slot;
 }
@@ -127,12 +140,35 @@ std::atomic<bool> g_allow_tf32{false};
 
 }  // namespace
 
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kGeluAux:
+      return "gelu_aux";
+    case GemmEpilogue::kDGeluBiasGrad:
+      return "dgelu_bias_grad";
+    case GemmEpilogue::kRowSumsOfA:
+      return "row_sums_of_a";
+    case GemmEpilogue::kNone:
+      break;
+  }
+  return "none";
+}
+
+int64_t gemm_matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  if (rows == 0 || cols == 0) return 0;
+  return stride * (batch - 1) + (rows - 1) * ld + cols;
+}
+
 void set_allow_tf32(bool allow) {
   g_allow_tf32 = allow;
 }
 
 bool allow_tf32() {
   return g_allow_tf32;
+}
+
+std::string gemm_gpu_identity(int device) {
+  return context(device).gpu;
 }
 
 void gemm(const GemmArgs& g, int device, cudaStream_t stream) {
@@ -148,7 +184,7 @@ struct LtProblem {
   MatmulDesc op;
   LayoutDesc x, y, d;
   AlgoKey key;
-  uint32_t align_a = 0, align_b = 0, align_c = 0;
+  uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 256, align_aux = 256;
 };
 
 // Builds g's descriptors (checking what cuBLASLt would reject less clearly).
@@ -193,9 +229,9 @@ void build_problem(LtProblem& p, const GemmArgs& g, int device) {
   p.align_a = alignment_of(g.a);
   p.align_b = alignment_of(g.b);
   p.align_c = alignment_of(g.c);
-  const uint32_t align_bias = g.bias ? alignment_of(g.bias) : 256;
+  p.align_bias = g.bias ? alignment_of(g.bias) : 256;
   // The heuristic reads the aux pointer too (for its alignment).
-  const uint32_t align_aux = g.aux ? alignment_of(g.aux) : 256;
+  p.align_aux = g.aux ? alignment_of(g.aux) : 256;
   RF_CHECK(!gelu || (g.batch == 1 && g.aux && g.ld_aux >= g.n && g.ld_aux % 8 == 0 &&
                      alignment_of(g.aux) >= 16 && g.bias),
            describe(g),
@@ -223,7 +259,7 @@ void build_problem(LtProblem& p, const GemmArgs& g, int device) {
       g.stride_b,
       g.stride_c,
       uint64_t(p.align_a) | uint64_t(p.align_b) << 9 | uint64_t(p.align_c) << 18 |
-          uint64_t(align_bias) << 27 | uint64_t(align_aux) << 36};
+          uint64_t(p.align_bias) << 27 | uint64_t(p.align_aux) << 36};
 }
 
 // Up to `wanted` of the heuristic's answers for p, best-ranked first; none
@@ -273,12 +309,12 @@ bool same_algorithm(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y
 }
 
 // The heuristic's first answer by problem, or nullopt when it has none
-// (asked once per problem): what gemm runs.
+// (asked once per problem).
 std::mutex g_algorithm_mutex;
 auto* g_algorithms = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();
 
-std::optional<cublasLtMatmulAlgo_t> chosen_algorithm(const DeviceContext& ctx, const LtProblem& p,
-                                                     const GemmArgs& g) {
+std::optional<cublasLtMatmulAlgo_t> heuristic_algorithm(const DeviceContext& ctx,
+                                                        const LtProblem& p, const GemmArgs& g) {
   {
     std::lock_guard<std::mutex> lock(g_algorithm_mutex);
     auto it = g_algorithms->find(p.key);
@@ -291,12 +327,321 @@ std::optional<cublasLtMatmulAlgo_t> chosen_algorithm(const DeviceContext& ctx, c
   return g_algorithms->try_emplace(p.key, algo).first->second;
 }
 
-// Refused when run though the heuristic offered it (seen nowhere yet; an
-// epilogue is the likely case): remembered as no algorithm, so callers with
-// an unfused way take it from now on.
-void forget_algorithm(const LtProblem& p) {
-  std::lock_guard<std::mutex> lock(g_algorithm_mutex);
-  (*g_algorithms)[p.key] = std::nullopt;
+// --- the choice by timing (run.gemm_algorithms: timed) ----------------------
+
+constexpr int kTimedCandidates = 8;  // the heuristic's first answers that are timed
+constexpr int kTimedRepeats = 5;     // runs per timed group (three groups each)
+// Another algorithm replaces the heuristic's first only when faster by more
+// than this fraction: closer than that is the timing's noise.
+constexpr double kTimedMargin = 0.01;
+
+static_assert(sizeof(cublasLtMatmulAlgo_t) == sizeof(GemmAlgorithm::data),
+              "the table keeps cuBLASLt's algorithm as its 64 bytes");
+
+std::array<uint64_t, 8> bytes_of(const cublasLtMatmulAlgo_t& algo) {
+  std::array<uint64_t, 8> data{};
+  std::memcpy(data.data(), &algo, sizeof(algo));
+  return data;
+}
+
+cublasLtMatmulAlgo_t algorithm_of(const std::array<uint64_t, 8>& data) {
+  cublasLtMatmulAlgo_t algo;
+  std::memcpy(&algo, data.data(), sizeof(algo));
+  return algo;
+}
+
+// The problem as the table keys it: p.key's fields by name, the sizes as
+// their buckets.
+GemmProblem table_problem(const LtProblem& p, const GemmArgs& g) {
+  GemmProblem t;
+  t.m = gemm_size_bucket(g.m);
+  t.n = gemm_size_bucket(g.n);
+  t.k = gemm_size_bucket(g.k);
+  t.batch = g.batch;
+  t.lda = g.lda;
+  t.ldb = g.ldb;
+  t.ldc = g.ldc;
+  t.stride_a = g.stride_a;
+  t.stride_b = g.stride_b;
+  t.stride_c = g.stride_c;
+  t.trans_a = g.trans_a;
+  t.trans_b = g.trans_b;
+  t.accumulate = g.beta != 0.0f;
+  // The bias epilogue is a problem of its own for cuBLASLt: named apart.
+  t.epilogue =
+      g.epilogue == GemmEpilogue::kNone && g.bias ? "bias" : gemm_epilogue_name(g.epilogue);
+  t.input_dtype = dtype_name(g.input_dtype);
+  t.output_dtype = dtype_name(g.output_dtype);
+  t.bias_dtype = g.bias ? dtype_name(g.bias_dtype) : "";
+  t.compute = g.input_dtype == DType::f32 && g.allow_tf32 ? "tf32" : "f32";
+  t.align_a = p.align_a;
+  t.align_b = p.align_b;
+  t.align_c = p.align_c;
+  t.align_bias = p.align_bias;
+  t.align_aux = p.align_aux;
+  return t;
+}
+
+// The bytes a row-major operand spans: `batch` matrices `stride` elements
+// apart, of `rows` rows `ld` elements apart and `cols` elements each.
+struct Span {
+  uintptr_t begin = 0, end = 0;
+  bool overlaps(const Span& o) const { return begin < o.end && o.begin < end; }
+};
+Span span_of(const void* p, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride,
+             DType dtype) {
+  if (!p) return {};
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  return {begin,
+          begin + uintptr_t(gemm_matrix_span(rows, cols, ld, batch, stride)) * dtype_size(dtype)};
+}
+
+// Where the candidates are timed. In the product's own buffers when running
+// it again changes nothing it reads (no accumulation into C, no output over
+// an input): the real run that follows writes the same outputs. Otherwise
+// the outputs (C, and the aux matrix or bias gradient an epilogue writes) go
+// to zeroed scratch memory at the same alignments, so the timing leaves the
+// product's buffers as they were. Scratch that cannot be had (the device is
+// full) leaves ok() false: the problem is then not timed.
+class TimingOperands {
+ public:
+  TimingOperands(const GemmArgs& g, int device, cudaStream_t stream)
+      : args_(g), device_(device), stream_(stream) {
+    const bool writes_aux = g.epilogue == GemmEpilogue::kGeluAux;
+    const bool reads_aux = g.epilogue == GemmEpilogue::kDGeluBiasGrad;
+    const bool writes_bias =
+        g.epilogue == GemmEpilogue::kDGeluBiasGrad || g.epilogue == GemmEpilogue::kRowSumsOfA;
+    const int64_t bias_length = g.epilogue == GemmEpilogue::kRowSumsOfA ? g.m : g.n;
+    const Span a = span_of(g.a, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch,
+                           g.stride_a, g.input_dtype);
+    const Span b = span_of(g.b, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch,
+                           g.stride_b, g.input_dtype);
+    const Span c = span_of(g.c, g.m, g.n, g.ldc, g.batch, g.stride_c, g.output_dtype);
+    const Span aux = span_of(g.aux, g.m, g.n, g.ld_aux, 1, 0, g.output_dtype);
+    const Span bias = span_of(g.bias, 1, bias_length, bias_length, 1, 0, g.bias_dtype);
+    std::vector<Span> reads{a, b}, writes{c};
+    (reads_aux ? reads : writes).push_back(writes_aux || reads_aux ? aux : Span{});
+    (writes_bias ? writes : reads).push_back(bias);
+    bool in_place = g.beta == 0.0f;
+    for (const Span& w : writes)
+      for (const Span& r : reads) in_place = in_place && !w.overlaps(r);
+    if (in_place) return;
+    args_.c = scratch(g.c, c);
+    if (writes_aux) args_.aux = scratch(g.aux, aux);
+    if (writes_bias) args_.bias = scratch(g.bias, bias);
+  }
+
+  bool ok() const { return ok_; }
+  const GemmArgs& args() const { return args_; }
+
+ private:
+  // A block of the device's caching allocator, given back when dropped (the
+  // allocator orders its reuse after the stream's work).
+  struct Block {
+    int device;
+    void* ptr;
+    size_t nbytes;
+    Block(int d, void* p, size_t n) : device(d), ptr(p), nbytes(n) {}
+    Block(const Block&) = delete;
+    Block& operator=(const Block&) = delete;
+    ~Block() {
+      try {
+        caching_allocator(device).deallocate(ptr, nbytes);
+      } catch (...) {  // a destructor throws nothing
+      }
+    }
+  };
+
+  // Zeroed device memory for an operand spanning `span`, as aligned as it;
+  // the operand itself (and ok() false) when the device has no room.
+  void* scratch(const void* original, const Span& span) {
+    if (!ok_) return const_cast<void*>(original);
+    const size_t offset = reinterpret_cast<uintptr_t>(original) % 256;
+    const size_t nbytes = size_t(span.end - span.begin) + 256;
+    try {
+      blocks_.push_back(std::make_unique<Block>(
+          device_, caching_allocator(device_).allocate_on(nbytes, stream_), nbytes));
+    } catch (const OutOfMemoryError&) {  // the caller keeps the heuristic's answer
+      ok_ = false;
+      return const_cast<void*>(original);
+    }
+    void* block = blocks_.back()->ptr;
+    RF_CUDA_CHECK(cudaMemsetAsync(block, 0, nbytes, stream_));
+    return static_cast<char*>(block) + offset;  // blocks are 256-byte aligned
+  }
+
+  GemmArgs args_;
+  int device_;
+  cudaStream_t stream_;
+  bool ok_ = true;
+  std::vector<std::unique_ptr<Block>> blocks_;  // given back with the operands
+};
+
+// One algorithm's time per run: after one untimed run, three groups of
+// `repeats` runs back to back between CUDA events (the host's launch work
+// then overlaps the device's); the median group's average. nullopt when the
+// library refuses the algorithm for the problem. Synchronises the stream.
+std::optional<double> time_algorithm(const DeviceContext& ctx, const LtProblem& p,
+                                     const GemmArgs& g, const cublasLtMatmulAlgo_t& algo,
+                                     cudaStream_t stream, int repeats) {
+  const cublasStatus_t first = run_algorithm(ctx, p, g, algo, stream);
+  if (first == CUBLAS_STATUS_NOT_SUPPORTED) return std::nullopt;
+  check_status(first, "cublasLtMatmul", __FILE__, __LINE__);
+  const CudaEvent start = CudaEvent::create(true), stop = CudaEvent::create(true);
+  std::vector<double> ms;
+  for (int group = 0; group < 3; ++group) {
+    start.record(stream);
+    for (int r = 0; r < repeats; ++r)
+      check_status(run_algorithm(ctx, p, g, algo, stream), "cublasLtMatmul", __FILE__, __LINE__);
+    stop.record(stream);
+    RF_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float elapsed = 0.0f;
+    RF_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
+    ms.push_back(double(elapsed) / repeats);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[1];
+}
+
+// The heuristic's first answer, then the other answers of a longer list,
+// each once, `candidates` in all.
+std::vector<cublasLtMatmulAlgo_t> candidate_algorithms(
+    const cublasLtMatmulAlgo_t& first, const std::vector<cublasLtMatmulHeuristicResult_t>& answers,
+    int candidates) {
+  std::vector<cublasLtMatmulAlgo_t> algos{first};
+  for (const auto& answer : answers) {
+    const bool seen = std::any_of(algos.begin(), algos.end(),
+                                  [&](const auto& a) { return same_algorithm(a, answer.algo); });
+    if (!seen && int(algos.size()) < candidates) algos.push_back(answer.algo);
+  }
+  return algos;
+}
+
+// Times the heuristic's first kTimedCandidates answers for g (on
+// TimingOperands) and returns the fastest, or `first` untimed when the
+// problem cannot be timed.
+GemmAlgorithm choose_by_timing(const DeviceContext& ctx, const GemmArgs& g, int device,
+                               cudaStream_t stream, const cublasLtMatmulAlgo_t& first) {
+  GemmAlgorithm chosen;
+  chosen.data = bytes_of(first);
+  chosen.timed = false;
+  const TimingOperands operands(g, device, stream);
+  if (!operands.ok()) return chosen;
+  LtProblem t;  // descriptors naming the timing's operands (an epilogue's pointers)
+  build_problem(t, operands.args(), device);
+  const auto algos = candidate_algorithms(
+      first, heuristic_answers(ctx, t, operands.args(), kTimedCandidates), kTimedCandidates);
+  // The first that runs is the baseline (the heuristic's own, unless refused);
+  // another replaces it only when faster by more than the margin.
+  for (size_t rank = 0; rank < algos.size(); ++rank) {
+    const std::optional<double> ms =
+        time_algorithm(ctx, t, operands.args(), algos[rank], stream, kTimedRepeats);
+    if (!ms) continue;
+    if (rank == 0) chosen.heuristic_ms = *ms;
+    if (!chosen.timed || *ms < chosen.ms * (1 - kTimedMargin)) {
+      chosen.data = bytes_of(algos[rank]);
+      chosen.ms = *ms;
+      chosen.timed = true;
+    }
+  }
+  return chosen;
+}
+
+// Whether cuBLASLt takes `algo` for this exact problem within the workspace
+// (a table entry holds for a bucket of sizes: core/gemm_table/gemm_table.h).
+bool algorithm_fits(const DeviceContext& ctx, const LtProblem& p,
+                    const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t result{};
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoCheck(ctx.handle.get(), p.op.h, p.x.h, p.y.h, p.d.h, p.d.h, &algo, &result);
+  return status == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= ctx.workspace.size();
+}
+
+// Under the timed choice, what each exact problem runs (the table's entry
+// for its bucket, or the heuristic's first answer where that entry does not
+// fit it), so a product asks the table once. Emptied when entries may have
+// changed (a load, a clear); an addition changes no entry resolved before.
+std::mutex g_timed_mutex;
+auto* g_timed = new std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>();
+uint64_t g_timed_resets = 0;
+
+// The cache, emptied first when the table was reset since it was filled
+// (the caller holds g_timed_mutex).
+std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>>& timed_cache() {
+  if (g_timed_resets != gemm_table_resets()) {
+    g_timed->clear();
+    g_timed_resets = gemm_table_resets();
+  }
+  return *g_timed;
+}
+
+std::optional<std::optional<cublasLtMatmulAlgo_t>> resolved_timed(const AlgoKey& key) {
+  std::lock_guard<std::mutex> lock(g_timed_mutex);
+  const auto& cache = timed_cache();
+  auto it = cache.find(key);
+  if (it == cache.end()) return std::nullopt;
+  return it->second;
+}
+
+void resolve_timed(const AlgoKey& key, const std::optional<cublasLtMatmulAlgo_t>& algo) {
+  std::lock_guard<std::mutex> lock(g_timed_mutex);
+  timed_cache()[key] = algo;
+}
+
+// What gemm runs for a problem under the timed choice: the table's entry for
+// this GPU and the problem's bucket, or, on the bucket's first product, the
+// choice timed now and added to the table (the trainer saves it). Where the
+// entry does not fit this exact problem, the heuristic's first answer: a
+// deterministic rule, so a resumed run falls back alike.
+std::optional<cublasLtMatmulAlgo_t> timed_algorithm(const DeviceContext& ctx, const LtProblem& p,
+                                                    const GemmArgs& g, int device,
+                                                    cudaStream_t stream) {
+  if (const auto known = resolved_timed(p.key)) return *known;
+  const GemmProblem problem = table_problem(p, g);
+  std::optional<GemmAlgorithm> entry = find_gemm_algorithm(ctx.gpu, problem);
+  const std::optional<cublasLtMatmulAlgo_t> first = heuristic_algorithm(ctx, p, g);
+  if (!entry) {
+    if (!first) return std::nullopt;  // no algorithm at all: nothing to time or to keep
+    // Two devices of one kind may time a bucket at once: the first kept wins.
+    entry = add_gemm_algorithm(ctx.gpu, problem, choose_by_timing(ctx, g, device, stream, *first));
+  }
+  std::optional<cublasLtMatmulAlgo_t> algo = algorithm_of(entry->data);
+  if (!algorithm_fits(ctx, p, *algo)) algo = first;
+  resolve_timed(p.key, algo);
+  return algo;
+}
+
+// The algorithm gemm runs for the problem, by run.gemm_algorithms.
+std::optional<cublasLtMatmulAlgo_t> chosen_algorithm(const DeviceContext& ctx, const LtProblem& p,
+                                                     const GemmArgs& g, int device,
+                                                     cudaStream_t stream) {
+  if (gemm_algorithm_choice() == GemmAlgorithmChoice::kTimed)
+    return timed_algorithm(ctx, p, g, device, stream);
+  return heuristic_algorithm(ctx, p, g);
+}
+
+// Refused when run though chosen (seen nowhere yet; an epilogue is the
+// likely case). Under the heuristic: remembered as no algorithm, so callers
+// with an unfused way take it from now on. Under the timed choice: the
+// problem falls back to the heuristic's first answer, returned to run now
+// when it is another algorithm.
+std::optional<cublasLtMatmulAlgo_t> forget_algorithm(const DeviceContext& ctx, const LtProblem& p,
+                                                     const GemmArgs& g,
+                                                     const cublasLtMatmulAlgo_t& refused) {
+  if (gemm_algorithm_choice() == GemmAlgorithmChoice::kTimed) {
+    std::optional<cublasLtMatmulAlgo_t> first = heuristic_algorithm(ctx, p, g);
+    if (first && same_algorithm(*first, refused)) first.reset();
+    if (first) {
+      resolve_timed(p.key, first);
+      return first;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_algorithm_mutex);
+    (*g_algorithms)[p.key] = std::nullopt;
+  }
+  if (gemm_algorithm_choice() == GemmAlgorithmChoice::kTimed) resolve_timed(p.key, std::nullopt);
+  return std::nullopt;
 }
 
 // The recording in progress, if any (GemmRecording), by problem; the flag
@@ -342,16 +687,33 @@ bool try_gemm(const GemmArgs& g, int device, cudaStream_t stream) {
   DeviceGuard guard(device);
   LtProblem p;
   build_problem(p, g, device);
-  const std::optional<cublasLtMatmulAlgo_t> algo = chosen_algorithm(ctx, p, g);
+  const std::optional<cublasLtMatmulAlgo_t> algo = chosen_algorithm(ctx, p, g, device, stream);
   if (!algo) return false;
-  const cublasStatus_t status = run_algorithm(ctx, p, g, *algo, stream);
+  cublasStatus_t status = run_algorithm(ctx, p, g, *algo, stream);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
-    forget_algorithm(p);
-    return false;
+    const std::optional<cublasLtMatmulAlgo_t> other = forget_algorithm(ctx, p, g, *algo);
+    if (!other) return false;
+    status = run_algorithm(ctx, p, g, *other, stream);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+      forget_algorithm(ctx, p, g, *other);
+      return false;
+    }
   }
   check_status(status, "cublasLtMatmul", __FILE__, __LINE__);
   record(p, g);
   return true;
+}
+
+std::optional<std::array<uint64_t, 8>> gemm_algorithm_for(const GemmArgs& g, int device,
+                                                          cudaStream_t stream) {
+  RF_CHECK(g.m > 0 && g.n > 0 && g.k >= 0 && g.batch >= 1, describe(g), ": bad sizes");
+  DeviceContext& ctx = context(device);
+  DeviceGuard guard(device);
+  LtProblem p;
+  build_problem(p, g, device);
+  const std::optional<cublasLtMatmulAlgo_t> algo = chosen_algorithm(ctx, p, g, device, stream);
+  if (!algo) return std::nullopt;
+  return bytes_of(*algo);
 }
 
 std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& g, int device, cudaStream_t stream,
@@ -363,44 +725,24 @@ std::vector<GemmCandidate> time_gemm_candidates(const GemmArgs& g, int device, c
   DeviceGuard guard(device);
   LtProblem p;
   build_problem(p, g, device);
-  // Rank 0 is gemm's own choice (the cached first answer), then the other
-  // answers of a longer list, each once.
-  std::vector<cublasLtMatmulAlgo_t> algos;
-  std::vector<cublasLtMatmulHeuristicResult_t> answers = heuristic_answers(ctx, p, g, candidates);
-  if (const auto chosen = chosen_algorithm(ctx, p, g)) algos.push_back(*chosen);
-  for (const auto& answer : answers) {
-    const bool seen = std::any_of(algos.begin(), algos.end(),
-                                  [&](const auto& a) { return same_algorithm(a, answer.algo); });
-    if (!seen && int(algos.size()) < candidates) algos.push_back(answer.algo);
-  }
-  const CudaEvent start = CudaEvent::create(true), stop = CudaEvent::create(true);
+  // Rank 0 is gemm's own choice (the cached first answer, or the table's
+  // timed one), then the other answers of a longer list, each once.
+  const std::optional<cublasLtMatmulAlgo_t> chosen = chosen_algorithm(ctx, p, g, device, stream);
+  if (!chosen) return {};
+  const std::vector<cublasLtMatmulHeuristicResult_t> answers =
+      heuristic_answers(ctx, p, g, candidates);
+  const std::vector<cublasLtMatmulAlgo_t> algos =
+      candidate_algorithms(*chosen, answers, candidates);
   std::vector<GemmCandidate> out;
   for (size_t rank = 0; rank < algos.size(); ++rank) {
-    const cublasLtMatmulAlgo_t& algo = algos[rank];
-    // One untimed run; an answer the library then refuses is left out.
-    const cublasStatus_t first = run_algorithm(ctx, p, g, algo, stream);
-    if (first == CUBLAS_STATUS_NOT_SUPPORTED) continue;
-    check_status(first, "cublasLtMatmul", __FILE__, __LINE__);
-    // `repeats` runs back to back between one pair of events (so the host's
-    // launch work overlaps the device's), three times: the median average.
-    std::vector<double> ms;
-    for (int group = 0; group < 3; ++group) {
-      start.record(stream);
-      for (int r = 0; r < repeats; ++r)
-        check_status(run_algorithm(ctx, p, g, algo, stream), "cublasLtMatmul", __FILE__, __LINE__);
-      stop.record(stream);
-      RF_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-      float elapsed = 0.0f;
-      RF_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
-      ms.push_back(double(elapsed) / repeats);
-    }
-    std::sort(ms.begin(), ms.end());
+    const std::optional<double> ms = time_algorithm(ctx, p, g, algos[rank], stream, repeats);
+    if (!ms) continue;  // an answer the library then refuses is left out
     GemmCandidate c;
     c.rank = int(rank);
-    c.ms = ms[1];
+    c.ms = *ms;
     // The heuristic's own estimates, where this algorithm is one of its answers.
     for (const auto& answer : answers)
-      if (same_algorithm(answer.algo, algo)) {
+      if (same_algorithm(answer.algo, algos[rank])) {
         c.workspace = answer.workspaceSize;
         c.waves = answer.wavesCount;
       }

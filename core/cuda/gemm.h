@@ -23,7 +23,10 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -54,6 +57,13 @@ struct GemmArgs {
   bool allow_tf32 = false;
 };
 
+// The epilogue's name in reports and the algorithm table: none, gelu_aux,
+// dgelu_bias_grad, row_sums_of_a.
+const char* gemm_epilogue_name(GemmEpilogue epilogue);
+// Elements a stored row-major matrix of `rows` x `cols` (row stride ld)
+// spans over `batch` entries `stride` apart (0: one matrix for all).
+int64_t gemm_matrix_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride);
+
 // Whether the kernel list's f32 matmul may use TF32 tensor cores (off by
 // default: f32 results then match the CPU closely). Nothing sets it yet: f32
 // runs use full f32 products, bf16 runs the bf16 tensor cores.
@@ -63,10 +73,36 @@ bool allow_tf32();
 // Queues the product on `stream` of device `device`. The device's one
 // cuBLASLt workspace is shared: run GEMMs of one device on one stream at a time. Throws naming the
 // shapes when cuBLASLt has no algorithm for them, and the call when one fails.
+//
+// The algorithm (core/gemm_table/gemm_table.h, set_gemm_algorithm_choice):
+// - heuristic (the default): cuBLASLt's first answer for the problem, asked
+//   once per problem; the same in every process.
+// - timed: the table's choice for this GPU and problem, its sizes in
+//   buckets (gemm_size_bucket). A problem whose bucket the table lacks is
+//   timed on its first run: the heuristic's first 8 answers, each
+//   as the median of three groups of 5 runs after one untimed run; another
+//   replaces the heuristic's first only when more than 1% faster. The
+//   candidates run in the product's own buffers when that changes nothing
+//   the product reads, else into zeroed scratch outputs at the same
+//   alignments (accumulation, an output over an input); the product then
+//   runs once as usual. The choice joins the table; a problem that cannot
+//   get its scratch memory keeps the heuristic's first answer, untimed, in
+//   the table. The timing synchronises the stream (once per bucket). An
+//   entry cuBLASLt refuses for another problem of its bucket (its check,
+//   or more workspace than the device's) leaves that problem on the
+//   heuristic's first answer.
 void gemm(const GemmArgs& args, int device, cudaStream_t stream);
 // The same, returning false (nothing queued) when cuBLASLt has no algorithm
 // for the problem: callers with an unfused way (the GELU epilogues) take it.
 bool try_gemm(const GemmArgs& args, int device, cudaStream_t stream);
+// The GPU and library as the table of timed choices names them: "NVIDIA
+// H200 (132 SMs), cuBLASLt 130100".
+std::string gemm_gpu_identity(int device);
+// The algorithm gemm runs for `args` now, as cuBLASLt's 64 bytes (under the
+// timed choice, timed first when its bucket is new); nullopt when cuBLASLt
+// has none. For tests: what a product runs, without running it.
+std::optional<std::array<uint64_t, 8>> gemm_algorithm_for(const GemmArgs& args, int device,
+                                                          cudaStream_t stream);
 
 // --- measuring the products (bench/gpu/gemm_report.cpp) ---------------------
 
@@ -99,8 +135,8 @@ struct GemmCandidate {
 };
 
 // Times the algorithm gemm runs for `args` (rank 0: the heuristic's first
-// answer, as gemm caches it; the operands' alignments are part of the
-// problem) and the other answers of a list of up to `candidates`, each after
+// answer, or the table's under the timed choice; the operands' alignments
+// are part of the problem) and the other answers of a list of up to `candidates`, each after
 // one untimed run as three groups of `repeats` runs back to back between CUDA
 // events (the host's launch work then overlaps the device's); synchronises
 // the stream. Runs the product into args' own buffers (with beta != 0 each
