@@ -33,6 +33,12 @@ std::span<const EnumEntry<Precision>> enum_entries<Precision>() {
   return kEntries;
 }
 template <>
+std::span<const EnumEntry<GemmAlgorithmChoice>> enum_entries<GemmAlgorithmChoice>() {
+  static constexpr EnumEntry<GemmAlgorithmChoice> kEntries[] = {
+      {"heuristic", GemmAlgorithmChoice::kHeuristic}, {"timed", GemmAlgorithmChoice::kTimed}};
+  return kEntries;
+}
+template <>
 std::span<const EnumEntry<data::InputFormat>> enum_entries<data::InputFormat>() {
   static constexpr EnumEntry<data::InputFormat> kEntries[] = {{"text", data::InputFormat::text},
                                                               {"jsonl", data::InputFormat::jsonl}};
@@ -729,6 +735,11 @@ void validate(const Context& ctx, const Config& c) {
                           : nullptr;
     if (why) fail_issue(ctx, "model", {{"attention_kernel"}, fmt::format("cudnn_sdpa {}", why)});
   }
+  if (c.run.gemm_algorithms == GemmAlgorithmChoice::kTimed && c.run.device.is_cpu())
+    fail_issue(ctx, "run",
+               {{"gemm_algorithms", "device"},
+                "timed chooses among cuBLASLt's algorithms and needs "
+                "run.device: cuda (the CPU's products have no such choice)"});
   if (c.data.packing) {
     const char* why = !c.data.unpadded ? "needs data.unpadded: true (packed rows are token streams)"
                       : c.model.attention != AttentionKind::kSoftmax

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/gemm_table/gemm_table.h"
 #include "data/text_reader.h"
 #include "data/tokenizer.h"
 #include "layers/model_config.h"
@@ -44,6 +45,8 @@ std::span<const EnumEntry<optim::DecayShape>> enum_entries<optim::DecayShape>();
 template <>
 std::span<const EnumEntry<ProgressMode>> enum_entries<ProgressMode>();
 template <>
+std::span<const EnumEntry<GemmAlgorithmChoice>> enum_entries<GemmAlgorithmChoice>();
+template <>
 std::span<const EnumEntry<FinetuneTask>> enum_entries<FinetuneTask>();
 template <>
 std::span<const EnumEntry<TaskFormat>> enum_entries<TaskFormat>();
@@ -56,6 +59,8 @@ struct RunConfig {
   uint64_t seed = 1234;
   Device device = Device::cpu();  // cpu, cuda (= cuda:0), cuda:N
   Precision precision = Precision::kF32;
+  // How CUDA products choose their cuBLASLt algorithm (train/run_gemm_algorithms.h).
+  GemmAlgorithmChoice gemm_algorithms = GemmAlgorithmChoice::kHeuristic;
   int64_t threads = 0;  // 0: all cores
   bool operator==(const RunConfig&) const = default;
 };

@@ -83,6 +83,7 @@ void visit_run(V& v, R& c) {
   v.field("seed", c.seed);
   v.field("device", c.device);
   v.field("precision", c.precision);
+  v.field("gemm_algorithms", c.gemm_algorithms);
   v.field("threads", c.threads, Opt{.range = kNonNegative});
 }
 

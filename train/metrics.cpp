@@ -32,7 +32,17 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  if (!file_ || !write_error_.empty()) return;
+  if (!write_error_.empty()) return;
+  if (before_write_) {
+    try {
+      before_write_();
+    } catch (const Error& e) {
+      write_error_ = e.what();
+      if (!defer_errors_) throw Error(std::exchange(write_error_, {}));
+      return;
+    }
+  }
+  if (!file_) return;
   const std::string line = record.dump() + "\n";
   const long before = std::ftell(file_);
   errno = 0;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,6 +38,15 @@ class MetricsLog {
   // at the same step.
   void set_defer_write_errors(bool on) { defer_errors_ = on; }
   const std::string& write_error() const { return write_error_; }
+  // Runs before every record, on every rank (the trainer saves the GEMM
+  // algorithm table there); an Error it throws fails the write as a full
+  // disk would, and the record is not written.
+  void set_before_write(std::function<void()> hook) { before_write_ = std::move(hook); }
+  // A file the run keeps beside its log could not be written: handled as a
+  // failed write (the first failure is kept).
+  void note_write_error(const std::string& why) {
+    if (write_error_.empty()) write_error_ = why;
+  }
   // Redraws the progress line (no-op without a terminal).
   void progress(const std::string& line);
   // Ends the progress line before a normal log line is printed.
@@ -51,6 +61,7 @@ class MetricsLog {
   bool progress_shown_ = false;
   bool defer_errors_ = false;
   std::string write_error_;
+  std::function<void()> before_write_;
 };
 
 // "1h02m", "3m05s", "12s": for elapsed and ETA columns.

@@ -23,6 +23,7 @@
 #include "train/metrics.h"
 #include "train/run_device.h"
 #include "train/run_directory.h"
+#include "train/run_gemm_algorithms.h"
 #include "train/signals.h"
 #include "train/telemetry.h"
 
@@ -142,6 +143,11 @@ TrainerResult Trainer::run() {
   const bool writer = comm.rank() == 0;
   RunDirectory run_dir(config_.run.dir, writer);
   if (writer) run_dir.write_file("config.yaml", task_.config_yaml());
+  // Before the first product: a resumed run takes its algorithms from here.
+  // Kept as long as the trainer (fine-tuning evaluates its best model after
+  // run()) and its metrics log, which saves the table before every record.
+  gemm_algorithms_ = std::make_shared<RunGemmAlgorithms>(config_, run_dir.dir(), comm.rank());
+  RunGemmAlgorithms& gemm_algorithms = *gemm_algorithms_;
 
   // --- model, optimizer, schedule -------------------------------------------------
   Module& model = task_.model();
@@ -229,8 +235,19 @@ TrainerResult Trainer::run() {
                                                   config_.log.progress != ProgressMode::kNever);
   MetricsLog& metrics = *metrics_log;
   metrics.set_defer_write_errors(true);  // checked after each step, below
+  // No figure is logged before the algorithms it ran with are saved.
+  metrics.set_before_write([table = gemm_algorithms_] { table->save_if_changed(); });
 
   auto save = [&](bool phase_end) {
+    // What evaluation timed, before the checkpoint exists. A table that
+    // cannot be written does not cost the checkpoint: a run resumed from it
+    // times those products again.
+    try {
+      gemm_algorithms.save_if_changed();
+    } catch (const Error& e) {
+      spdlog::warn("{}: a run resumed from the next checkpoint times those products again",
+                   e.what());
+    }
     state.stage_end = phase_end;
     state.stage_results = task_.save_extra();
     const fs::path path =
@@ -359,6 +376,14 @@ TrainerResult Trainer::run() {
         }
         std::vector<int64_t> n = {step.correct, step.tokens, step.slots, nonfinite_here ? 1 : 0};
         if (reducer) reducer->append_gradient_flags(n);
+        // The products this rank timed in the step, saved before any rank
+        // can log the step (the reduction waits for every rank); a failure
+        // stops the run as a failed log write does, after a checkpoint.
+        try {
+          gemm_algorithms.save_if_changed();
+        } catch (const Error& e) {
+          metrics.note_write_error(e.what());
+        }
         comm.all_reduce_sum(std::span<double>(d));
         comm.all_reduce_sum(std::span<int64_t>(n));
         if (reducer) reducer->adopt_gradients(std::span<const int64_t>(n).subspan(4));

@@ -33,6 +33,7 @@ namespace roformer {
 
 class Communicator;
 class FlatParameters;
+class RunGemmAlgorithms;
 class StopRequest;
 
 // One phase of a run: a pretraining stage or a fine-tuning epoch.
@@ -174,6 +175,8 @@ class Trainer {
   const Config& config_;
   TrainingTask& task_;
   TrainerOptions options_;
+  // run.gemm_algorithms (train/run_gemm_algorithms.h), from run() on.
+  std::shared_ptr<RunGemmAlgorithms> gemm_algorithms_;
 };
 
 }  // namespace roformer

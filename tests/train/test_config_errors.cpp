@@ -170,6 +170,15 @@ const std::vector<BadConfig>& bad_configs() {
        {},
        "bad.yaml:2:21: model.attention_kernel: cudnn_sdpa takes padded batches only: set "
        "data.unpadded: false (token streams run on the other kernels)"},
+      {"gemm_algorithms_timed_on_the_cpu",
+       std::string("run:\n  gemm_algorithms: timed\n") + kStages,
+       {},
+       "bad.yaml:2:20: run.gemm_algorithms: timed chooses among cuBLASLt's "
+       "algorithms and needs run.device: cuda (the CPU's products have no such choice)"},
+      {"gemm_algorithms_unknown",
+       std::string("run:\n  device: cuda\n  gemm_algorithms: fastest\n") + kStages,
+       {},
+       "bad.yaml:3:20: run.gemm_algorithms: expected one of [heuristic, timed], got \"fastest\""},
       {"packing_not_a_bool",
        std::string("data:\n  packing: sometimes\n") + kStages,
        {},

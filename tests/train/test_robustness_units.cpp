@@ -211,6 +211,48 @@ TEST(Metrics, FailedWriteLeavesNoPartialLine) {
   std::filesystem::remove(path);
 }
 
+// The hook that runs before every record (the trainer saves its GEMM
+// algorithm table there): it runs before the line is written, on ranks
+// that write no file too; its failure fails the write, no line written.
+TEST(Metrics, TheBeforeWriteHookRunsFirstAndItsFailureIsAWriteError) {
+  const auto path = std::filesystem::temp_directory_path() / "roformer_metrics_hook_test.jsonl";
+  std::filesystem::remove(path);
+  {
+    MetricsLog log(path, true, false);
+    int calls = 0;
+    log.set_before_write([&] {
+      ++calls;
+      std::ifstream in(path);
+      std::string line;
+      int lines = 0;
+      while (std::getline(in, line)) ++lines;
+      EXPECT_EQ(lines, calls - 1) << "the hook runs before its record is written";
+      if (calls == 3) throw Error("cannot write GEMM algorithm table 'x.json': disk full");
+    });
+    log.write({{"step", 1}});
+    log.write({{"step", 2}});
+    log.set_defer_write_errors(true);
+    EXPECT_NO_THROW(log.write({{"step", 3}}));
+    EXPECT_EQ(log.write_error(), "cannot write GEMM algorithm table 'x.json': disk full");
+    log.write({{"step", 4}});  // skipped, hook included
+    EXPECT_EQ(calls, 3);
+  }
+  std::ifstream in(path);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_EQ(lines, 2);
+  std::filesystem::remove(path);
+
+  MetricsLog other_rank("", false, false);  // writes no file
+  int calls = 0;
+  other_rank.set_before_write([&] { ++calls; });
+  other_rank.write({{"step", 1}});
+  EXPECT_EQ(calls, 1);
+  other_rank.note_write_error("cannot write 'y'");
+  EXPECT_EQ(other_rank.write_error(), "cannot write 'y'");
+}
+
 TEST(ConfigBounds, HugeIntegersAreRefusedNotOverflowed) {
   const std::string base =
       "model: {hidden_size: 16, num_attention_heads: 2, intermediate_size: 32}\n"
