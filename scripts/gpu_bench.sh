@@ -65,6 +65,12 @@
 #                  what rotating once gains; ours_ropeinside_1536 the same at
 #                  1536 (when BENCH_SEQS has it; right after ours_1536, so
 #                  that a budget cut spares it)
+#   ours_gemmtimed ours at 512 with the products' cuBLASLt algorithms chosen
+#                  by timing (run.gemm_algorithms: timed; --precision
+#                  bf16-gemmtimed) rather than the heuristic's first answers:
+#                  whether that choice should be the default;
+#                  ours_gemmtimed_1536 the same at 1536 (beside
+#                  ours_ropeinside_1536)
 #   ours_unfuseddrop ours at 512 with the hidden dropout as a pass of its own
 #                  before each residual layer norm (--precision
 #                  bf16-unfuseddrop): what the dropout inside the layer-norm
@@ -211,14 +217,18 @@ run_bench() {
     # cost per token), where each key tile is rotated by more query blocks:
     # RoPE inside beside ours there, before the attention table can spend the
     # budget.
-    [[ $seq == "$LONG_SEQ" ]] &&
+    # The choice by timing there too (new in session 21, so first).
+    if [[ $seq == "$LONG_SEQ" ]]; then
+      step "ours_gemmtimed_$LONG_SEQ" 60 ours_step bf16-gemmtimed "$LONG_SEQ" --budget-s 45
       step "ours_ropeinside_$LONG_SEQ" 60 ours_step bf16-ropeinside "$LONG_SEQ" --budget-s 45
+    fi
     [[ " ${HF_SEQS:-$BENCH_SEQS} " == *" $seq "* ]] && step "hf_$seq" 120 hf_step "$seq"
   done
   ((n <= 2)) && step attention 150 attention_step
   seq=${BENCH_SEQS%% *}
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
+  step ours_gemmtimed 60 ours_step bf16-gemmtimed "$REFERENCE_SEQ" --budget-s 45
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
   step ours_ropeinside 60 ours_step bf16-ropeinside "$REFERENCE_SEQ" --budget-s 45
   step ours_unfuseddrop 60 ours_step bf16-unfuseddrop "$REFERENCE_SEQ" --budget-s 45

@@ -50,6 +50,10 @@
 #   e2e_bf16      the same pretraining in run.precision bf16 on the GPU, within
 #                 2e-2 of the CPU f32 losses (its micro-batches are token streams,
 #                 data.unpadded, on the tensor-core kernel); reserved memory flat
+#   gemm_timed    run.gemm_algorithms: timed: the bf16 run within e2e_bf16's
+#                 limit, its stage-1 checkpoint and algorithm table resumed:
+#                 stage 2 bit for bit, nothing timed again; the f32 run
+#                 resumed under the heuristic bit for bit first (the control)
 #   cross_device  the GPU run's stage-1 checkpoint resumed on the CPU and the
 #                 CPU's on the GPU: stage-2 losses as the uninterrupted runs';
 #                 convert --device cuda of the GPU run's checkpoint (read back
@@ -342,6 +346,60 @@ e2e_bf16() {
   return $ok
 }
 
+# resume_tiny FROM NAME DEVICE PRECISION [key=value...]: FROM's stage-1 end
+# checkpoint (and its GEMM algorithm table, when it has one) in a fresh run
+# directory, trained on; stage 2's losses must be FROM's bit for bit.
+resume_tiny() {
+  local from=$1 name=$2
+  shift 2
+  mkdir -p "$WORK/$name/checkpoints"
+  cp "$(ls "$WORK/$from"/checkpoints/*-end.h5 | sort | head -1)" "$WORK/$name/checkpoints/"
+  [[ -f $WORK/$from/gemm_algorithms.rank0.json ]] && cp "$WORK/$from/gemm_algorithms.rank0.json" "$WORK/$name/"
+  run_tiny "$name" "$@" || return 1
+  compare_losses "$from" "$name" 0 "$((E2E_STEPS / 2))"
+}
+
+# run.gemm_algorithms: timed. First the control: the f32 run resumed from its
+# stage-1 end checkpoint gives its stage-2 losses bit for bit (the GPU runs
+# the same algorithms in every process under the heuristic). Then a bf16 run
+# whose products take the algorithms timed on their first run: within
+# e2e_bf16's limit of the CPU's f32 losses, its table in the run directory,
+# and its stage-1 end checkpoint resumed beside the table gives its stage-2
+# losses bit for bit, without timing anything again (the table unchanged).
+gemm_timed() {
+  set -e
+  prepare_shards
+  [[ -d $WORK/gpu-f32 ]] || run_tiny gpu-f32 "$GPU" f32
+  [[ -d $WORK/cpu-f32 ]] || run_tiny cpu-f32 cpu f32
+  local ok=0
+  resume_tiny gpu-f32 resume-gpu-f32 "$GPU" f32 || ok=1
+  if [[ $GPU == cpu ]]; then
+    echo "dry run: run.gemm_algorithms timed needs CUDA; the control resumed bit for bit: $ok"
+    [[ $ok == 0 ]] && exit 77
+    return 1
+  fi
+  run_tiny gpu-bf16-timed "$GPU" bf16 run.gemm_algorithms=timed || return 1
+  compare_losses cpu-f32 gpu-bf16-timed 2e-2 || ok=1
+  resume_tiny gpu-bf16-timed resume-gpu-bf16-timed "$GPU" bf16 run.gemm_algorithms=timed || ok=1
+  cmp -s "$WORK/gpu-bf16-timed/gemm_algorithms.rank0.json" \
+    "$WORK/resume-gpu-bf16-timed/gemm_algorithms.rank0.json" ||
+    { echo "the resumed run changed the table: it timed again"; ok=1; }
+  cp "$WORK/gpu-bf16-timed/gemm_algorithms.rank0.json" "$OUT/gemm_algorithms_tiny.json"
+  $PYTHON - "$WORK/gpu-bf16-timed/gemm_algorithms.rank0.json" <<'PY' | tee -a "$WORK/notes.txt" || ok=1
+import json, sys
+table = json.load(open(sys.argv[1]))
+rows = [a for g in table["gpus"] for a in g["algorithms"]]
+timed = [a for a in rows if a["timed"]]
+other = [a for a in timed if a["ms"] < a["heuristic_ms"]]
+saved = sum(a["heuristic_ms"] - a["ms"] for a in other)
+print(f"gemm table: {len(rows)} products on {', '.join(g['gpu'] for g in table['gpus'])}, "
+      f"{len(timed)} timed, {len(other)} on another algorithm than the heuristic's "
+      f"({saved:.4f} ms a run of each saved)")
+sys.exit(0 if rows and len(timed) == len(rows) else 1)
+PY
+  return $ok
+}
+
 # The NCCL communicator at world size 1 (no launcher needed): the gradient
 # buckets summed by NCCL on the GPU change nothing, so the losses are the
 # plain GPU run's.
@@ -481,6 +539,7 @@ run_checks() {
   # bf16 training (the GPU's default precision) before the cross-device and
   # fine-tuning checks: a tight budget cuts those rather than it.
   step e2e_bf16 120 e2e_bf16
+  step gemm_timed 120 gemm_timed
   step cross_device 150 cross_device
   step finetune 120 finetune_step
   step nccl_1 90 nccl_1

@@ -39,6 +39,8 @@ assert any(r["setup"] == "ours bf16-mmasync" and r["seq"] == 64 for r in rows), 
 assert any(r["setup"] == "ours bf16-ropeinside" and r["seq"] == 64 for r in rows), "no ours bf16-ropeinside row at 64"
 assert any(r["setup"] == "ours bf16-ropeinside" and r["seq"] == 128 for r in rows), "no ours bf16-ropeinside row at 128"
 assert any(r["setup"] == "ours bf16-unfuseddrop" and r["seq"] == 64 for r in rows), "no ours bf16-unfuseddrop row at 64"
+assert any(r["setup"] == "ours bf16-gemmtimed" and r["seq"] == 64 for r in rows), "no ours bf16-gemmtimed row at 64"
+assert any(r["setup"] == "ours bf16-gemmtimed" and r["seq"] == 128 for r in rows), "no ours bf16-gemmtimed row at 128"
 assert any(r["setup"] == "ours bf16 separate" and r["attention_kernel"] == "separate" and r["seq"] == 64
            for r in rows), "no ours bf16 separate row at 64"
 # Ours runs the trainer's default layout: one token stream per micro-batch.
