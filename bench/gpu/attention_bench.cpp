@@ -17,6 +17,10 @@
 //                   (set_flash_forward_schedule; the backward's times are the
 //                   -wgmma row's, the same kernel). The default schedule
 //                   pipelines the plain forwards (no RoPE inside) alone.
+//   ours-plain-*wgmma-legacysplits  the plain wgmma backward (without and
+//                   with dropout) at the split count of the first rule
+//                   (flash_backward_splits.h) rather than the default's; a
+//                   line "attention splits S=.. legacy=.. default=.." says both
 //   ours-*-2pass    the same with the two-pass backward (dq per query
 //                   tile, then dk/dv per key tile: seven products) in place
 //                   of the fused one (five): flash_attention.h
@@ -49,7 +53,9 @@
 #include <vector>
 
 #include "core/cuda/backend.h"
+#include "core/cuda/check.h"
 #include "core/cuda/kernels/flash_attention.h"
+#include "core/cuda/kernels/flash_backward_splits.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/ops/rope_table.h"
@@ -252,8 +258,30 @@ void bench(int64_t S, Device device) {
     print("ours-fused-dropout-wgmma", S, B, dropout_f, dropout_b);
     // The plain kernels with dropout: the training step's attention when q
     // and k are rotated once (set_rotate_once, the default).
-    const double plain_dropout_b = plain_bwd(dropped, keep);
-    print("ours-plain-dropout-wgmma", S, B, plain_fwd(dropped, keep), plain_dropout_b);
+    const double plain_dropout_f = plain_fwd(dropped, keep),
+                 plain_dropout_b = plain_bwd(dropped, keep);
+    print("ours-plain-dropout-wgmma", S, B, plain_dropout_f, plain_dropout_b);
+    // The backward at the first split rule's count (flash_backward_splits.h),
+    // beside the default's above (the forward is the same kernel).
+    {
+      kernels::cuda::BackwardSplitProblem split;
+      split.per_split = B * kHeads;
+      split.key_tiles = (S + 127) / 128;
+      split.query_rows = S;
+      split.dq_elements = B * S * kHeads * kDim;
+      int sms = 0;
+      RF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
+      split.sms = sms;
+      const int64_t legacy = kernels::cuda::legacy_backward_splits(split);
+      std::printf("attention splits S=%lld legacy=%lld default=%lld\n", static_cast<long long>(S),
+                  static_cast<long long>(legacy),
+                  static_cast<long long>(kernels::cuda::auto_backward_splits(split)));
+      kernels::cuda::set_flash_backward_splits(int(legacy));
+      print("ours-plain-wgmma-legacysplits", S, B, plain_f, plain_bwd(params, none));
+      print("ours-plain-dropout-wgmma-legacysplits", S, B, plain_dropout_f,
+            plain_bwd(dropped, keep));
+      kernels::cuda::set_flash_backward_splits(0);
+    }
     // The forward's pipelined schedule (the backward is the same kernel:
     // its times are the rows' above).
     kernels::cuda::set_flash_forward_schedule(ForwardSchedule::pipelined);

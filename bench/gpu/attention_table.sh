@@ -62,6 +62,10 @@ table() {
       if (!(S in seenS)) { seenS[S] = 1; lengths[++m] = S }
       fwd[impl, S] = f; bwd[impl, S] = b
     }
+    /^attention splits / {
+      for (i = 3; i <= NF; ++i) { split($i, kv, "="); splits[kv[1]] = kv[2] }
+      split_line[splits["S"]] = "legacy " splits["legacy"] ", default " splits["default"]
+    }
     END {
       printf "%-16s", "TFLOP/s fwd/bwd"
       for (j = 1; j <= m; ++j) printf " | %15s", "S=" lengths[j]
@@ -111,6 +115,19 @@ table() {
           line = line sprintf("%s %s %.2fx", (line == "" ? "" : ","), kinds[k], fwd[w] / fwd[a])
         }
         if (line != "") printf "pipelined / in step S=%s, forward:%s\n", lengths[j], line
+      }
+      # The backward at the default split count over the first rule count
+      # (flash_backward_splits.h), on the model path (plain, with and
+      # without dropout): whether the time model chose well.
+      for (j = 1; j <= m; ++j) {
+        line = ""
+        for (k = 1; k <= 2; ++k) {
+          kind = (k == 1 ? "ours-plain-wgmma" : "ours-plain-dropout-wgmma")
+          a = kind "-legacysplits" SUBSEP lengths[j]; w = kind SUBSEP lengths[j]
+          if (!(a in bwd) || !(w in bwd) || bwd[a] == "n/a" || bwd[a] + 0 <= 0) continue
+          line = line sprintf("%s %s %.2fx", (line == "" ? "" : ","), kind, bwd[w] / bwd[a])
+        }
+        if (line != "") printf "splits default / legacy S=%s (%s), backward:%s\n", lengths[j], split_line[lengths[j]], line
       }
     }'
 }

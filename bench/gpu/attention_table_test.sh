@@ -3,7 +3,8 @@
 # table (a length a row lacks shows "-", an unavailable one "n/a"), issue
 # 14's targets judged on our best row at S >= 1536, and the wgmma kernels'
 # speed over mma.sync's on the model's path (ours-fused) at each length both
-# were measured, and the pipelined wgmma forward's over the in-step one.
+# were measured, the pipelined wgmma forward's over the in-step one, and
+# the backward at the default split count over the first rule's.
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/attention_table.sh
 fail() { echo "attention_table_test: $*" >&2; exit 1; }
@@ -18,11 +19,14 @@ attention impl=ours-fused-dropout-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1
 attention impl=ours-plain-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=160.0 bwd_tflops=90.0
 attention impl=ours-plain-dropout-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=164.0 bwd_tflops=90.0
 attention impl=cudnn-plain S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=404.2 bwd_tflops=341.1
+attention splits S=4096 legacy=3 default=4
+attention impl=ours-plain-wgmma S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=350.0 bwd_tflops=250.0
+attention impl=ours-plain-wgmma-legacysplits S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=350.0 bwd_tflops=200.0
 LINES
 )
 echo "$out"
-grep -q '^ours-fused-wgmma *| *- *| *320.0 / 99.9 *$' <<< "$out" || fail "the wgmma row or its missing length"
-grep -q '^ours-plain-wgmma *| *n/a / n/a *| *- *$' <<< "$out" || fail "the unavailable row"
+grep -q '^ours-fused-wgmma *| *- *| *320.0 / 99.9 *| *- *$' <<< "$out" || fail "the wgmma row or its missing length"
+grep -q '^ours-plain-wgmma *| *n/a / n/a *| *- *| *350.0 / 250.0 *$' <<< "$out" || fail "the unavailable row"
 grep -qx 'target S=1536: forward 352.0 (ours-fused-wgmma-pipelined) >= 300 met; backward 99.9 (ours-fused-wgmma) >= 200 not met' \
   <<< "$out" || fail "the targets (judged on ours alone, not cuDNN)"
 grep -qx 'wgmma / mma.sync S=1536 (ours-fused): forward 2.70x, backward 1.50x' <<< "$out" ||
@@ -31,4 +35,7 @@ grep -qx 'wgmma / mma.sync S=1536 (ours-fused): forward 2.70x, backward 1.50x' <
 grep -qx 'pipelined / in step S=1536, forward: ours-fused-wgmma 1.10x, ours-fused-dropout-wgmma 0.95x, ours-plain-dropout-wgmma 1.02x' \
   <<< "$out" || fail "the pipelined forward's ratios (plain was not measured)"
 ! grep -q 'pipelined / in step S=512' <<< "$out" || fail "a pipelined ratio where none was measured"
+grep -qx 'splits default / legacy S=4096 (legacy 3, default 4), backward: ours-plain-wgmma 1.25x' \
+  <<< "$out" || fail "the split counts and their ratio"
+! grep -q 'splits default / legacy S=1536' <<< "$out" || fail "a split ratio where none was measured"
 echo "attention_table_test: ok"

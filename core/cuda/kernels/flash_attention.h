@@ -80,8 +80,9 @@ void set_flash_backward_passes(int passes);
 
 // The fused backward's splits of each sequence's key tiles (each split sums
 // its dq into its own f32 slice, then one kernel adds the slices in order):
-// 0 (the default) chooses from the SM count and the grid (at most 8), n >= 1
-// takes n (at most the key tiles). The bits of dq follow the split count.
+// 0 (the default) chooses from the SM count and the grid (at most 16, by
+// the time model of flash_backward_splits.h), n >= 1 takes n (at most the
+// key tiles). The bits of dq follow the split count.
 // Process-wide; values outside 0..64 throw.
 int flash_backward_splits();
 void set_flash_backward_splits(int splits);

@@ -22,6 +22,7 @@
 #include <atomic>
 
 #include "core/cuda/kernels/flash_attention_key_tiles.cuh"
+#include "core/cuda/kernels/flash_backward_splits.h"
 
 namespace roformer::kernels::cuda {
 
@@ -465,10 +466,6 @@ std::atomic<int> backward_passes{1};
 std::atomic<int> backward_splits{0};
 std::atomic<bool> backward_wgmma{true};
 
-// Splits at most, chosen automatically: each adds a slice of f32 sums the
-// size of dq in f32.
-constexpr int64_t kMaxAutoSplits = 8;
-
 int multiprocessor_count(const Stream& stream) {
   int count = 0;
   RF_CUDA_CHECK(
@@ -476,17 +473,14 @@ int multiprocessor_count(const Stream& stream) {
   return count;
 }
 
-// The fused scheme's split count for `sequences` x `heads` blocks a split
-// and `key_tiles` key tiles in the longest sequence: enough blocks for two
-// per SM (one fits at a time: the tail of the last wave is then short),
-// no more than the key tiles; or the set count, capped by the key tiles.
-int64_t split_count(const Stream& stream, int64_t sequences, int64_t heads, int64_t key_tiles) {
-  const int64_t cap = std::max<int64_t>(key_tiles, 1);
+// The fused scheme's split count (flash_backward_splits.h): the set count,
+// capped by the key tiles, or the automatic one.
+int64_t split_count(const Stream& stream, const BackwardSplitProblem& problem) {
   const int64_t set = backward_splits.load(std::memory_order_relaxed);
-  if (set > 0) return std::min(set, cap);
-  const int64_t per_split = std::max<int64_t>(sequences * heads, 1);
-  const int64_t wanted = (2 * int64_t(multiprocessor_count(stream)) + per_split - 1) / per_split;
-  return std::clamp<int64_t>(wanted, 1, std::min(cap, kMaxAutoSplits));
+  if (set > 0) return std::min(set, std::max<int64_t>(problem.key_tiles, 1));
+  BackwardSplitProblem p = problem;
+  p.sms = multiprocessor_count(stream);
+  return auto_backward_splits(p);
 }
 
 }  // namespace
@@ -585,10 +579,17 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
 
   // Fused: one split's blocks take every key tile of their sequences; the
   // sums need a slice per split unless each block's one key tile is all.
-  const int64_t splits = split_count(stream, gk.sequences, heads, gk.tiles);
-  const bool finalize = splits > 1 || !keys;
   const int64_t rows = q.ndim == 4 ? q.sizes[0] * q.sizes[2] : q.sizes[0];
   const int64_t slice_floats = rows * heads * kD;
+  BackwardSplitProblem split_problem;
+  split_problem.per_split = gk.sequences * heads;
+  split_problem.key_tiles = gk.tiles;
+  split_problem.query_rows = q.ndim == 4                  ? q.sizes[2]
+                             : params.longest_segment > 0 ? params.longest_segment
+                                                          : q.sizes[0];
+  split_problem.dq_elements = slice_floats;
+  const int64_t splits = split_count(stream, split_problem);
+  const bool finalize = splits > 1 || !keys;
   const bool sums = keys && queries && (splits > 1 || gk.tiles > 1);
   Scratch partial(stream, sums ? size_t(splits * slice_floats) * sizeof(float) : 1);
   void* const sums_base = sums ? partial.as<void>() : nullptr;
