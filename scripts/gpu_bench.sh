@@ -6,6 +6,9 @@
 #
 #   scripts/gpu_bench.sh build     here (no GPU needed): the sm_90 build of the
 #                                  bench programs, packed into .gpu/bench/
+#                                  (without it, the run takes .gpu/'s bundle:
+#                                  scripts/gpu_session.sh packs them there)
+#   scripts/gpu_bench.sh targets   the bench programs' CMake targets, one a line
 #   scripts/gpu_bench.sh run       on the GPU machine, from the repository root
 #   scripts/gpu_bench.sh dry       here, without a GPU: the same steps on the CPU
 #                                  with a tiny model and short sequences, from
@@ -108,13 +111,20 @@ gpu_script_init "${BASH_SOURCE[0]}" "${1:-}"
 mode=${1:-}
 pack_dir=.gpu/bench
 attention_script=bench/gpu/attention_table.sh
+# scripts/gpu_session.sh packs the bench's programs into gpu_check's bundle
+# (one copy of the libraries: the carry's 64 MiB): that one serves then.
+[[ $mode != build && ! -f $pack_dir/bundle.tar.xz && -f .gpu/bundle.tar.xz ]] && pack_dir=.gpu
+
+# The programs the bench runs (mlm_step_bench, and the attention table's).
+bench_targets() {
+  echo mlm_step_bench
+  [[ -f $attention_script ]] && bash "$attention_script" targets 2> /dev/null | grep -v '^$'
+  return 0
+}
 
 build() {
-  local targets=(mlm_step_bench)
-  if [[ -f $attention_script ]]; then
-    mapfile -t -O 1 targets < <(bash "$attention_script" targets 2>/dev/null | grep -v '^$')
-    targets[0]=mlm_step_bench
-  fi
+  local targets
+  mapfile -t targets < <(bench_targets)
   gpu_build_and_pack "$pack_dir" "${targets[@]}"
   echo "gpu_bench: ${targets[*]} built for sm_90 and packed into $pack_dir/bundle.tar.xz; on the GPU machine:"
   echo '  run(command="scripts/gpu_bench.sh run", carry=[".gpu"], timeout_s=600)'
@@ -287,6 +297,7 @@ run_kernels() {
 
 case $mode in
   build) build ;;
+  targets) bench_targets ;;
   run) run_bench ;;
   profile) run_profile ;;
   kernels) run_kernels ;;

@@ -83,8 +83,11 @@ gpu_script_init "${BASH_SOURCE[0]}" "${1:-}"
 
 mode=${1:-}
 pack_dir=.gpu
-# Programs the check runs; the bundle holds only these.
-BUNDLE_TARGETS=(roformer cuda_tests op_table_tests core_tests layers_tests train_golden_tests)
+# Programs the check runs; the bundle holds only these, and those named in
+# EXTRA_TARGETS (scripts/gpu_session.sh: the bench's programs, whose
+# libraries are then packed once).
+BUNDLE_TARGETS=(roformer cuda_tests op_table_tests core_tests layers_tests train_golden_tests
+  ${EXTRA_TARGETS:-})
 
 build() {
   gpu_build_and_pack "$pack_dir" "${BUNDLE_TARGETS[@]}"
