@@ -187,6 +187,10 @@ run_bench() {
   if [[ -z $dry ]]; then
     : "${OUT:?gpu_bench run: \$OUT (the device tool output folder) is not set}"
     gpu_unpack "$pack_dir"
+    command -v mlm_step_bench > /dev/null || {
+      echo "gpu_bench: no mlm_step_bench in $pack_dir's bundle: build with scripts/gpu_bench.sh build or scripts/gpu_session.sh build"
+      exit 1
+    }
     export DEVICE=cuda SIZE=base PYTHON=${PYTHON:-python3} ATTENTION_MODE=run
     export OURS_ARGS=${OURS_ARGS:-} HF_ARGS=${HF_ARGS:-}
     BENCH_SEQS=${BENCH_SEQS:-512 1536 128}

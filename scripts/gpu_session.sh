@@ -136,8 +136,9 @@ case ${1:-} in
     # One bundle for both (one copy of the libraries: under the carry's 64
     # MiB), the bench's programs in gpu_check's; gpu_bench.sh takes that one
     # when it finds none of its own.
+    bench_targets=$(bash "$bench_script" targets) || exit 1
+    EXTRA_TARGETS="$(tr '\n' ' ' <<< "$bench_targets")" bash "$check_script" build || exit 1
     rm -rf .gpu/bench
-    EXTRA_TARGETS="$(bash "$bench_script" targets | tr '\n' ' ')" bash "$check_script" build
     ;;
   run) run_session ;;
   *)

@@ -19,7 +19,8 @@
 //                   pipelines the plain forwards (no RoPE inside) alone.
 //   ours-plain-*wgmma-legacysplits  the plain wgmma backward (without and
 //                   with dropout) at the split count of the first rule
-//                   (flash_backward_splits.h) rather than the default's; a
+//                   (flash_backward_splits.h) rather than the default's, where
+//                   the two differ; a
 //                   line "attention splits S=.. legacy=.. default=.." says both
 //   ours-*-2pass    the same with the two-pass backward (dq per query
 //                   tile, then dk/dv per key tile: seven products) in place
@@ -273,14 +274,17 @@ void bench(int64_t S, Device device) {
       RF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device.index));
       split.sms = sms;
       const int64_t legacy = kernels::cuda::legacy_backward_splits(split);
+      const int64_t chosen = kernels::cuda::auto_backward_splits(split);
       std::printf("attention splits S=%lld legacy=%lld default=%lld\n", static_cast<long long>(S),
-                  static_cast<long long>(legacy),
-                  static_cast<long long>(kernels::cuda::auto_backward_splits(split)));
-      kernels::cuda::set_flash_backward_splits(int(legacy));
-      print("ours-plain-wgmma-legacysplits", S, B, plain_f, plain_bwd(params, none));
-      print("ours-plain-dropout-wgmma-legacysplits", S, B, plain_dropout_f,
-            plain_bwd(dropped, keep));
-      kernels::cuda::set_flash_backward_splits(0);
+                  static_cast<long long>(legacy), static_cast<long long>(chosen));
+      if (legacy != chosen) {  // the same count: nothing to set beside the default
+        const int before = kernels::cuda::flash_backward_splits();
+        kernels::cuda::set_flash_backward_splits(int(legacy));
+        print("ours-plain-wgmma-legacysplits", S, B, plain_f, plain_bwd(params, none));
+        print("ours-plain-dropout-wgmma-legacysplits", S, B, plain_dropout_f,
+              plain_bwd(dropped, keep));
+        kernels::cuda::set_flash_backward_splits(before);
+      }
     }
     // The forward's pipelined schedule (the backward is the same kernel:
     // its times are the rows' above).

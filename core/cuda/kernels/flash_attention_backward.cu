@@ -584,9 +584,10 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   BackwardSplitProblem split_problem;
   split_problem.per_split = gk.sequences * heads;
   split_problem.key_tiles = gk.tiles;
-  split_problem.query_rows = q.ndim == 4                  ? q.sizes[2]
-                             : params.longest_segment > 0 ? params.longest_segment
-                                                          : q.sizes[0];
+  // A token stream without its longest length (the op always gives it)
+  // keeps the first rule: its key tiles and rows would be the whole stream's.
+  split_problem.query_rows =
+      q.ndim == 4 ? q.sizes[2] : std::max<int64_t>(params.longest_segment, 0);
   split_problem.dq_elements = slice_floats;
   const int64_t splits = split_count(stream, split_problem);
   const bool finalize = splits > 1 || !keys;

@@ -29,7 +29,7 @@ namespace roformer::kernels::cuda {
 struct BackwardSplitProblem {
   int64_t per_split = 1;    // blocks a split: sequences x heads
   int64_t key_tiles = 1;    // of 128 keys, in the longest sequence
-  int64_t query_rows = 1;   // of the longest sequence (the rows a key tile meets)
+  int64_t query_rows = 1;   // of the longest sequence (the rows a key tile meets); 0: unknown
   int64_t dq_elements = 0;  // of dq: all query rows x heads x the head dim
   int64_t sms = 1;          // blocks at a time (one an SM)
 };
@@ -66,22 +66,29 @@ inline double backward_split_seconds(const BackwardSplitProblem& p, int64_t spli
   return seconds;
 }
 
+// The slices' f32 sums an automatic count may take, unless the first rule
+// took more: the model does not charge for memory.
+constexpr double kMaxAutoBackwardSliceBytes = double(int64_t(1) << 30);
+
 // The automatic count: the first rule's, unless another count up to
-// kMaxAutoBackwardSplits (and the key tiles) is modelled more than 2%
-// faster; then the fastest (the fewest splits among equals).
+// kMaxAutoBackwardSplits (and the key tiles, and the slices' bytes) is
+// modelled more than 2% faster; then the fewest splits within 2% of the
+// fastest (the model's time jumps from count to count: a count that wins
+// by less than its error is not worth its slices).
 inline int64_t auto_backward_splits(const BackwardSplitProblem& p) {
   const int64_t legacy = legacy_backward_splits(p);
-  const int64_t cap = std::min<int64_t>(std::max<int64_t>(p.key_tiles, 1), kMaxAutoBackwardSplits);
-  int64_t best = 1;
+  if (p.query_rows <= 0) return legacy;  // nothing to model with
+  const double slice_bytes = double(p.dq_elements) * 4.0;
+  int64_t cap = std::min<int64_t>(std::max<int64_t>(p.key_tiles, 1), kMaxAutoBackwardSplits);
+  while (cap > legacy && double(cap) * slice_bytes > kMaxAutoBackwardSliceBytes) --cap;
   double best_seconds = backward_split_seconds(p, 1);
-  for (int64_t s = 2; s <= cap; ++s) {
-    const double t = backward_split_seconds(p, s);
-    if (t < best_seconds) {
-      best = s;
-      best_seconds = t;
-    }
-  }
-  return backward_split_seconds(p, legacy) <= best_seconds * 1.02 ? legacy : best;
+  for (int64_t s = 2; s <= cap; ++s)
+    best_seconds = std::min(best_seconds, backward_split_seconds(p, s));
+  const double good_enough = best_seconds * 1.02;
+  if (backward_split_seconds(p, legacy) <= good_enough) return legacy;
+  int64_t s = 1;
+  while (backward_split_seconds(p, s) > good_enough) ++s;
+  return s;
 }
 
 }  // namespace roformer::kernels::cuda
