@@ -551,26 +551,6 @@ DeviceState& device_state(int device) {
   return *slot;
 }
 
-// Memory from the device's caching allocator for work queued on `stream`.
-class StreamMemory {
- public:
-  StreamMemory(int device, cudaStream_t stream, size_t nbytes)
-      : allocator_(&caching_allocator(device)), nbytes_(nbytes) {
-    if (nbytes_) ptr_ = allocator_->allocate_on(nbytes_, stream);
-  }
-  ~StreamMemory() {
-    if (ptr_) allocator_->deallocate(ptr_, nbytes_);
-  }
-  StreamMemory(const StreamMemory&) = delete;
-  StreamMemory& operator=(const StreamMemory&) = delete;
-  void* get() const { return ptr_; }
-
- private:
-  CachingAllocator* allocator_;
-  size_t nbytes_;
-  void* ptr_ = nullptr;
-};
-
 // Runs the plan of (geometry, direction, scale) with the variant pack's
 // pointers by uid (scalars by value: host pointers).
 void execute(const SdpaGeometry& geo, bool backward, float scale,

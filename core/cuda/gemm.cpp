@@ -435,23 +435,6 @@ class TimingOperands {
   const GemmArgs& args() const { return args_; }
 
  private:
-  // A block of the device's caching allocator, given back when dropped (the
-  // allocator orders its reuse after the stream's work).
-  struct Block {
-    int device;
-    void* ptr;
-    size_t nbytes;
-    Block(int d, void* p, size_t n) : device(d), ptr(p), nbytes(n) {}
-    Block(const Block&) = delete;
-    Block& operator=(const Block&) = delete;
-    ~Block() {
-      try {
-        caching_allocator(device).deallocate(ptr, nbytes);
-      } catch (...) {  // a destructor throws nothing
-      }
-    }
-  };
-
   // Zeroed device memory for an operand spanning `span`, as aligned as it;
   // the operand itself (and ok() false) when the device has no room.
   void* scratch(const void* original, const Span& span) {
@@ -459,13 +442,12 @@ class TimingOperands {
     const size_t offset = reinterpret_cast<uintptr_t>(original) % 256;
     const size_t nbytes = size_t(span.end - span.begin) + 256;
     try {
-      blocks_.push_back(std::make_unique<Block>(
-          device_, caching_allocator(device_).allocate_on(nbytes, stream_), nbytes));
+      blocks_.push_back(std::make_unique<StreamMemory>(device_, stream_, nbytes));
     } catch (const OutOfMemoryError&) {  // the caller keeps the heuristic's answer
       ok_ = false;
       return const_cast<void*>(original);
     }
-    void* block = blocks_.back()->ptr;
+    void* block = blocks_.back()->get();
     RF_CUDA_CHECK(cudaMemsetAsync(block, 0, nbytes, stream_));
     return static_cast<char*>(block) + offset;  // blocks are 256-byte aligned
   }
@@ -474,7 +456,7 @@ class TimingOperands {
   int device_;
   cudaStream_t stream_;
   bool ok_ = true;
-  std::vector<std::unique_ptr<Block>> blocks_;  // given back with the operands
+  std::vector<std::unique_ptr<StreamMemory>> blocks_;  // given back with the operands
 };
 
 // One algorithm's time per run: after one untimed run, three groups of
@@ -629,18 +611,13 @@ std::optional<cublasLtMatmulAlgo_t> forget_algorithm(const DeviceContext& ctx, c
                                                      const GemmArgs& g,
                                                      const cublasLtMatmulAlgo_t& refused) {
   if (gemm_algorithm_choice() == GemmAlgorithmChoice::kTimed) {
-    std::optional<cublasLtMatmulAlgo_t> first = heuristic_algorithm(ctx, p, g);
-    if (first && same_algorithm(*first, refused)) first.reset();
-    if (first) {
-      resolve_timed(p.key, first);
-      return first;
-    }
+    const std::optional<cublasLtMatmulAlgo_t> first = heuristic_algorithm(ctx, p, g);
+    const bool other = first && !same_algorithm(*first, refused);
+    resolve_timed(p.key, other ? first : std::nullopt);
+    if (other) return first;
   }
-  {
-    std::lock_guard<std::mutex> lock(g_algorithm_mutex);
-    (*g_algorithms)[p.key] = std::nullopt;
-  }
-  if (gemm_algorithm_choice() == GemmAlgorithmChoice::kTimed) resolve_timed(p.key, std::nullopt);
+  std::lock_guard<std::mutex> lock(g_algorithm_mutex);
+  (*g_algorithms)[p.key] = std::nullopt;
   return std::nullopt;
 }
 
