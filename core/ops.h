@@ -211,17 +211,17 @@ Tensor varlen_attention_packed(const Tensor& qkv, int64_t heads, const Tensor& s
                                const Tensor& segments_on_device = Tensor());
 // Process-wide: whether the token-stream ops with RoPE inside
 // (varlen_rope_attention, varlen_attention_packed) rotate q and k once, into
-// rotated copies by the rope kernel, then run the plain attention kernels and
-// rotate dq and dk back (copies kept for backward: 2 x [T, H, D]); rather
-// than rotating inside the attention kernels, where on CUDA every block of
-// queries rotates every key tile again. On by default: an H200 (2026-11-27)
-// ran RoFormer-base's training step 1.09x faster at seq 1536 rotated once,
-// and 1.04x at 512, for 9% more peak memory (mlm_step_bench --precision
-// bf16-ropeinside times RoPE inside). On the CPU, RoPE inside is the same
-// composition of kernels with scratch copies. The same function either way,
-// up to rounding: in bf16 the plain kernels write the rotated copies'
-// gradients in bf16 and the inverse rotation rounds them again, two
-// roundings of dq and dk where RoPE inside has one.
+// rotated copies by the rope kernel, then run the plain attention forward,
+// and back the rope_attention kernel on the copies (RopeInputs::rotated),
+// which rotates dq and dk back as it writes them (copies kept for
+// backward: 2 x [T, H, D]); rather than rotating inside the attention
+// kernels, where on CUDA every block of queries rotates every key tile
+// again. On by default: an H200 (2026-11-27) ran RoFormer-base's training
+// step 1.09x faster at seq 1536 rotated once, and 1.04x at 512, for 9% more
+// peak memory (mlm_step_bench --precision bf16-ropeinside times RoPE
+// inside). On the CPU, RoPE inside is the same composition of kernels with
+// scratch copies. The same function either way, up to rounding; dq and dk
+// are rounded to their dtype once either way.
 void set_rotate_once(bool on);
 bool rotate_once();
 

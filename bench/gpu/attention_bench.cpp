@@ -145,8 +145,9 @@ void launch_once(int64_t S, Device device) {
                              o.dq, o.dk, o.dv);
   launch::rope_attention_forward(device, o.dropped, o.table, true, o.q, o.k, o.v, none, o.out,
                                  o.lse, o.keep);
-  launch::rope_attention_backward(device, o.dropped, o.table, true, o.q, o.k, o.v, none, o.out,
-                                  o.lse, o.keep, o.grad_out, o.dq, o.dk, o.dv);
+  launch::rope_attention_backward(device, o.dropped, o.table, true, kernels::RopeInputs::unrotated,
+                                  o.q, o.k, o.v, none, o.out, o.lse, o.keep, o.grad_out, o.dq, o.dk,
+                                  o.dv);
   // And the plain pair on wgmma, where the GPU has it (the profiler then
   // sees both generations of the kernels side by side).
   const bool wgmma = kernels::cuda::flash_wgmma_available(device.index);
@@ -199,8 +200,8 @@ void bench(int64_t S, Device device) {
   };
   auto fused_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
     return time_ms(device, [&] {
-      launch::rope_attention_backward(device, p, table, true, q, k, v, none, out, lse, bits,
-                                      grad_out, dq, dk, dv);
+      launch::rope_attention_backward(device, p, table, true, kernels::RopeInputs::unrotated, q, k,
+                                      v, none, out, lse, bits, grad_out, dq, dk, dv);
     });
   };
 

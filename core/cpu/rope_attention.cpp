@@ -25,11 +25,12 @@ void rope_attention_forward(Stream stream, const AttentionParams& params, KT tab
 }
 
 void rope_attention_backward(Stream stream, const AttentionParams& params, KT table,
-                             bool interleaved, KT q, KT k, KT v, KT mask_or_segments, KT out,
-                             KT lse, KT keep_bits, KT grad_out, KT grad_q, KT grad_k, KT grad_v) {
-  rope_composite::backward(cpu_kernel_table, stream, host_scratch, params, table, interleaved, q, k,
-                           v, mask_or_segments, out, lse, keep_bits, grad_out, grad_q, grad_k,
-                           grad_v);
+                             bool interleaved, RopeInputs inputs, KT q, KT k, KT v,
+                             KT mask_or_segments, KT out, KT lse, KT keep_bits, KT grad_out,
+                             KT grad_q, KT grad_k, KT grad_v) {
+  rope_composite::backward(cpu_kernel_table, stream, host_scratch, params, table, interleaved,
+                           inputs, q, k, v, mask_or_segments, out, lse, keep_bits, grad_out, grad_q,
+                           grad_k, grad_v);
 }
 
 }  // namespace roformer::kernels::cpu

@@ -63,6 +63,12 @@ enum class UnaryOp : uint8_t {
 // breaks this is reported with `mask_site`). The CPU has only its own.
 enum class AttentionEngine : uint8_t { own, vendor };
 
+// What rope_attention_backward's q and k are: the inputs of the rotation
+// (unrotated), or the rotated copies the forward attended with (rotated:
+// set_rotate_once in core/ops.h). Its gradients are those of the unrotated
+// q and k either way.
+enum class RopeInputs : uint8_t { unrotated, rotated };
+
 struct AttentionParams {
   AttentionEngine engine = AttentionEngine::own;
   int32_t mask_site = 0;        // vendor: the op's report site for a key mask it cannot take
@@ -209,11 +215,12 @@ struct ResidualDropout {
   X(rope_attention_forward, void(Stream, const AttentionParams& params, KT table,              \
                                  bool interleaved, KT q, KT k, KT v, KT mask_or_segments,      \
                                  KT out, KT lse, KT keep_bits))                                \
-  /* grad_q, grad_k: gradients of the unrotated q and k; dtypes as attention_*'s. */          \
+  /* grad_q, grad_k: gradients of the unrotated q and k, rounded once to their dtype; q and */\
+  /* k are rope(q), rope(k) when `inputs` says rotated; dtypes as attention_*'s. */            \
   X(rope_attention_backward, void(Stream, const AttentionParams& params, KT table,             \
-                                  bool interleaved, KT q, KT k, KT v, KT mask_or_segments,     \
-                                  KT out, KT lse, KT keep_bits, KT grad_out, KT grad_q,        \
-                                  KT grad_k, KT grad_v))
+                                  bool interleaved, RopeInputs inputs, KT q, KT k, KT v,       \
+                                  KT mask_or_segments, KT out, KT lse, KT keep_bits,           \
+                                  KT grad_out, KT grad_q, KT grad_k, KT grad_v))
 // clang-format on
 
 // The C++ function type of each kernel: signature::<name>.

@@ -64,9 +64,11 @@ void forward(const KernelTable& kt, Stream stream, Alloc&& alloc, const Attentio
   }
 }
 
+// q and k rotated here, or as given (RopeInputs::rotated: the forward's
+// rotated copies).
 template <class Alloc>
 void backward(const KernelTable& kt, Stream stream, Alloc&& alloc, const AttentionParams& params,
-              const KernelTensor& table, bool interleaved, const KernelTensor& q,
+              const KernelTensor& table, bool interleaved, RopeInputs inputs, const KernelTensor& q,
               const KernelTensor& k, const KernelTensor& v, const KernelTensor& mask_or_segments,
               const KernelTensor& out, const KernelTensor& lse, const KernelTensor& keep_bits,
               const KernelTensor& grad_out, const KernelTensor& grad_q, const KernelTensor& grad_k,
@@ -74,10 +76,13 @@ void backward(const KernelTable& kt, Stream stream, Alloc&& alloc, const Attenti
   check_attention_backward_dtypes("rope_attention kernel", q, k, v, out, lse, grad_out, grad_q,
                                   grad_k, grad_v);
   const bool token_stream = q.ndim == 3;
-  const auto q_mem = alloc(bytes_of(q, q.dtype));
-  const auto k_mem = alloc(bytes_of(k, k.dtype));
-  const KernelTensor rq = rotate_into(kt, stream, table, interleaved, false, q, q_mem.get());
-  const KernelTensor rk = rotate_into(kt, stream, table, interleaved, false, k, k_mem.get());
+  const bool rotate = inputs == RopeInputs::unrotated;
+  const auto q_mem = alloc(rotate ? bytes_of(q, q.dtype) : 0);
+  const auto k_mem = alloc(rotate ? bytes_of(k, k.dtype) : 0);
+  const KernelTensor rq =
+      rotate ? rotate_into(kt, stream, table, interleaved, false, q, q_mem.get()) : q;
+  const KernelTensor rk =
+      rotate ? rotate_into(kt, stream, table, interleaved, false, k, k_mem.get()) : k;
   // Gradients of the rotated q and k, in the layout rotate_into returns; a
   // token stream's rows outside every segment are not written: zeros. They
   // are kept in the accumulation dtype (f32, f64 for f64) and rotated back in

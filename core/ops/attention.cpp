@@ -161,9 +161,9 @@ Tensor padded_attention(const char* op, const Tensor& q, const Tensor& k, const 
     Tensor dk = heads_view_buffer(B, H, Sk, D, out_dtype, g.device());
     Tensor dv = heads_view_buffer(B, H, Sk, Dv, out_dtype, g.device());
     if (rotate) {
-      launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
-                                      sv.get(), smask.get(), so.get(), lse, bits, grad_out, dq, dk,
-                                      dv);
+      launch::rope_attention_backward(g.device(), params, table, interleaved,
+                                      kernels::RopeInputs::unrotated, sq.get(), sk.get(), sv.get(),
+                                      smask.get(), so.get(), lse, bits, grad_out, dq, dk, dv);
     } else {
       launch::attention_backward(g.device(), params, sq.get(), sk.get(), sv.get(), smask.get(),
                                  so.get(), lse, bits, grad_out, dq, dk, dv);
@@ -319,18 +319,14 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
     Tensor dq = pack ? whole.select(1, 0) : outputs({T, H, D}, out_dtype);
     Tensor dk = pack ? whole.select(1, 1) : outputs({T, H, D}, out_dtype);
     Tensor dv = pack ? whole.select(1, 2) : outputs({T, H, Dv}, out_dtype);
-    if (rotate) {
-      launch::rope_attention_backward(g.device(), params, table, interleaved, sq.get(), sk.get(),
-                                      sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);
-    } else if (once) {
-      // The gradients of the rotated copies ([H, T, D] memory), rotated back
-      // (the inverse rotation) straight into dq and dk (qkv's parts when packed).
-      const Tensor dq_rot = outputs({H, T, D}, out_dtype), dk_rot = outputs({H, T, D}, out_dtype);
-      launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
-                                        so.get(), lse, bits, grad_out, dq_rot.transpose(0, 1),
-                                        dk_rot.transpose(0, 1), dv);
-      for (const auto& [rot, grad] : {std::pair{dq_rot, dq}, std::pair{dk_rot, dk}})
-        launch::rope(g.device(), rot, table, interleaved, true, grad.transpose(0, 1));
+    if (rotary) {
+      // Rotated once: the kernels read the rotated copies and rotate the
+      // gradients back as they write them (qkv's parts when packed), so dq
+      // and dk are rounded to their dtype once.
+      launch::rope_attention_backward(
+          g.device(), params, table, interleaved,
+          once ? kernels::RopeInputs::rotated : kernels::RopeInputs::unrotated, sq.get(), sk.get(),
+          sv.get(), seg, so.get(), lse, bits, grad_out, dq, dk, dv);
     } else {
       launch::attention_varlen_backward(g.device(), params, sq.get(), sk.get(), sv.get(), seg,
                                         so.get(), lse, bits, grad_out, dq, dk, dv);

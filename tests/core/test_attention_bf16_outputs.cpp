@@ -76,8 +76,9 @@ struct Kernel {
   void backward(const Tensor& out, const Tensor& lse, const Tensor& bits, const Tensor& grad_out,
                 const Tensor& dq, const Tensor& dk, const Tensor& dv) const {
     if (table.defined()) {
-      launch::rope_attention_backward(Device::cpu(), params, table, false, q, k, v,
-                                      mask_or_segments, out, lse, bits, grad_out, dq, dk, dv);
+      launch::rope_attention_backward(Device::cpu(), params, table, false,
+                                      kernels::RopeInputs::unrotated, q, k, v, mask_or_segments,
+                                      out, lse, bits, grad_out, dq, dk, dv);
     } else if (q.dim() == 3) {
       launch::attention_varlen_backward(Device::cpu(), params, q, k, v, mask_or_segments, out, lse,
                                         bits, grad_out, dq, dk, dv);

@@ -207,8 +207,9 @@ TEST(VarlenAttention, Bf16AutocastMatchesThePaddedKernel) {
   EXPECT_FALSE(all_close(packed, plain, 1e-6, 1e-6)) << "autocast had no effect";
 }
 
-// set_rotate_once: q and k rotated once by the rope kernel around the plain
-// attention kernels, in place of the rope_attention kernels, for the packed
+// set_rotate_once: q and k rotated once by the rope kernel before the plain
+// attention kernel, and the rope_attention backward taking the rotated
+// copies, in place of rotating inside both, for the packed
 // op and varlen_rope_attention alike: the same output and qkv gradient (f64,
 // dropout, a token in no segment, both pair layouts), and the setting (on by
 // default) back after its scope.
@@ -221,6 +222,9 @@ TEST(VarlenAttention, RotatingOnceGivesTheRopeInsideResult) {
   const auto fused_calls = [] {
     return kernels::kernel_calls_by_id[size_t(kernels::KernelId::rope_attention_forward)].load();
   };
+  const auto fused_backward_calls = [] {
+    return kernels::kernel_calls_by_id[size_t(kernels::KernelId::rope_attention_backward)].load();
+  };
   for (const RopeLayout layout : {RopeLayout::interleaved, RopeLayout::half}) {
     SCOPED_TRACE(layout == RopeLayout::half ? "half" : "interleaved");
     std::vector<Tensor> outs, grads;
@@ -228,13 +232,17 @@ TEST(VarlenAttention, RotatingOnceGivesTheRopeInsideResult) {
       const RotateOnceScope scope(once);
       const Tensor qkv = random_f64({12, 3 * kH * kD}, 61, -2.0, 2.0).set_requires_grad(true);
       DropoutContext ctx{9, 4, 0};
-      const uint64_t rope_before = rope_calls(), fused_before = fused_calls();
+      const uint64_t rope_before = rope_calls(), fused_before = fused_calls(),
+                     backward_before = fused_backward_calls();
       const Tensor out = varlen_attention_packed(
           qkv, kH, segments, RotaryEmbedding{positions, 100.0, layout}, 0.2, true, ctx, 0.4);
       sum(mul(out, random_f64(out.shape(), 62))).backward();
-      // Rotated once: q and k forward, dq and dk back; else inside the kernel.
-      EXPECT_EQ(rope_calls() - rope_before, once ? 4u : 0u);
+      // Rotated once: the rope kernel rotates q and k forward; else the
+      // forward rotates inside. Back, the rope_attention kernel either way:
+      // it takes the rotated copies and rotates dq and dk back.
+      EXPECT_EQ(rope_calls() - rope_before, once ? 2u : 0u);
       EXPECT_EQ(fused_calls() - fused_before, once ? 0u : 1u);
+      EXPECT_EQ(fused_backward_calls() - backward_before, 1u);
       outs.push_back(out.detach());
       grads.push_back(qkv.grad());
     }

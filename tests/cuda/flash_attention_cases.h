@@ -46,6 +46,11 @@ struct Case {
   // large as it (with q 1 and keys 64 times their tile, up to 192 at S = 200,
   // dq failed its tolerance on the H200 and emulated).
   bool growing_scores = false;
+  // With RoPE: q and k rotated once, as the op does on token streams
+  // (set_rotate_once): the rope kernel's copies, the plain forward on them,
+  // and the rope_attention backward taking them (RopeInputs::rotated), which
+  // rotates dq and dk back as it writes them.
+  bool rotated_inputs = false;
 };
 
 // gtest prints a parameter in test listings; the name says it all (without
@@ -148,6 +153,17 @@ inline Result poisoned_result(const Case& c, const Problem& p, Device device, DT
   return r;
 }
 
+// x [B, H, S, D] or [T, H, D] rotated once by `table` on x's device, as
+// the op rotates q and k (the rope kernel along S, or along T through the
+// [H, T, D] view).
+inline Tensor rotated_once(const Tensor& x, const Tensor& table, bool interleaved,
+                           bool token_stream) {
+  const Tensor along = token_stream ? x.transpose(0, 1) : x;
+  const Tensor out = Tensor::empty(along.shape(), x.dtype(), x.device());
+  launch::rope(x.device(), along, table, interleaved, false, out);
+  return token_stream ? out.transpose(0, 1) : out;
+}
+
 // Forward and backward of the case's kernels on `device` with operands of
 // `dtype` (f32 or f64 on the CPU, bf16 on the GPU); outputs f32 (f64 for
 // f64), poisoned first.
@@ -160,11 +176,22 @@ inline Result run(const Case& c, const Problem& p, Device device, DType dtype) {
   const Tensor table = rope_table_of(c, p, device, result);
   const bool interleaved = c.layout == RopeLayout::interleaved;
   Result r = poisoned_result(c, p, device, result);
-  if (c.rope) {
+  if (c.rope && c.rotated_inputs) {
+    const Tensor rq = rotated_once(q, table, interleaved, c.token_stream);
+    const Tensor rk = rotated_once(k, table, interleaved, c.token_stream);
+    if (c.token_stream)
+      launch::attention_varlen_forward(device, params, rq, rk, v, extra, r.out, r.lse, r.bits);
+    else
+      launch::attention_forward(device, params, rq, rk, v, extra, r.out, r.lse, r.bits);
+    launch::rope_attention_backward(device, params, table, interleaved,
+                                    kernels::RopeInputs::rotated, rq, rk, v, extra, r.out, r.lse,
+                                    r.bits, grad_out, r.dq, r.dk, r.dv);
+  } else if (c.rope) {
     launch::rope_attention_forward(device, params, table, interleaved, q, k, v, extra, r.out, r.lse,
                                    r.bits);
-    launch::rope_attention_backward(device, params, table, interleaved, q, k, v, extra, r.out,
-                                    r.lse, r.bits, grad_out, r.dq, r.dk, r.dv);
+    launch::rope_attention_backward(device, params, table, interleaved,
+                                    kernels::RopeInputs::unrotated, q, k, v, extra, r.out, r.lse,
+                                    r.bits, grad_out, r.dq, r.dk, r.dv);
   } else if (c.token_stream) {
     launch::attention_varlen_forward(device, params, q, k, v, extra, r.out, r.lse, r.bits);
     launch::attention_varlen_backward(device, params, q, k, v, extra, r.out, r.lse, r.bits,
@@ -461,6 +488,18 @@ inline std::vector<Case> cases() {
   }
   // Sequences of whole key tiles: the last one full, reached through the
   // pipelined forward's loop.
+  // q and k rotated once (the op's default on token streams), in the
+  // layout each pair layout's kernels see most.
+  out.push_back({.name = "packed_dropout_rotated_once_half",
+                 .token_stream = true,
+                 .rows = packed,
+                 .dropout = 0.15,
+                 .layout = RopeLayout::half,
+                 .rotated_inputs = true});
+  out.push_back({.name = "masked_rotated_once_interleaved",
+                 .rows = {},
+                 .mask = true,
+                 .rotated_inputs = true});
   out.push_back({.name = "packed_whole_tiles_dropout_half",
                  .token_stream = true,
                  .rows = {{128, 64}, {192}},

@@ -29,22 +29,28 @@ Result run_emulated(const Case& c, const Problem& p) {
   const Tensor q = bf16(p.q), k = bf16(p.k), v = bf16(p.v), grad_out = bf16(p.grad_out);
   const Tensor table = rope_table_of(c, p, cpu, DType::f32);
   const KernelTensor table_k = kernel_tensor(table);
-  const kernels::cuda::FlashRope rope{c.rope ? &table_k : nullptr,
-                                      c.layout == RopeLayout::interleaved};
+  const bool interleaved = c.layout == RopeLayout::interleaved;
+  // Rotated once (Case::rotated_inputs): the forward takes the copies with
+  // no table, the backward the copies and the table to rotate dq, dk back.
+  const bool once = c.rope && c.rotated_inputs;
+  const Tensor qa = once ? rotated_once(q, table, interleaved, c.token_stream) : q;
+  const Tensor ka = once ? rotated_once(k, table, interleaved, c.token_stream) : k;
+  const kernels::cuda::FlashRope forward_rope{c.rope && !once ? &table_k : nullptr, interleaved};
+  const kernels::cuda::FlashRope backward_rope{c.rope ? &table_k : nullptr, interleaved, once};
   const KernelTensor extra = kernel_tensor(p.mask_or_segments);
   const KernelTensor mask = c.token_stream ? KernelTensor{} : extra;
   const KernelTensor segments = c.token_stream ? extra : KernelTensor{};
   Result r = poisoned_result(c, p, cpu, DType::f32);
   const kernels::Stream stream;
-  EXPECT_TRUE(kernels::cuda::simt_flash_supported(kernel_tensor(q), kernel_tensor(k),
+  EXPECT_TRUE(kernels::cuda::simt_flash_supported(kernel_tensor(qa), kernel_tensor(ka),
                                                   kernel_tensor(v), kernel_tensor(grad_out)));
-  kernels::cuda::simt_flash_forward(stream, params, rope, kernel_tensor(q), kernel_tensor(k),
-                                    kernel_tensor(v), mask, segments, kernel_tensor(r.out),
-                                    kernel_tensor(r.lse), kernel_tensor(r.bits));
+  kernels::cuda::simt_flash_forward(
+      stream, params, forward_rope, kernel_tensor(qa), kernel_tensor(ka), kernel_tensor(v), mask,
+      segments, kernel_tensor(r.out), kernel_tensor(r.lse), kernel_tensor(r.bits));
   kernels::cuda::simt_flash_backward(
-      stream, params, rope, kernel_tensor(q), kernel_tensor(k), kernel_tensor(v), mask, segments,
-      kernel_tensor(r.out), kernel_tensor(r.lse), kernel_tensor(r.bits), kernel_tensor(grad_out),
-      kernel_tensor(r.dq), kernel_tensor(r.dk), kernel_tensor(r.dv));
+      stream, params, backward_rope, kernel_tensor(qa), kernel_tensor(ka), kernel_tensor(v), mask,
+      segments, kernel_tensor(r.out), kernel_tensor(r.lse), kernel_tensor(r.bits),
+      kernel_tensor(grad_out), kernel_tensor(r.dq), kernel_tensor(r.dk), kernel_tensor(r.dv));
   return r;
 }
 
@@ -172,6 +178,78 @@ TEST(FlashAttentionEmulatedEdges, AnUnderstatedLongestSegmentWritesNothingOutOfB
     const std::vector<double> got = host(dq);
     for (size_t e = 0; e < size_t(100 * H * 64); ++e) ASSERT_FALSE(std::isnan(got[e])) << e;
   }
+}
+
+// Given q and k rotated once (FlashRope::inputs_rotated, the op's default on
+// token streams), the backward rotates dq and dk back as it writes them, so
+// each is rounded to bf16 once: its bf16 gradients are its f32 ones rounded,
+// bit for bit, under each backward scheme (one split: the last key tile
+// writes dq; three: the adding kernel rotates it; two passes; wgmma). The op
+// before (a bf16 gradient of the rotated copy, then the rope kernel) rounded
+// twice. A forward told its inputs are rotated is refused.
+TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
+  const int64_t T = 300, H = 1;  // one segment of three key tiles
+  const Device cpu = Device::cpu();
+  const Tensor segments = Tensor::from_vector(std::vector<int64_t>{0, T, 0, 0}, {1, 4});
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) positions[size_t(i)] = i;
+  const Tensor table = rope_table(Tensor::from_vector(positions, {T}), 64, 10000.0, DType::f32);
+  const KernelTensor table_k = kernel_tensor(table);
+  auto bf16 = [](const Tensor& t) { return t.to(DType::bf16).contiguous(); };
+  const Tensor q = rotated_once(bf16(bf16_values({T, H, 64}, 1)), table, false, true);
+  const Tensor k = rotated_once(bf16(bf16_values({T, H, 64}, 2)), table, false, true);
+  const Tensor v = bf16(bf16_values({T, H, 64}, 3)), g = bf16(bf16_values({T, H, 64}, 4));
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  params.dropout_p = 0.1;
+  params.dropout = DropoutKey{17, 3, 5, 2};
+  params.longest_segment = T;
+  const Tensor out = Tensor::empty({T, H, 64}, DType::f32, cpu);
+  const Tensor lse = Tensor::empty({T, H}, DType::f32, cpu);
+  const Tensor bits = Tensor::empty({T, H, (T + 31) / 32}, DType::i32, cpu);
+  kernels::cuda::simt_flash_forward(kernels::Stream{}, params, kernels::cuda::FlashRope{},
+                                    kernel_tensor(q), kernel_tensor(k), kernel_tensor(v),
+                                    KernelTensor{}, kernel_tensor(segments), kernel_tensor(out),
+                                    kernel_tensor(lse), kernel_tensor(bits));
+  const kernels::cuda::FlashRope rotated{&table_k, false, true};
+  auto gradients = [&](DType dtype) {
+    std::vector<Tensor> grads;
+    for (int n = 0; n < 3; ++n) grads.push_back(Tensor::full({T, H, 64}, NAN, dtype, cpu));
+    kernels::cuda::simt_flash_backward(
+        kernels::Stream{}, params, rotated, kernel_tensor(q), kernel_tensor(k), kernel_tensor(v),
+        KernelTensor{}, kernel_tensor(segments), kernel_tensor(out), kernel_tensor(lse),
+        kernel_tensor(bits), kernel_tensor(g), kernel_tensor(grads[0]), kernel_tensor(grads[1]),
+        kernel_tensor(grads[2]));
+    return grads;
+  };
+  const FlashSettings schemes[] = {{16, 2, 1, 1, "fused backward, one split"},
+                                   {16, 2, 1, 3, "fused backward, three splits"},
+                                   {16, 2, 2, 0, "two-pass backward"},
+                                   {16, 2, 1, 1, "wgmma fused backward, one split", true, true},
+                                   {16, 2, 1, 3, "wgmma fused backward, three splits", true, true}};
+  for (const FlashSettings& settings : schemes) {
+    SCOPED_TRACE(settings.what);
+    const ScopedFlashSettings scoped(kKnobs, settings);
+    const std::vector<Tensor> wide = gradients(DType::f32), narrow = gradients(DType::bf16);
+    for (size_t n = 0; n < 3; ++n) {
+      SCOPED_TRACE("gradient " + std::to_string(n));
+      const std::vector<float> once = wide[n].to(DType::bf16).to_vector<float>();
+      const std::vector<float> got = narrow[n].to_vector<float>();
+      ASSERT_EQ(got.size(), once.size());
+      size_t differ = 0;
+      for (size_t e = 0; e < got.size(); ++e) differ += got[e] != once[e];
+      EXPECT_EQ(differ, 0u);
+    }
+  }
+  const Tensor unused = Tensor::empty({T, H, 64}, DType::f32, cpu);
+  const std::string msg = testing::error_of([&] {
+    kernels::cuda::simt_flash_forward(kernels::Stream{}, params, rotated, kernel_tensor(q),
+                                      kernel_tensor(k), kernel_tensor(v), KernelTensor{},
+                                      kernel_tensor(segments), kernel_tensor(unused),
+                                      kernel_tensor(lse), kernel_tensor(bits));
+  });
+  EXPECT_NE(msg.find("the forward takes rotated q and k without a RoPE table"), std::string::npos)
+      << msg;
 }
 
 // A RoPE table with fewer rows than q's sequence is refused before any launch.

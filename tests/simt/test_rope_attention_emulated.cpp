@@ -15,11 +15,24 @@ using namespace testing::emulated;
 namespace cpu = kernels::cpu;
 namespace emu = kernels::simt_cuda;
 
+// x rotated by the table on the CPU, as the op's rotate-once path hands q
+// and k to the backward (rope along S, or along T through [H, T, D]).
+Tensor rotated(const Tensor& x, const Tensor& table, bool interleaved) {
+  const bool stream = x.dim() == 3;
+  const Tensor along = stream ? x.transpose(0, 1) : x;
+  const Tensor out = Tensor::empty(along.shape(), x.dtype(), Device::cpu());
+  cpu::rope(cpu_stream(), kernel_tensor(along), kernel_tensor(table), interleaved, false,
+            kernel_tensor(out));
+  return stream ? out.transpose(0, 1) : out;
+}
+
 // q, k, v [B, H, S, D] (padded, mask [B, S]) or [T, H, D] (stream,
-// segments); table [2, S or T, D/2] f32.
+// segments); table [2, S or T, D/2] f32. `inputs` rotated: the backward
+// takes q and k rotated once (the forward the unrotated, RoPE inside).
 AttentionOutputs run(bool emulated, bool interleaved, const Tensor& q, const Tensor& k,
                      const Tensor& v, const Tensor& extra, const Tensor& table,
-                     const Tensor& grad_out, DType out_dtype, int64_t keep_words) {
+                     const Tensor& grad_out, DType out_dtype, int64_t keep_words,
+                     kernels::RopeInputs inputs = kernels::RopeInputs::unrotated) {
   kernels::AttentionParams params;
   params.scale = 0.25;
   params.dropout_p = 0.1;
@@ -38,8 +51,11 @@ AttentionOutputs run(bool emulated, bool interleaved, const Tensor& q, const Ten
   auto kt = [](const Tensor& t) { return kernel_tensor(t); };
   forward(stream, params, kt(table), interleaved, kt(q), kt(k), kt(v), kt(extra), kt(r.out),
           kt(r.lse), kt(r.bits));
-  backward(stream, params, kt(table), interleaved, kt(q), kt(k), kt(v), kt(extra), kt(r.out),
-           kt(r.lse), kt(r.bits), kt(grad_out), kt(r.dq), kt(r.dk), kt(r.dv));
+  const bool once = inputs == kernels::RopeInputs::rotated;
+  const Tensor qa = once ? rotated(q, table, interleaved) : q;
+  const Tensor ka = once ? rotated(k, table, interleaved) : k;
+  backward(stream, params, kt(table), interleaved, inputs, kt(qa), kt(ka), kt(v), kt(extra),
+           kt(r.out), kt(r.lse), kt(r.bits), kt(grad_out), kt(r.dq), kt(r.dk), kt(r.dv));
   return r;
 }
 
@@ -100,6 +116,54 @@ TEST(RopeAttentionEmulated, TokenStreamComposedMatchesTheCpu) {
     expect_attention_match(run(true, interleaved, q, k, v, segments, table, g, DType::f32, 2),
                            run(false, interleaved, q, k, v, segments, table, g, DType::f32, 2),
                            1e-5, 1e-5);
+  }
+}
+
+// The backward given q and k rotated once (RopeInputs::rotated, the op's
+// default on token streams) gives the gradients of the unrotated q and k:
+// on the CPU and through the emulated composed path (f32, head dim 24) as
+// the backward that rotates them itself, and through the emulated
+// tensor-core kernel (bf16, head dim 64) within its tolerances of the CPU.
+TEST(RopeAttentionEmulated, RotatedInputsGiveTheGradientsOfTheUnrotated) {
+  const auto rotated_inputs = kernels::RopeInputs::rotated;
+  const int64_t B = 2, H = 2, S = 40;
+  std::vector<int32_t> m(static_cast<size_t>(B * S), 1);
+  for (int64_t j = 30; j < S; ++j) m[size_t(S + j)] = 0;
+  const Tensor mask = Tensor::from_vector(m, {B, S});
+  // The stream: every token in a segment (the tensor-core kernel leaves the
+  // others to the op's zero fill), the longest 40.
+  const int64_t T = 60;
+  const Tensor segments =
+      Tensor::from_vector(std::vector<int64_t>{0, 40, 0, 0, 40, 20, 1, 2}, {2, 4});
+  for (const bool stream : {false, true}) {
+    for (const int64_t D : {24, 64}) {
+      for (const bool interleaved : {false, true}) {
+        SCOPED_TRACE(std::string(stream ? "stream" : "padded") + ", head dim " + std::to_string(D) +
+                     (interleaved ? ", interleaved" : ", halves"));
+        const Shape shape = stream ? Shape{T, H, D} : Shape{B, H, S, D};
+        const Tensor q = random(shape, 11, DType::bf16).to(DType::f32);
+        const Tensor k = random(shape, 12, DType::bf16).to(DType::f32);
+        const Tensor v = random(shape, 13, DType::bf16).to(DType::f32);
+        const Tensor g = random(shape, 14, DType::bf16).to(DType::f32);
+        const Tensor extra = stream ? segments : mask;
+        const Tensor table = table_for(stream ? T : S, D);
+        const AttentionOutputs ref =
+            run(false, interleaved, q, k, v, extra, table, g, DType::f32, 2);
+        expect_attention_match(
+            run(false, interleaved, q, k, v, extra, table, g, DType::f32, 2, rotated_inputs), ref,
+            1e-5, 1e-5);
+        if (D == 64) {
+          auto b = [](const Tensor& t) { return t.to(DType::bf16); };
+          expect_attention_match(run(true, interleaved, b(q), b(k), b(v), extra, table, b(g),
+                                     DType::f32, 2, rotated_inputs),
+                                 ref, 2e-2, 5e-3);
+        } else {
+          expect_attention_match(
+              run(true, interleaved, q, k, v, extra, table, g, DType::f32, 2, rotated_inputs), ref,
+              1e-5, 1e-5);
+        }
+      }
+    }
   }
 }
 

@@ -185,6 +185,8 @@ void flash_forward(Stream stream, const AttentionParams& params, const FlashRope
   RF_CHECK(flash_supported(q, k, v), "flash attention: operands not supported");
   RF_CHECK(out.dtype == DType::f32 || out.dtype == DType::bf16,
            "flash attention: out must be f32 or bf16");
+  RF_CHECK(!rope.inputs_rotated,
+           "flash attention: the forward takes rotated q and k without a RoPE table");
   if (forward_wgmma.load(std::memory_order_relaxed) && flash_wgmma_available(stream.device_index)) {
     flash_forward_wgmma(stream, params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
     return;

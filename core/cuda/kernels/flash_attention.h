@@ -10,10 +10,13 @@ namespace roformer::kernels::cuda {
 
 // RoPE applied while tiles load: table [2, P, D/2] f32 (cos, sin) of the
 // positions of q's sequence dimension (padded) or of its tokens (token
-// stream). table == nullptr: q and k are used as they are.
+// stream). table == nullptr: q and k are used as they are. inputs_rotated
+// (the backward only): q and k are the rotated copies the forward attended
+// with, so only the gradients are rotated back, as they are written.
 struct FlashRope {
   const KernelTensor* table = nullptr;
   bool interleaved = true;
+  bool inputs_rotated = false;
 };
 
 // True when the tensor-core path takes these operands: bf16, head dim 64 for

@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;
-  const bool rope = a.table != nullptr;
+  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
     streams[kK] = row_stream<const bf16_t>(a.k, r);
@@ -156,9 +157,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   __syncthreads();
   // K and V tiles by cp.async into two buffers, as in the forward.
   const StreamedPair<kThreadsPerBlock> kv{sK, sV, streams[kK], streams[kV],
-                                          rope ? sAngles : nullptr};
+                                          rotate_loads ? sAngles : nullptr};
   kv.fetch(0, r, 0, r.Lk, a);
-  load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rope);
+  load_tile<kRowsPerBlock>(sQ, a.q, r, i0, r.Lq, a, rotate_loads);
   load_tile<kRowsPerBlock>(sO, a.grad_out, r, i0, r.Lq, a, false);
   __syncthreads();
   // One 16-row tile per warp; with two blocks an SM the fragments are read
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   }
   cp_async_wait<0>();  // a guard, as in the forward: nothing is in flight here
   const float one[2] = {1.0f, 1.0f};
-  store_rows(dq[0], a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rope, g, t);
+  store_rows(dq[0], a.dq, a.grad_dtype, r, row0, r.Lq, one, a, rotate_grads, g, t);
 }
 
 // --- the key-tile kernel: dk, dv (and, fused, dq) ------------------------------------------
@@ -258,7 +259,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   bf16_t* sV2 = sK2 + kRowsPerBlock * kLd;
   float* sAngles = kDq ? reinterpret_cast<float*>(sV2 + kRowsPerBlock * kLd) : rows.end();
   const Block r = block_of(a, tiles);
-  const bool rope = a.table != nullptr;
+  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int wm = warp & 3, wn = warp >> 2;  // dQ's warp layout: rows 16 wm, column tiles wn + 2 n
   const auto dq_tile_of = [wn](int n) { return wn + 2 * n; };
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   if (threadIdx.x == 0) fill_key_tile_streams<kDropout>(streams, a, r, slice);
   __syncthreads();
   const StreamedPair<kThreadsPerBlock> qo{sQ, sO, streams[kStreamQ], streams[kStreamO],
-                                          rope ? sAngles : nullptr};
+                                          rotate_loads ? sAngles : nullptr};
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
@@ -320,7 +322,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       qo.arrive(buffer, r, i0, r.Lq, a);
       // This key tile's K and V have landed (at this wait, or earlier when
       // they came early): this thread rotates the K chunks it copied.
-      if (i0 == 0 && rope)
+      if (i0 == 0 && rotate_loads)
         rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock>(k_tile, r, j0, r.Lk, a);
       rows.prepare(buffer, a.scale);
       const float* sLse2 = rows.lse(buffer);       // log2 units, +inf for rows with no key
@@ -390,7 +392,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         const float one[2] = {1.0f, 1.0f};
         if (dq_final)
           store_row_tiles(acc, dq_tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, i0 + wm * 16,
-                          r.Lq, one, a, rope, g, t);
+                          r.Lq, one, a, rotate_grads, g, t);
         else if (sums_kept)
           store_row_tiles(acc, dq_tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r,
                           i0 + wm * 16, r.Lq, one, a, false, g, t);
@@ -398,7 +400,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       __syncthreads();  // this buffer's, the row data's (and sDs's) readers are done
     }
     const float one[2] = {1.0f, 1.0f};
-    store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
+    store_rows(dk[0], a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rotate_grads, g, t);
     const float dv_scale[2] = {dropout_gain<kDropout>(a), dropout_gain<kDropout>(a)};
     store_rows(dv[0], a.dv, a.grad_dtype, r, key0, r.Lk, dv_scale, a, false, g, t);
     if constexpr (kDq) {  // the early copies' buffers hold the next key tile

@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   const QueryRowData rows{sDq + kInnerTile * kAccLd};  // two buffers
   float* sAngles = rows.end();
   const Block r = block_of(a, tiles);
-  const bool rope = a.table != nullptr;
+  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int group = warp / 4;  // the warpgroup: keys 64 group... of the block's 128
   const Operand slice = split_slice(partials, r);
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   if (threadIdx.x == 0) fill_key_tile_streams<kDropout>(streams, a, r, slice);
   __syncthreads();
   const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{
-      sQ, sO, streams[kStreamQ], streams[kStreamO], rope ? sAngles : nullptr};
+      sQ, sO, streams[kStreamQ], streams[kStreamO], rotate_loads ? sAngles : nullptr};
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
                                                                        j_next, r.Lk);
       }
       qo.arrive(buffer, r, i0, r.Lq, a);
-      if (i0 == 0 && rope)
+      if (i0 == 0 && rotate_loads)
         rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
                                                                                   r.Lk, a);
       rows.prepare(buffer, a.scale);
@@ -211,14 +212,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       const auto tile_of = [group, kept_tile](int n) { return kept_tile(n, group); };
       if (dq_final)
         store_row_tiles(kept, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one, a,
-                        rope, g, t);
+                        rotate_grads, g, t);
       else if (sums_kept)
         store_row_tiles(kept, tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r, q0, r.Lq,
                         one, a, false, g, t);
       __syncthreads();  // this buffer's, the row data's and sDs's readers are done
     }
     const float one[2] = {1.0f, 1.0f};
-    store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rope, g, t);
+    store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rotate_grads, g, t);
     const float dv_scale[2] = {dropout_gain<kDropout>(a), dropout_gain<kDropout>(a)};
     store_rows(dv, a.dv, a.grad_dtype, r, key0, r.Lk, dv_scale, a, false, g, t);
     bf16_t* const k_done = k_tile;  // the early copies' buffers hold the next key tile

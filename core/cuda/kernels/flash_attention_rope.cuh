@@ -184,10 +184,11 @@ __device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Bloc
 // Floats of shared memory a StreamedPair's angle slots take (two buffers).
 constexpr size_t kAngleFloats = size_t(2) * kInnerTile * 4 * kAngleSlot;
 
-// Shared bytes of the streamed tiles' RoPE angles: none without a table.
+// Shared bytes of the streamed tiles' RoPE angles: none unless tiles are
+// rotated as they load (the gradients' rotation reads the table).
 constexpr size_t kAngleBytes = kAngleFloats * sizeof(float);
 inline size_t angle_bytes(const FlashArgs& a) {
-  return a.table ? kAngleBytes : 0;
+  return a.table && a.rotate_loads ? kAngleBytes : 0;
 }
 
 }  // namespace

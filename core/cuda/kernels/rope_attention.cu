@@ -1,7 +1,9 @@
 // Attention with RoPE inside on CUDA: the tensor-core kernel rotates Q and K
-// tiles as it loads them (flash_attention.cu) when it takes the operands
-// (bf16, head dim 64); otherwise the rope and attention kernels composed, as
-// on the CPU (core/kernels/rope_attention_composite.h).
+// tiles as it loads them (flash_attention.cu), or takes them rotated
+// (RopeInputs::rotated), and rotates the gradients back as it writes them,
+// when it takes the operands (bf16, head dim 64); otherwise the rope and
+// attention kernels composed, as on the CPU
+// (core/kernels/rope_attention_composite.h).
 #include <memory>
 
 #include "core/cuda/kernels/common.cuh"
@@ -28,8 +30,9 @@ bool fused(const KernelTensor& table, const KernelTensor& q, const KernelTensor&
 }
 
 // The fused kernel's rotation argument.
-FlashRope rope_of(const KernelTensor& table, bool interleaved) {
-  return FlashRope{&table, interleaved};
+FlashRope rope_of(const KernelTensor& table, bool interleaved,
+                  RopeInputs inputs = RopeInputs::unrotated) {
+  return FlashRope{&table, interleaved, inputs == RopeInputs::rotated};
 }
 
 }  // namespace
@@ -55,8 +58,8 @@ void rope_attention_forward(Stream stream, const AttentionParams& params, const 
 }
 
 void rope_attention_backward(Stream stream, const AttentionParams& params,
-                             const KernelTensor& table, bool interleaved, const KernelTensor& q,
-                             const KernelTensor& k, const KernelTensor& v,
+                             const KernelTensor& table, bool interleaved, RopeInputs inputs,
+                             const KernelTensor& q, const KernelTensor& k, const KernelTensor& v,
                              const KernelTensor& mask_or_segments, const KernelTensor& out,
                              const KernelTensor& lse, const KernelTensor& keep_bits,
                              const KernelTensor& grad_out, const KernelTensor& grad_q,
@@ -65,7 +68,7 @@ void rope_attention_backward(Stream stream, const AttentionParams& params,
                                   grad_k, grad_v);
   if (fused(table, q, k, v) && flash_supported(q, k, v, grad_out)) {
     const bool token_stream = q.ndim == 3;
-    flash_backward(stream, params, rope_of(table, interleaved), q, k, v,
+    flash_backward(stream, params, rope_of(table, interleaved, inputs), q, k, v,
                    token_stream ? KernelTensor{} : mask_or_segments,
                    token_stream ? mask_or_segments : KernelTensor{}, out, lse, keep_bits, grad_out,
                    grad_q, grad_k, grad_v);
@@ -74,8 +77,9 @@ void rope_attention_backward(Stream stream, const AttentionParams& params,
   auto alloc = [&](size_t bytes) {
     return StreamScratch{std::make_unique<Scratch>(stream, bytes > 0 ? bytes : 1)};
   };
-  rope_composite::backward(cuda_kernel_table, stream, alloc, params, table, interleaved, q, k, v,
-                           mask_or_segments, out, lse, keep_bits, grad_out, grad_q, grad_k, grad_v);
+  rope_composite::backward(cuda_kernel_table, stream, alloc, params, table, interleaved, inputs, q,
+                           k, v, mask_or_segments, out, lse, keep_bits, grad_out, grad_q, grad_k,
+                           grad_v);
 }
 
 }  // namespace roformer::kernels::cuda
