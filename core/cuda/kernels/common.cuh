@@ -228,25 +228,20 @@ __device__ RowMaxSumExp<A> row_max_sum_exp(const T* row, int64_t cols, A* shared
 }
 
 // Device memory for one kernel call's temporaries, ordered on its stream:
-// freed at the end of the call, the block is reused only by later work there.
+// freed at the end of the call, the block is reused only by later work there
+// (StreamMemory owns it). Never null: a request of 0 bytes takes 1 (cub
+// reads a null temporary as a question about its size).
 class Scratch {
  public:
   Scratch(const Stream& stream, size_t nbytes)
-      : allocator_(&::roformer::cuda::caching_allocator(stream.device_index)), nbytes_(nbytes) {
-    ptr_ = allocator_->allocate_on(nbytes, native(stream));
-  }
-  ~Scratch() { allocator_->deallocate(ptr_, nbytes_); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+      : memory_(stream.device_index, native(stream), nbytes > 0 ? nbytes : 1) {}
   template <class T>
   T* as() const {
-    return static_cast<T*>(ptr_);
+    return static_cast<T*>(memory_.get());
   }
 
  private:
-  ::roformer::cuda::CachingAllocator* allocator_;
-  size_t nbytes_;
-  void* ptr_ = nullptr;
+  ::roformer::cuda::StreamMemory memory_;
 };
 
 // A contiguous KernelTensor over memory of `dtype` with `t`'s sizes.
