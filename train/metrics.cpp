@@ -31,18 +31,19 @@ MetricsLog::~MetricsLog() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsLog::write(const nlohmann::json& record) {
-  if (!write_error_.empty()) return;
-  if (before_write_) {
-    try {
-      before_write_();
-    } catch (const Error& e) {
-      write_error_ = e.what();
-      if (!defer_errors_) throw Error(std::exchange(write_error_, {}));
-      return;
-    }
+void MetricsLog::run_before_write() {
+  if (!write_error_.empty() || !before_write_) return;
+  try {
+    before_write_();
+  } catch (const Error& e) {
+    write_error_ = e.what();
+    if (!defer_errors_) throw Error(std::exchange(write_error_, {}));
   }
-  if (!file_) return;
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  run_before_write();
+  if (!write_error_.empty() || !file_) return;
   const std::string line = record.dump() + "\n";
   const long before = std::ftell(file_);
   errno = 0;

@@ -42,11 +42,10 @@ class MetricsLog {
   // algorithm table there); an Error it throws fails the write as a full
   // disk would, and the record is not written.
   void set_before_write(std::function<void()> hook) { before_write_ = std::move(hook); }
-  // A file the run keeps beside its log could not be written: handled as a
-  // failed write (the first failure is kept).
-  void note_write_error(const std::string& why) {
-    if (write_error_.empty()) write_error_ = why;
-  }
+  // Runs that hook now, as a record would (the trainer, before a step's
+  // statistics are reduced over the ranks), its failure handled as a
+  // write's; nothing after a failed write.
+  void run_before_write();
   // Redraws the progress line (no-op without a terminal).
   void progress(const std::string& line);
   // Ends the progress line before a normal log line is printed.

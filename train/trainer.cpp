@@ -376,14 +376,10 @@ TrainerResult Trainer::run() {
         }
         std::vector<int64_t> n = {step.correct, step.tokens, step.slots, nonfinite_here ? 1 : 0};
         if (reducer) reducer->append_gradient_flags(n);
-        // The products this rank timed in the step, saved before any rank
-        // can log the step (the reduction waits for every rank); a failure
-        // stops the run as a failed log write does, after a checkpoint.
-        try {
-          gemm_algorithms.save_if_changed();
-        } catch (const Error& e) {
-          metrics.note_write_error(e.what());
-        }
+        // The products this rank timed in the step, saved (the hook) before
+        // any rank can log the step (the reduction waits for every rank); a
+        // failure stops the run as a failed log write does, after a checkpoint.
+        metrics.run_before_write();
         comm.all_reduce_sum(std::span<double>(d));
         comm.all_reduce_sum(std::span<int64_t>(n));
         if (reducer) reducer->adopt_gradients(std::span<const int64_t>(n).subspan(4));

@@ -244,13 +244,25 @@ TEST(Metrics, TheBeforeWriteHookRunsFirstAndItsFailureIsAWriteError) {
   EXPECT_EQ(lines, 2);
   std::filesystem::remove(path);
 
-  MetricsLog other_rank("", false, false);  // writes no file
+  // Run on its own (the trainer, before a step's reduction): on a rank that
+  // writes no file too, its failure kept as a write's, and nothing after it.
+  MetricsLog other_rank("", false, false);
   int calls = 0;
-  other_rank.set_before_write([&] { ++calls; });
+  other_rank.set_before_write([&] {
+    if (++calls == 3) throw Error("cannot write 'y'");
+  });
   other_rank.write({{"step", 1}});
-  EXPECT_EQ(calls, 1);
-  other_rank.note_write_error("cannot write 'y'");
+  other_rank.run_before_write();
+  EXPECT_EQ(calls, 2);
+  EXPECT_THROW(other_rank.run_before_write(), Error);  // not deferred: thrown
+  EXPECT_TRUE(other_rank.write_error().empty());
+  other_rank.set_defer_write_errors(true);
+  calls = 2;
+  other_rank.run_before_write();
   EXPECT_EQ(other_rank.write_error(), "cannot write 'y'");
+  other_rank.run_before_write();
+  other_rank.write({{"step", 2}});
+  EXPECT_EQ(calls, 3);
 }
 
 TEST(ConfigBounds, HugeIntegersAreRefusedNotOverflowed) {
