@@ -249,6 +249,11 @@ def search_batch(runner, s, args, start, upwards, trials):
         if not trials[-1]["fits"]:
             break
         b *= 2
+    # Stopped by --max-tokens alone: the cap's own batch too, as mlm_step_bench does.
+    if upwards and b < cap and trials[-1]["fits"] and trials[-1]["step_s"] <= args.max_step_s:
+        trials.append(try_batch(runner, cap, s))
+        if trials[-1]["fits"]:
+            b = cap
     return b
 
 

@@ -22,7 +22,8 @@
 // tokens' worth) until a step runs out of device memory (the caching
 // allocator's error), would pass --max-tokens, or takes longer than
 // --max-step-s (throughput is flat by then, and the device call stays short),
-// and keeps the last size that fitted; a start that does not fit halves
+// and keeps the last size that fitted, or --max-tokens' own batch where that
+// cap alone stopped it and that batch fits; a start that does not fit halves
 // instead. --memory-cap-mb counts a step whose peak reserved memory passes the
 // cap as not fitting, so the search is tested on the CPU. --f32-if-refused
 // measures f32 where the device refuses bf16 (run.precision's own check), so
@@ -352,6 +353,14 @@ int64_t search_batch(Bench& bench, Device device, int64_t S, const Options& opt,
     trials.push_back(try_batch(bench, device, b * 2, S, opt));
     if (!trials.back().fits) break;
     b *= 2;
+  }
+  // Stopped by --max-tokens alone, the last doubling can leave up to half of
+  // it unused (seq 1536: 80 rows where 85 make the 131,072 tokens of 512 x
+  // 256): the cap's own batch is tried too, so every length runs as many
+  // tokens a step where memory allows.
+  if (b < cap && trials.back().fits && trials.back().step_s <= opt.max_step_s) {
+    trials.push_back(try_batch(bench, device, cap, S, opt));
+    if (trials.back().fits) b = cap;
   }
   return b;
 }
