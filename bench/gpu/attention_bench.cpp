@@ -198,6 +198,12 @@ void bench(int64_t S, Device device) {
       launch::rope_attention_forward(device, p, table, true, q, k, v, none, out, lse, bits);
     });
   };
+  auto once_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
+    return time_ms(device, [&] {
+      launch::rope_attention_backward(device, p, table, true, kernels::RopeInputs::rotated, q, k, v,
+                                      none, out, lse, bits, grad_out, dq, dk, dv);
+    });
+  };
   auto fused_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
     return time_ms(device, [&] {
       launch::rope_attention_backward(device, p, table, true, kernels::RopeInputs::unrotated, q, k,
@@ -258,11 +264,14 @@ void bench(int64_t S, Device device) {
     print("ours-fused-wgmma", S, B, fused_f, fused_b);
     const double dropout_f = fused_fwd(dropped, keep), dropout_b = fused_bwd(dropped, keep);
     print("ours-fused-dropout-wgmma", S, B, dropout_f, dropout_b);
-    // The plain kernels with dropout: the training step's attention when q
-    // and k are rotated once (set_rotate_once, the default).
+    // The plain kernels with dropout: the training step's forward when q
+    // and k are rotated once (set_rotate_once, the default); its backward is
+    // the next row's, the same kernel rotating dq and dk back as it writes
+    // them (q and k standing for the rotated copies).
     const double plain_dropout_f = plain_fwd(dropped, keep),
                  plain_dropout_b = plain_bwd(dropped, keep);
     print("ours-plain-dropout-wgmma", S, B, plain_dropout_f, plain_dropout_b);
+    print("ours-once-dropout-wgmma", S, B, plain_dropout_f, once_bwd(dropped, keep));
     // The backward at the first split rule's count (flash_backward_splits.h),
     // beside the default's above (the forward is the same kernel).
     {

@@ -129,6 +129,14 @@ table() {
         }
         if (line != "") printf "splits default / legacy S=%s (%s), backward:%s\n", lengths[j], split_line[lengths[j]], line
       }
+      # The backward of the step since session 22 (q and k rotated once, the
+      # kernel rotating dq and dk back as it writes them) over the plain
+      # backward: what the rotation at the stores costs.
+      for (j = 1; j <= m; ++j) {
+        a = "ours-plain-dropout-wgmma" SUBSEP lengths[j]; w = "ours-once-dropout-wgmma" SUBSEP lengths[j]
+        if (!(a in bwd) || !(w in bwd) || bwd[w] == "n/a" || bwd[a] + 0 <= 0) continue
+        printf "rotated once / plain S=%s (dropout), backward: %.2fx\n", lengths[j], bwd[w] / bwd[a]
+      }
     }'
 }
 

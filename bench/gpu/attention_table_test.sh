@@ -3,8 +3,9 @@
 # table (a length a row lacks shows "-", an unavailable one "n/a"), issue
 # 14's targets judged on our best row at S >= 1536, and the wgmma kernels'
 # speed over mma.sync's on the model's path (ours-fused) at each length both
-# were measured, the pipelined wgmma forward's over the in-step one, and
-# the backward at the default split count over the first rule's.
+# were measured, the pipelined wgmma forward's over the in-step one, the
+# backward at the default split count over the first rule's, and the
+# rotated-once backward's over the plain one.
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/attention_table.sh
 fail() { echo "attention_table_test: $*" >&2; exit 1; }
@@ -18,6 +19,7 @@ attention impl=ours-fused-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 
 attention impl=ours-fused-dropout-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=95.0 bwd_tflops=90.0
 attention impl=ours-plain-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=160.0 bwd_tflops=90.0
 attention impl=ours-plain-dropout-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=164.0 bwd_tflops=90.0
+attention impl=ours-once-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=160.0 bwd_tflops=88.2
 attention impl=cudnn-plain S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=404.2 bwd_tflops=341.1
 attention splits S=4096 legacy=3 default=4
 attention impl=ours-plain-wgmma S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=350.0 bwd_tflops=250.0
@@ -38,4 +40,7 @@ grep -qx 'pipelined / in step S=1536, forward: ours-fused-wgmma 1.10x, ours-fuse
 grep -qx 'splits default / legacy S=4096 (legacy 3, default 4), backward: ours-plain-wgmma 1.25x' \
   <<< "$out" || fail "the split counts and their ratio"
 ! grep -q 'splits default / legacy S=1536' <<< "$out" || fail "a split ratio where none was measured"
+grep -qx 'rotated once / plain S=1536 (dropout), backward: 0.98x' <<< "$out" ||
+  fail "the rotated-once backward over the plain one"
+! grep -q 'rotated once / plain S=4096' <<< "$out" || fail "a rotated-once ratio where none was measured"
 echo "attention_table_test: ok"

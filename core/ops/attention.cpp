@@ -241,7 +241,8 @@ Tensor rotated_copy(Device device, const Tensor& x, const Tensor& table, bool in
 
 // varlen_attention(), varlen_rope_attention() and varlen_attention_packed():
 // one node, RoPE inside when `rotary` (by the attention kernels, or by
-// rotated copies around them: rotate_once()). With `packed` (qkv [T, 3 * H * D]),
+// rotated copies the forward attends with and the backward kernel reads,
+// rotating dq and dk back as it writes them: rotate_once()). With `packed` (qkv [T, 3 * H * D]),
 // q, k and v are its three parts and the node's one input, whose gradient
 // the kernels write part by part.
 Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -319,7 +320,7 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
     Tensor dq = pack ? whole.select(1, 0) : outputs({T, H, D}, out_dtype);
     Tensor dk = pack ? whole.select(1, 1) : outputs({T, H, D}, out_dtype);
     Tensor dv = pack ? whole.select(1, 2) : outputs({T, H, Dv}, out_dtype);
-    if (rotary) {
+    if (once || rotate) {
       // Rotated once: the kernels read the rotated copies and rotate the
       // gradients back as they write them (qkv's parts when packed), so dq
       // and dk are rounded to their dtype once.

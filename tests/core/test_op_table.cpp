@@ -497,10 +497,10 @@ std::vector<OpCase> make_table() {
                       "the device kernels of head dim 64 with q, k, v and their gradients strided",
   });
 
-  // RoPE by rotated copies around the plain kernels (set_rotate_once): the
-  // same function, its gradients through the inverse rotation and the copy
-  // into qkv's parts; with a token in no segment, half pairs and dropout, and
-  // at head dim 64 for the device kernels.
+  // RoPE by rotated copies (set_rotate_once): the plain forward on them, the
+  // backward kernel reading them and rotating dq and dk back into qkv's
+  // parts; the same function, with a token in no segment, half pairs and
+  // dropout, and at head dim 64 for the device kernels.
   t.push_back({
       .op = "varlen_attention_packed",
       .name = "varlen_attention_packed_rope_rotated_once",

@@ -486,20 +486,21 @@ inline std::vector<Case> cases() {
                    .dropout = 0.15,
                    .layout = layout});
   }
-  // Sequences of whole key tiles: the last one full, reached through the
-  // pipelined forward's loop.
-  // q and k rotated once (the op's default on token streams), in the
-  // layout each pair layout's kernels see most.
-  out.push_back({.name = "packed_dropout_rotated_once_half",
+  // q and k rotated once: a token stream with dropout in the interleaved
+  // layout (the model's training step: set_rotate_once, the default), and a
+  // padded batch in the half layout.
+  out.push_back({.name = "packed_dropout_rotated_once_interleaved",
                  .token_stream = true,
                  .rows = packed,
                  .dropout = 0.15,
-                 .layout = RopeLayout::half,
                  .rotated_inputs = true});
-  out.push_back({.name = "masked_rotated_once_interleaved",
+  out.push_back({.name = "masked_rotated_once_half",
                  .rows = {},
                  .mask = true,
+                 .layout = RopeLayout::half,
                  .rotated_inputs = true});
+  // Sequences of whole key tiles: the last one full, reached through the
+  // pipelined forward's loop.
   out.push_back({.name = "packed_whole_tiles_dropout_half",
                  .token_stream = true,
                  .rows = {{128, 64}, {192}},

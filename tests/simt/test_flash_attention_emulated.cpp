@@ -186,7 +186,9 @@ TEST(FlashAttentionEmulatedEdges, AnUnderstatedLongestSegmentWritesNothingOutOfB
 // bit for bit, under each backward scheme (one split: the last key tile
 // writes dq; three: the adding kernel rotates it; two passes; wgmma). The op
 // before (a bf16 gradient of the rotated copy, then the rope kernel) rounded
-// twice. A forward told its inputs are rotated is refused.
+// twice. And its f32 gradients are those of the kernel rotating the
+// unrotated q and k as they load, to f32 rounding (a rotation left out or
+// done twice fails that). A forward told its inputs are rotated is refused.
 TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
   const int64_t T = 300, H = 1;  // one segment of three key tiles
   const Device cpu = Device::cpu();
@@ -196,8 +198,9 @@ TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
   const Tensor table = rope_table(Tensor::from_vector(positions, {T}), 64, 10000.0, DType::f32);
   const KernelTensor table_k = kernel_tensor(table);
   auto bf16 = [](const Tensor& t) { return t.to(DType::bf16).contiguous(); };
-  const Tensor q = rotated_once(bf16(bf16_values({T, H, 64}, 1)), table, false, true);
-  const Tensor k = rotated_once(bf16(bf16_values({T, H, 64}, 2)), table, false, true);
+  const Tensor q0 = bf16(bf16_values({T, H, 64}, 1)), k0 = bf16(bf16_values({T, H, 64}, 2));
+  const Tensor q = rotated_once(q0, table, false, true);
+  const Tensor k = rotated_once(k0, table, false, true);
   const Tensor v = bf16(bf16_values({T, H, 64}, 3)), g = bf16(bf16_values({T, H, 64}, 4));
   kernels::AttentionParams params;
   params.scale = 0.125;
@@ -211,15 +214,15 @@ TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
                                     kernel_tensor(q), kernel_tensor(k), kernel_tensor(v),
                                     KernelTensor{}, kernel_tensor(segments), kernel_tensor(out),
                                     kernel_tensor(lse), kernel_tensor(bits));
-  const kernels::cuda::FlashRope rotated{&table_k, false, true};
-  auto gradients = [&](DType dtype) {
+  const kernels::cuda::FlashRope rotated{&table_k, false, true}, inside{&table_k, false};
+  auto gradients = [&](DType dtype, bool once) {
     std::vector<Tensor> grads;
     for (int n = 0; n < 3; ++n) grads.push_back(Tensor::full({T, H, 64}, NAN, dtype, cpu));
     kernels::cuda::simt_flash_backward(
-        kernels::Stream{}, params, rotated, kernel_tensor(q), kernel_tensor(k), kernel_tensor(v),
-        KernelTensor{}, kernel_tensor(segments), kernel_tensor(out), kernel_tensor(lse),
-        kernel_tensor(bits), kernel_tensor(g), kernel_tensor(grads[0]), kernel_tensor(grads[1]),
-        kernel_tensor(grads[2]));
+        kernels::Stream{}, params, once ? rotated : inside, kernel_tensor(once ? q : q0),
+        kernel_tensor(once ? k : k0), kernel_tensor(v), KernelTensor{}, kernel_tensor(segments),
+        kernel_tensor(out), kernel_tensor(lse), kernel_tensor(bits), kernel_tensor(g),
+        kernel_tensor(grads[0]), kernel_tensor(grads[1]), kernel_tensor(grads[2]));
     return grads;
   };
   const FlashSettings schemes[] = {{16, 2, 1, 1, "fused backward, one split"},
@@ -230,7 +233,9 @@ TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
   for (const FlashSettings& settings : schemes) {
     SCOPED_TRACE(settings.what);
     const ScopedFlashSettings scoped(kKnobs, settings);
-    const std::vector<Tensor> wide = gradients(DType::f32), narrow = gradients(DType::bf16);
+    const std::vector<Tensor> wide = gradients(DType::f32, true),
+                              narrow = gradients(DType::bf16, true),
+                              loaded = gradients(DType::f32, false);
     for (size_t n = 0; n < 3; ++n) {
       SCOPED_TRACE("gradient " + std::to_string(n));
       const std::vector<float> once = wide[n].to(DType::bf16).to_vector<float>();
@@ -239,6 +244,14 @@ TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
       size_t differ = 0;
       for (size_t e = 0; e < got.size(); ++e) differ += got[e] != once[e];
       EXPECT_EQ(differ, 0u);
+      const std::vector<float> a = wide[n].to_vector<float>(), b = loaded[n].to_vector<float>();
+      double err = 0, scale = 0;
+      for (size_t e = 0; e < a.size(); ++e) {
+        err = std::max(err, double(std::abs(a[e] - b[e])));
+        scale = std::max(scale, double(std::abs(b[e])));
+      }
+      EXPECT_GT(scale, 0.0);
+      EXPECT_LT(err, 1e-4 * scale) << "the rotated-once gradient against RoPE inside";
     }
   }
   const Tensor unused = Tensor::empty({T, H, 64}, DType::f32, cpu);

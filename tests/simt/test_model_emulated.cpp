@@ -113,7 +113,7 @@ struct Case {
   bool stream, bf16;
   int64_t head_dim = 64;
   const char* hidden_act = "gelu";
-  bool rotate_once = false;  // set_rotate_once: rope kernels around the plain attention
+  bool rotate_once = false;  // set_rotate_once: q and k rotated by the rope kernel once
 };
 
 class ModelEmulated : public ::testing::TestWithParam<Case> {};
@@ -155,7 +155,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // The tanh GELU: the FFN's products with GELU epilogues, bf16 inside.
                       Case{"stream_bf16_gelu_new", AttentionKernel::kFusedRope, true, true, 64,
                            "gelu_new"},
-                      // q and k rotated once by the rope kernel around the plain kernels.
+                      // q and k rotated once by the rope kernel: the plain forward on
+                      // the copies, the backward rotating dq and dk back as it writes.
                       Case{"stream_bf16_rotated_once", AttentionKernel::kFusedRope, true, true, 64,
                            "gelu", true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });

@@ -40,8 +40,8 @@ struct FlashArgs {
   bool interleaved = true;
   // With a table: Q and K rotated as their tiles load (RoPE inside), or, when
   // false, taken as given (rotated copies); the gradients dq and dk are
-  // rotated back as they are written either way.
-  bool rotate_loads = false;
+  // rotated back as they are written either way. No effect without a table.
+  bool rotate_loads = true;
   float scale = 1.0f, scale_log2 = kLog2e;
   DropoutRule drop;
   float inv_keep = 1.0f;
