@@ -23,7 +23,10 @@ namespace roformer::kernels::cuda {
 
 namespace {
 
-template <bool kDropout>
+// kRotateLoads: Q and K tiles rotated as they load (RoPE inside); compiled
+// apart, so the kernel the model runs (q and k rotated once: only the
+// gradients rotated, at the stores) carries none of that code.
+template <bool kDropout, bool kRotateLoads>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     flash_key_tile_wgmma_kernel(FlashArgs a, int64_t tiles, DqPartials partials) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
@@ -41,7 +44,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   const QueryRowData rows{sDq + kInnerTile * kAccLd};  // two buffers
   float* sAngles = rows.end();
   const Block r = block_of(a, tiles);
-  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  constexpr bool rotate_loads = kRotateLoads;
   const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int group = warp / 4;  // the warpgroup: keys 64 group... of the block's 128
@@ -251,8 +254,11 @@ static_assert(kKeyTileWgmmaShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 
 void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
                             const DqPartials& partials, size_t angle_bytes) {
-  const auto kernel =
-      a.drop.on ? flash_key_tile_wgmma_kernel<true> : flash_key_tile_wgmma_kernel<false>;
+  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const auto kernel = a.drop.on ? (rotate_loads ? flash_key_tile_wgmma_kernel<true, true>
+                                                : flash_key_tile_wgmma_kernel<true, false>)
+                                : (rotate_loads ? flash_key_tile_wgmma_kernel<false, true>
+                                                : flash_key_tile_wgmma_kernel<false, false>);
   const size_t shared = kKeyTileWgmmaShared + angle_bytes;
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, splits, partials);
