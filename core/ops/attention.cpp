@@ -297,8 +297,9 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
       drop ? Tensor::empty({T, H, (longest + 31) / 32}, DType::i32, device) : Tensor();
   if (T == 0 || longest == 0) return out;
   // Rotated once: the attention kernels read (and backward keeps) the copies.
-  const bool once = rotary && g_rotate_once.load(std::memory_order_relaxed);
-  const bool rotate = rotary && !once;  // inside the attention kernels
+  const bool rotary_on = rotary != nullptr;  // the backward reads this, not the pointer
+  const bool once = rotary_on && g_rotate_once.load(std::memory_order_relaxed);
+  const bool rotate = rotary_on && !once;  // inside the attention kernels
   const Tensor qa = once ? rotated_copy(device, qd, table, interleaved) : qd;
   const Tensor ka = once ? rotated_copy(device, kd, table, interleaved) : kd;
   if (rotate) {
@@ -320,7 +321,7 @@ Tensor token_stream_attention(const char* op, const Tensor& q, const Tensor& k, 
     Tensor dq = pack ? whole.select(1, 0) : outputs({T, H, D}, out_dtype);
     Tensor dk = pack ? whole.select(1, 1) : outputs({T, H, D}, out_dtype);
     Tensor dv = pack ? whole.select(1, 2) : outputs({T, H, Dv}, out_dtype);
-    if (once || rotate) {
+    if (rotary_on) {
       // Rotated once: the kernels read the rotated copies and rotate the
       // gradients back as they write them (qkv's parts when packed), so dq
       // and dk are rounded to their dtype once.

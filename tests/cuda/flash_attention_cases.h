@@ -153,17 +153,6 @@ inline Result poisoned_result(const Case& c, const Problem& p, Device device, DT
   return r;
 }
 
-// x [B, H, S, D] or [T, H, D] rotated once by `table` on x's device, as
-// the op rotates q and k (the rope kernel along S, or along T through the
-// [H, T, D] view).
-inline Tensor rotated_once(const Tensor& x, const Tensor& table, bool interleaved,
-                           bool token_stream) {
-  const Tensor along = token_stream ? x.transpose(0, 1) : x;
-  const Tensor out = Tensor::empty(along.shape(), x.dtype(), x.device());
-  launch::rope(x.device(), along, table, interleaved, false, out);
-  return token_stream ? out.transpose(0, 1) : out;
-}
-
 // Forward and backward of the case's kernels on `device` with operands of
 // `dtype` (f32 or f64 on the CPU, bf16 on the GPU); outputs f32 (f64 for
 // f64), poisoned first.
@@ -177,8 +166,8 @@ inline Result run(const Case& c, const Problem& p, Device device, DType dtype) {
   const bool interleaved = c.layout == RopeLayout::interleaved;
   Result r = poisoned_result(c, p, device, result);
   if (c.rope && c.rotated_inputs) {
-    const Tensor rq = rotated_once(q, table, interleaved, c.token_stream);
-    const Tensor rk = rotated_once(k, table, interleaved, c.token_stream);
+    const Tensor rq = rotated_once(q, table, interleaved);
+    const Tensor rk = rotated_once(k, table, interleaved);
     if (c.token_stream)
       launch::attention_varlen_forward(device, params, rq, rk, v, extra, r.out, r.lse, r.bits);
     else

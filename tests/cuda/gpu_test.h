@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cuda/backend.h"
+#include "core/ops/dispatch.h"
 #include "core/tensor.h"
 
 #define RF_REQUIRE_GPU()                                           \
@@ -41,6 +42,17 @@ inline Tensor bf16_values(const Shape& shape, uint64_t seed) {
 // A tensor's values on the host as f64, in logical order.
 inline std::vector<double> host(const Tensor& t) {
   return t.to(Device::cpu()).to(DType::f64).contiguous().to_vector<double>();
+}
+
+// x [B, H, S, D] or [T, H, D] rotated once by `table` on x's device, as the
+// op rotates q and k (set_rotate_once): the rope kernel along S, or along T
+// through the [H, T, D] view.
+inline Tensor rotated_once(const Tensor& x, const Tensor& table, bool interleaved) {
+  const bool token_stream = x.dim() == 3;
+  const Tensor along = token_stream ? x.transpose(0, 1) : x;
+  const Tensor out = Tensor::empty(along.shape(), x.dtype(), x.device());
+  launch::rope(x.device(), along, table, interleaved, false, out);
+  return token_stream ? out.transpose(0, 1) : out;
 }
 
 }  // namespace roformer::testing

@@ -20,6 +20,7 @@ using kernels::kernel_tensor;
 using kernels::KernelTensor;
 using testing::bf16_values;
 using testing::host;
+using testing::rotated_once;
 
 // The emulated kernels on CPU tensors: bf16 operands, f32 outputs.
 Result run_emulated(const Case& c, const Problem& p) {
@@ -33,8 +34,8 @@ Result run_emulated(const Case& c, const Problem& p) {
   // Rotated once (Case::rotated_inputs): the forward takes the copies with
   // no table, the backward the copies and the table to rotate dq, dk back.
   const bool once = c.rope && c.rotated_inputs;
-  const Tensor qa = once ? rotated_once(q, table, interleaved, c.token_stream) : q;
-  const Tensor ka = once ? rotated_once(k, table, interleaved, c.token_stream) : k;
+  const Tensor qa = once ? rotated_once(q, table, interleaved) : q;
+  const Tensor ka = once ? rotated_once(k, table, interleaved) : k;
   const kernels::cuda::FlashRope forward_rope{c.rope && !once ? &table_k : nullptr, interleaved};
   const kernels::cuda::FlashRope backward_rope{c.rope ? &table_k : nullptr, interleaved, once};
   const KernelTensor extra = kernel_tensor(p.mask_or_segments);
@@ -199,8 +200,8 @@ TEST(FlashAttentionEmulatedEdges, GradientsOfRotatedInputsAreRoundedOnce) {
   const KernelTensor table_k = kernel_tensor(table);
   auto bf16 = [](const Tensor& t) { return t.to(DType::bf16).contiguous(); };
   const Tensor q0 = bf16(bf16_values({T, H, 64}, 1)), k0 = bf16(bf16_values({T, H, 64}, 2));
-  const Tensor q = rotated_once(q0, table, false, true);
-  const Tensor k = rotated_once(k0, table, false, true);
+  const Tensor q = rotated_once(q0, table, false);
+  const Tensor k = rotated_once(k0, table, false);
   const Tensor v = bf16(bf16_values({T, H, 64}, 3)), g = bf16(bf16_values({T, H, 64}, 4));
   kernels::AttentionParams params;
   params.scale = 0.125;

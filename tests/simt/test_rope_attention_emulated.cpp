@@ -15,17 +15,6 @@ using namespace testing::emulated;
 namespace cpu = kernels::cpu;
 namespace emu = kernels::simt_cuda;
 
-// x rotated by the table on the CPU, as the op's rotate-once path hands q
-// and k to the backward (rope along S, or along T through [H, T, D]).
-Tensor rotated(const Tensor& x, const Tensor& table, bool interleaved) {
-  const bool stream = x.dim() == 3;
-  const Tensor along = stream ? x.transpose(0, 1) : x;
-  const Tensor out = Tensor::empty(along.shape(), x.dtype(), Device::cpu());
-  cpu::rope(cpu_stream(), kernel_tensor(along), kernel_tensor(table), interleaved, false,
-            kernel_tensor(out));
-  return stream ? out.transpose(0, 1) : out;
-}
-
 // q, k, v [B, H, S, D] (padded, mask [B, S]) or [T, H, D] (stream,
 // segments); table [2, S or T, D/2] f32. `inputs` rotated: the backward
 // takes q and k rotated once (the forward the unrotated, RoPE inside).
@@ -52,8 +41,8 @@ AttentionOutputs run(bool emulated, bool interleaved, const Tensor& q, const Ten
   forward(stream, params, kt(table), interleaved, kt(q), kt(k), kt(v), kt(extra), kt(r.out),
           kt(r.lse), kt(r.bits));
   const bool once = inputs == kernels::RopeInputs::rotated;
-  const Tensor qa = once ? rotated(q, table, interleaved) : q;
-  const Tensor ka = once ? rotated(k, table, interleaved) : k;
+  const Tensor qa = once ? testing::rotated_once(q, table, interleaved) : q;
+  const Tensor ka = once ? testing::rotated_once(k, table, interleaved) : k;
   backward(stream, params, kt(table), interleaved, inputs, kt(qa), kt(ka), kt(v), kt(extra),
            kt(r.out), kt(r.lse), kt(r.bits), kt(grad_out), kt(r.dq), kt(r.dk), kt(r.dv));
   return r;

@@ -38,10 +38,10 @@ struct FlashArgs {
   const float* table = nullptr;  // rope [2, P, 32], or null
   int64_t table_rows = 0;
   bool interleaved = true;
-  // With a table: Q and K rotated as their tiles load (RoPE inside), or, when
-  // false, taken as given (rotated copies); the gradients dq and dk are
-  // rotated back as they are written either way. No effect without a table.
-  bool rotate_loads = true;
+  // Q and K rotated as their tiles load: a table for unrotated inputs (RoPE
+  // inside). With a table and rotated inputs (FlashRope::inputs_rotated)
+  // only the gradients dq and dk are rotated, as they are written.
+  bool rotate_loads = false;
   float scale = 1.0f, scale_log2 = kLog2e;
   DropoutRule drop;
   float inv_keep = 1.0f;
@@ -273,7 +273,7 @@ inline FlashArgs make_args(const AttentionParams& params, const FlashRope& rope,
     a.table = table.as<const float>();
     a.table_rows = table.sizes[1];
     a.interleaved = rope.interleaved;
-    a.rotate_loads = !rope.inputs_rotated;
+    a.rotate_loads = !rope.inputs_rotated;  // make_args alone sets a table
   }
   return a;
 }

@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kBlocksPerSm)
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
   if (i0 >= r.Lq) return;
-  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const bool rotate_loads = a.rotate_loads;
   const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   if (threadIdx.x == 0) {
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   bf16_t* sV2 = sK2 + kRowsPerBlock * kLd;
   float* sAngles = kDq ? reinterpret_cast<float*>(sV2 + kRowsPerBlock * kLd) : rows.end();
   const Block r = block_of(a, tiles);
-  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const bool rotate_loads = a.rotate_loads;
   const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
   const int wm = warp & 3, wn = warp >> 2;  // dQ's warp layout: rows 16 wm, column tiles wn + 2 n

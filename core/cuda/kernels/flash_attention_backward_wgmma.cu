@@ -254,7 +254,7 @@ static_assert(kKeyTileWgmmaShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 
 void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
                             const DqPartials& partials, size_t angle_bytes) {
-  const bool rotate_loads = a.table != nullptr && a.rotate_loads;
+  const bool rotate_loads = a.rotate_loads;
   const auto kernel = a.drop.on ? (rotate_loads ? flash_key_tile_wgmma_kernel<true, true>
                                                 : flash_key_tile_wgmma_kernel<true, false>)
                                 : (rotate_loads ? flash_key_tile_wgmma_kernel<false, true>

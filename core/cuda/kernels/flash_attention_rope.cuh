@@ -188,7 +188,7 @@ constexpr size_t kAngleFloats = size_t(2) * kInnerTile * 4 * kAngleSlot;
 // rotated as they load (the gradients' rotation reads the table).
 constexpr size_t kAngleBytes = kAngleFloats * sizeof(float);
 inline size_t angle_bytes(const FlashArgs& a) {
-  return a.table && a.rotate_loads ? kAngleBytes : 0;
+  return a.rotate_loads ? kAngleBytes : 0;
 }
 
 }  // namespace

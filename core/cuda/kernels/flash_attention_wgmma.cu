@@ -263,8 +263,6 @@ void flash_forward_wgmma(Stream stream, const AttentionParams& params, const Fla
   RF_CHECK(flash_supported(q, k, v), "flash attention: operands not supported");
   RF_CHECK(flash_wgmma_available(stream.device_index), "flash attention: the wgmma forward needs ",
            "a GPU of compute capability 9.0 (device ", stream.device_index, " is not)");
-  RF_CHECK(!rope.inputs_rotated,
-           "flash attention: the forward takes rotated q and k without a RoPE table");
   FlashArgs a = make_args(params, rope, q, k, v, key_mask, segments, out, lse, keep_bits);
   const int64_t heads = q.sizes[1];
   const Grid g = grid_of(params, q, k, segments, false);
