@@ -264,12 +264,13 @@ using kernels::cuda::ForwardSchedule;
 // The flash kernels' process-wide settings (flash_attention.h): forward
 // rows a warp, the two-pass dq blocks an SM, backward passes, fused splits,
 // the forward on wgmma (Hopper), the fused backward on wgmma, the wgmma
-// forward's schedule.
+// forward's schedule, its keep bits drawn ahead.
 struct FlashSettings {
   int rows = 16, dq_blocks = 2, passes = 1, splits = 0;
   const char* what = "";
   bool wgmma = false, wgmma_backward = false;
   ForwardSchedule schedule = ForwardSchedule::automatic;
+  bool bits_ahead = false;
 };
 
 // The wgmma forward and fused backward with the automatic split count: the
@@ -289,7 +290,7 @@ inline FlashSettings mma_sync_variant() {
 // the two-pass backward and the other variants, the last with the forward in
 // step throughout.
 // ROFORMER_FLASH_VARIANTS=N keeps the first N (scripts/gpu_check.sh
-// racechecks the first three: a sanitizer's slowdown times nine is too long).
+// racechecks the first three: a sanitizer's slowdown times eleven is too long).
 inline std::vector<FlashSettings> flash_variants() {
   std::vector<FlashSettings> all{
       wgmma_variant(),
@@ -302,7 +303,11 @@ inline std::vector<FlashSettings> flash_variants() {
       {16, 2, 1, 3, "fused backward, three splits (at most the key tiles)"},
       {16, 2, 1, 0, "wgmma forward, fused backward", true},
       {16, 2, 1, 3, "wgmma forward in step and fused backward, three splits", true, true,
-       ForwardSchedule::in_step}};
+       ForwardSchedule::in_step},
+      {16, 2, 1, 0, "wgmma forward pipelined, keep bits drawn ahead, fused backward on wgmma", true,
+       true, ForwardSchedule::pipelined, true},
+      {16, 2, 1, 3, "wgmma forward in step, keep bits drawn ahead, fused backward, three splits",
+       true, true, ForwardSchedule::in_step, true}};
   if (const char* keep = std::getenv("ROFORMER_FLASH_VARIANTS")) {
     const long n = std::strtol(keep, nullptr, 10);
     if (n >= 1 && n < long(all.size())) all.resize(size_t(n));
@@ -328,6 +333,8 @@ struct FlashKnobs {
   bool (*wgmma_available)(int device);
   ForwardSchedule (*schedule)();
   void (*set_schedule)(ForwardSchedule);
+  bool (*bits_ahead)();
+  void (*set_bits_ahead)(bool);
 };
 
 // Sets `settings` for its scope and restores what was set before.
@@ -335,8 +342,8 @@ class ScopedFlashSettings {
  public:
   ScopedFlashSettings(const FlashKnobs& knobs, const FlashSettings& settings)
       : knobs_(knobs),
-        saved_{knobs.rows(), knobs.dq_blocks(), knobs.passes(),         knobs.splits(),
-               "",           knobs.wgmma(),     knobs.wgmma_backward(), knobs.schedule()} {
+        saved_{knobs.rows(),  knobs.dq_blocks(),      knobs.passes(),   knobs.splits(),    "",
+               knobs.wgmma(), knobs.wgmma_backward(), knobs.schedule(), knobs.bits_ahead()} {
     apply(settings);
   }
   ~ScopedFlashSettings() { apply(saved_); }
@@ -352,6 +359,7 @@ class ScopedFlashSettings {
     knobs_.set_wgmma(s.wgmma);
     knobs_.set_wgmma_backward(s.wgmma_backward);
     knobs_.set_schedule(s.schedule);
+    knobs_.set_bits_ahead(s.bits_ahead);
   }
   FlashKnobs knobs_;
   FlashSettings saved_;

@@ -32,7 +32,8 @@ const FlashKnobs kKnobs{
     &kernels::cuda::flash_forward_uses_wgmma,    &kernels::cuda::set_flash_forward_uses_wgmma,
     &kernels::cuda::flash_backward_uses_wgmma,   &kernels::cuda::set_flash_backward_uses_wgmma,
     &kernels::cuda::flash_wgmma_available,       &kernels::cuda::flash_forward_schedule,
-    &kernels::cuda::set_flash_forward_schedule};
+    &kernels::cuda::set_flash_forward_schedule,  &kernels::cuda::flash_keep_bits_ahead,
+    &kernels::cuda::set_flash_keep_bits_ahead};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.

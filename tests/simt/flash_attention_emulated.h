@@ -26,4 +26,7 @@
 #define flash_backward_uses_wgmma simt_flash_backward_uses_wgmma
 #define set_flash_backward_uses_wgmma set_simt_flash_backward_uses_wgmma
 #define launch_key_tiles_wgmma simt_launch_key_tiles_wgmma
+#define launch_keep_bits simt_launch_keep_bits
+#define flash_keep_bits_ahead simt_flash_keep_bits_ahead
+#define set_flash_keep_bits_ahead set_simt_flash_keep_bits_ahead
 #include "core/cuda/kernels/flash_attention.h"

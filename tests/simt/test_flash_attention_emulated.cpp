@@ -71,7 +71,9 @@ const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
                         &kernels::cuda::set_simt_flash_backward_uses_wgmma,
                         &kernels::cuda::simt_flash_wgmma_available,
                         &kernels::cuda::simt_flash_forward_schedule,
-                        &kernels::cuda::set_simt_flash_forward_schedule};
+                        &kernels::cuda::set_simt_flash_forward_schedule,
+                        &kernels::cuda::simt_flash_keep_bits_ahead,
+                        &kernels::cuda::set_simt_flash_keep_bits_ahead};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.
@@ -102,6 +104,7 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   EXPECT_TRUE(kernels::cuda::simt_flash_backward_uses_wgmma());
   // The forward's schedule is chosen per kernel (flash_attention.h).
   EXPECT_EQ(kernels::cuda::simt_flash_forward_schedule(), ForwardSchedule::automatic);
+  EXPECT_FALSE(kernels::cuda::simt_flash_keep_bits_ahead());
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in
@@ -396,6 +399,62 @@ TEST(FlashAttentionEmulatedEdges, NoKeysGiveZeroQueryGradients) {
         KernelTensor{}, kernel_tensor(grad_out), kernel_tensor(dq), kernel_tensor(empty),
         kernel_tensor(empty));
     for (double x : host(dq)) ASSERT_EQ(x, 0.0);
+  }
+}
+
+// Keep bits drawn ahead for rows of more words than the kernel's block has
+// threads (8,300 keys: 260 words a row, so a thread's next item is a word
+// further along the same row), bit for bit the CPU's; the outputs as close.
+TEST(FlashAttentionEmulatedEdges, KeepBitsDrawnAheadCoverRowsOfManyWords) {
+  const int64_t Sq = 20, Sk = 8300, W = (Sk + 31) / 32;
+  const Device cpu = Device::cpu();
+  const Tensor q = bf16_values({1, 2, Sq, 64}, 1), k = bf16_values({1, 2, Sk, 64}, 2);
+  const Tensor v = bf16_values({1, 2, Sk, 64}, 3);
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  params.dropout_p = 0.1;
+  params.dropout = DropoutKey{17, 3, 5, 2};
+  const Tensor out = Tensor::zeros({1, 2, Sq, 64}, DType::f32, cpu);
+  const Tensor lse = Tensor::zeros({1, 2, Sq}, DType::f32, cpu);
+  const Tensor bits = Tensor::zeros({1, 2, Sq, W}, DType::i32, cpu);
+  launch::attention_forward(cpu, params, q, k, v, Tensor{}, out, lse, bits);
+  const ScopedFlashSettings scoped(
+      kKnobs, {16, 2, 1, 0, "bits ahead", true, true, ForwardSchedule::pipelined, true});
+  const Tensor got_out = Tensor::full({1, 2, Sq, 64}, NAN, DType::f32, cpu);
+  const Tensor got_lse = Tensor::full({1, 2, Sq}, NAN, DType::f32, cpu);
+  const Tensor got_bits = Tensor::full({1, 2, Sq, W}, -1.0, DType::i32, cpu);
+  auto kt = [](const Tensor& t) { return kernel_tensor(t); };
+  kernels::cuda::simt_flash_forward(kernels::Stream{}, params, kernels::cuda::FlashRope{},
+                                    kt(q.to(DType::bf16)), kt(k.to(DType::bf16)),
+                                    kt(v.to(DType::bf16)), KernelTensor{}, KernelTensor{},
+                                    kt(got_out), kt(got_lse), kt(got_bits));
+  EXPECT_EQ(got_bits.to_vector<int32_t>(), bits.to_vector<int32_t>());
+  EXPECT_LT(testing::relative_error(host(got_out), host(out)), 2e-2);
+}
+
+// The forward with dropout but no keys, under every variant (the keep bits
+// drawn ahead among them: no word to draw): rows of zeros, lse -inf.
+TEST(FlashAttentionEmulatedEdges, NoKeysWithDropoutGiveEmptyRows) {
+  const int64_t Sq = 70;
+  const Device cpu = Device::cpu();
+  const Tensor q = bf16_values({2, 2, Sq, 64}, 1).to(DType::bf16);
+  const Tensor k = Tensor::zeros({2, 2, 0, 64}, DType::bf16, cpu);
+  const Tensor bits = Tensor::zeros({2, 2, Sq, 0}, DType::i32, cpu);
+  kernels::AttentionParams params;
+  params.scale = 0.125;
+  params.dropout_p = 0.1;
+  params.dropout = DropoutKey{17, 3, 5, 2};
+  for (const FlashSettings& settings : flash_variants()) {
+    SCOPED_TRACE(settings.what);
+    const ScopedFlashSettings scoped(kKnobs, settings);
+    const Tensor out = Tensor::full({2, 2, Sq, 64}, NAN, DType::f32, cpu);
+    const Tensor lse = Tensor::full({2, 2, Sq}, NAN, DType::f32, cpu);
+    kernels::cuda::simt_flash_forward(kernels::Stream{}, params, kernels::cuda::FlashRope{},
+                                      kernel_tensor(q), kernel_tensor(k), kernel_tensor(k),
+                                      KernelTensor{}, KernelTensor{}, kernel_tensor(out),
+                                      kernel_tensor(lse), kernel_tensor(bits));
+    for (double x : host(out)) ASSERT_EQ(x, 0.0);
+    for (double x : host(lse)) ASSERT_TRUE(std::isinf(x) && x < 0);
   }
 }
 

@@ -109,6 +109,54 @@ __global__ void __launch_bounds__(kThreadsPerBlock / kM, 2)
     finish_forward_rows(o[mt], m[mt], l[mt], dropout_gain<kDropout>(a), a, r, row0 + 16 * mt, g, t);
 }
 
+// The keep bits of the forward's query rows drawn ahead of it
+// (set_flash_keep_bits_ahead), on the forward's grid: a block draws its 128
+// rows' words, a thread a word at a time (four Philox blocks of eight keys),
+// with the forward's rule and layout (keep_mask, dropout_tile): bit j % 32 of
+// word j / 32 for key j, keys past Lk clear, only the row's ceil(Lk / 32)
+// words written. Philox alone at full occupancy, where inside the forward
+// its rounds take issue slots from the softmax between the products.
+template <bool kHighThreshold>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    flash_keep_bits_kernel(FlashArgs a, int64_t tiles) {
+  const Block r = block_of(a, tiles);
+  const int64_t i0 = r.tile * kRowsPerBlock;
+  if (i0 >= r.Lq || r.Lk == 0) return;
+  const uint32_t rows = uint32_t(r.Lq - i0 < kRowsPerBlock ? r.Lq - i0 : kRowsPerBlock);
+  const uint32_t words = uint32_t((r.Lk + 31) / 32);
+  const uint32_t offset = dropout_halves_offset(a.drop.threshold);
+  uint32_t* const bits = row_of<uint32_t>(a.bits, r, i0);
+  // Item (row i, word w) = i words + w, kThreadsPerBlock items apart: the
+  // next item's row and word by adding, not dividing.
+  const uint32_t row_step = kThreadsPerBlock / words, word_step = kThreadsPerBlock % words;
+  uint32_t i = threadIdx.x / words, w = threadIdx.x % words;
+  for (; i < rows; i += row_step, w += word_step) {
+    if (w >= words) {
+      w -= words;
+      ++i;
+      if (i >= rows) break;
+    }
+    // Bit 16 e + 4 c + q: draw e of word q of block c (keys 8 c + 2 q + e),
+    // which interleave_halves moves to 8 c + 2 q + e.
+    uint32_t decided = 0u;
+#pragma unroll
+    for (int c = 3; c >= 0; --c) {
+      const PhiloxCounter x =
+          philox4x32(dropout_block(4u * w + uint32_t(c), r.drop_position + uint32_t(i0) + i,
+                                   r.drop_sequence, a.drop.site, uint32_t(r.h)),
+                     a.drop.key);
+      decided = (decided << 4) | (dropout_keep_halves<kHighThreshold>(x[0], offset) >> 15) |
+                (dropout_keep_halves<kHighThreshold>(x[1], offset) >> 14) |
+                (dropout_keep_halves<kHighThreshold>(x[2], offset) >> 13) |
+                (dropout_keep_halves<kHighThreshold>(x[3], offset) >> 12);
+    }
+    uint32_t word = interleave_halves(decided);
+    const int64_t left = r.Lk - 32 * int64_t(w);
+    if (left < 32) word &= (1u << left) - 1u;
+    bits[int64_t(i) * a.bits.sr + w] = word;
+  }
+}
+
 // The forward's dynamic shared memory before the angles (the layout at the
 // top of the kernel); two blocks an SM must fit.
 constexpr size_t kForwardShared =
@@ -121,6 +169,7 @@ static_assert(2 * (kForwardShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 std::atomic<int> forward_rows_per_warp{16};
 std::atomic<bool> forward_wgmma{true};
 std::atomic<ForwardSchedule> forward_schedule{ForwardSchedule::automatic};
+std::atomic<bool> keep_bits_ahead{false};
 
 }  // namespace
 
@@ -148,6 +197,20 @@ ForwardSchedule flash_forward_schedule() {
 
 void set_flash_forward_schedule(ForwardSchedule schedule) {
   forward_schedule.store(schedule);
+}
+
+bool flash_keep_bits_ahead() {
+  return keep_bits_ahead.load(std::memory_order_relaxed);
+}
+
+void set_flash_keep_bits_ahead(bool on) {
+  keep_bits_ahead.store(on);
+}
+
+void launch_keep_bits(Stream stream, const FlashArgs& a, dim3 grid, int64_t tiles) {
+  const auto kernel = a.drop.threshold >= kDropoutHighThreshold ? flash_keep_bits_kernel<true>
+                                                                : flash_keep_bits_kernel<false>;
+  RF_LAUNCH(kernel, grid, kThreadsPerBlock, 0, native(stream), a, tiles);
 }
 
 bool flash_wgmma_available(int device) {

@@ -60,6 +60,15 @@ bool flash_wgmma_available(int device);
 ForwardSchedule flash_forward_schedule();
 void set_flash_forward_schedule(ForwardSchedule schedule);
 
+// Where the wgmma forward's dropout keep bits are drawn: inside the forward
+// (false, the default: each key tile's Philox rounds beside its products) or
+// ahead of it (true: a kernel of their own draws every row's words at full
+// occupancy, and the forward reads its tiles' words as the backward does).
+// The same bits and outputs either way. The mma.sync forward always draws
+// its own. attention_bench and mlm_step_bench time both. Process-wide.
+bool flash_keep_bits_ahead();
+void set_flash_keep_bits_ahead(bool on);
+
 // The fused backward's key-tile kernel on wgmma (true, the default;
 // flash_attention_backward_wgmma.cu, sm_90a) or on mma.sync (false), under
 // the same rule: where the device is compute capability 9.0. The two-pass

@@ -62,6 +62,12 @@ struct DqPartials {
 void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
                             const DqPartials& partials, size_t angle_bytes);
 
+// The dropout keep bits of a forward with `a`'s arguments drawn into a.bits
+// by a kernel of their own (flash_attention.cu), on the forward's `grid`
+// of `tiles` query tiles a sequence: what the wgmma forward reads when they
+// are drawn ahead (set_flash_keep_bits_ahead).
+void launch_keep_bits(Stream stream, const FlashArgs& a, dim3 grid, int64_t tiles);
+
 namespace {
 
 constexpr int kD = 64;       // head dimension of this path

@@ -98,15 +98,10 @@ __device__ __forceinline__ uint32_t keep_mask(const FlashArgs& a, const Block& r
   return keep;
 }
 
-// Dropout on a warp's 16 x 64 probabilities p (keys j0...) by the tile's
-// keep_mask (drawn from positions alone, so a caller may draw it while the
-// tile's scores are still being computed): zeroes the dropped ones (the kept
-// ones' 1 / (1 - p) is one factor of each output row, finish_forward_rows),
-// and writes the tile's two keep words of each row (rows < Lq, words inside
-// the row's ceil(Lk / 32)).
-__device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, const FlashArgs& a,
-                                             const Block& r, int64_t row0, int64_t j0, int g,
-                                             int t) {
+// Dropout's zeros on a warp's 16 x 64 probabilities p by the tile's keep
+// bits (at keep_bit): the kept ones' 1 / (1 - p) is one factor of each output
+// row (finish_forward_rows).
+__device__ __forceinline__ void apply_keep(float (&p)[8][4], uint32_t keep) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
@@ -116,6 +111,17 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
         const uint32_t bit = (keep >> keep_bit(hf, nt, e)) & 1u;
         p[nt][2 * hf + e] = bit ? p[nt][2 * hf + e] : 0.0f;
       }
+}
+
+// Dropout on a warp's 16 x 64 probabilities p (keys j0...) by the tile's
+// keep_mask (drawn from positions alone, so a caller may draw it while the
+// tile's scores are still being computed): zeroes the dropped ones
+// (apply_keep) and writes the tile's two keep words of each row (rows < Lq,
+// words inside the row's ceil(Lk / 32)).
+__device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, const FlashArgs& a,
+                                             const Block& r, int64_t row0, int64_t j0, int g,
+                                             int t) {
+  apply_keep(p, keep);
   const int64_t row_words = (r.Lk + 31) / 32;
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf)
@@ -133,6 +139,48 @@ __device__ __forceinline__ void dropout_tile(float (&p)[8][4], uint32_t keep, co
       if (t == 2 * hf + w && i < r.Lq && index < row_words)
         row_of<uint32_t>(a.bits, r, i)[index] = word;
     }
+}
+
+// The keep words of a key tile (keys j0...j0 + 63) for a lane's rows g and
+// g + 8 of a warp's 16, from bits drawn before the forward
+// (set_flash_keep_bits_ahead): word w of row hf at [2 hf + w], 0 past the
+// rows, the row's words or the keys. Loaded a tile ahead of their use, so
+// the products of the tile between hide the loads.
+struct KeepWords {
+  uint32_t w[4];
+};
+__device__ __forceinline__ KeepWords load_keep_words(const RowStream& bits, const Block& r,
+                                                     int64_t row0, int64_t j0, int g) {
+  KeepWords k{};
+  if (j0 >= r.Lk) return k;
+  const int64_t row_words = (r.Lk + 31) / 32;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int64_t i = row0 + g + 8 * hf;
+    if (i >= r.Lq) continue;
+    const uint32_t* row = bits.row<const uint32_t>(i);
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+      if (j0 / 32 + w < row_words) k.w[2 * hf + w] = row[j0 / 32 + w];
+  }
+  return k;
+}
+
+// A tile's keep bits at keep_bit from its keep words: what dropout_tile's
+// spreading wrote, gathered back (this lane's key pair of tile nt is at bits
+// (nt & 3) * 8 + 2t of word nt / 4).
+__device__ __forceinline__ uint32_t keep_from_words(const KeepWords& k, int t) {
+  uint32_t keep = 0u;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      uint32_t x = (k.w[2 * hf + w] >> (2 * t)) & 0x03030303u;  // pairs at 0, 8, 16, 24
+      x = (x & 0x00030003u) | ((x >> 6) & 0x000C000Cu);         // pairs at 0, 2, 16, 18
+      x = (x & 0x0Fu) | ((x >> 8) & 0x0F00u);                   // pairs at 0, 2, 8, 10
+      keep |= x << (16 * w + 4 * hf);
+    }
+  return keep;
 }
 
 // How far (in log2 units) a row's scores may rise above the max its

@@ -57,32 +57,72 @@ __device__ __forceinline__ void probabilities_as_a(uint32_t (&p)[4][4], const fl
 // The block's tiles as they stream (K and V), its Q and this warp's place.
 struct ForwardTiles {
   const StreamedPair<kThreadsPerBlock, SwizzledTile>& kv;
-  const bf16_t* q_rows;  // this warpgroup's 64 query rows
-  float* sBias;          // two buffers of kInnerTile key biases
-  int64_t row0;          // this warp's first query row
+  const bf16_t* q_rows;   // this warpgroup's 64 query rows
+  float* sBias;           // two buffers of kInnerTile key biases
+  const RowStream& bits;  // the keep bits' rows (read when drawn ahead)
+  int64_t row0;           // this warp's first query row
   int g, t;
+};
+
+// Where a tile's keep bits come from: drawn by the forward itself
+// (keep_mask, then written by dropout_tile) or, kAhead, read from the bits a
+// kernel of their own drew before it (flash_keep_bits_kernel), a tile's
+// words loaded while the tile before is computed. Nothing without dropout.
+template <bool kDropout, bool kAhead>
+struct TileKeep {
+  KeepWords next{};  // the next tile's words (kAhead)
+
+  // Before the first tile: its words on their way.
+  __device__ __forceinline__ void start(const ForwardTiles& x, const Block& r) {
+    if constexpr (kDropout && kAhead) next = load_keep_words(x.bits, r, x.row0, 0, x.g);
+  }
+  // Key tile j0's keep bits (at keep_bit); with kAhead the tile after's
+  // words are loaded meanwhile. Tiles come in order.
+  __device__ __forceinline__ uint32_t take(const ForwardTiles& x, const FlashArgs& a,
+                                           const Block& r, int64_t j0) {
+    if constexpr (!kDropout) {
+      return 0u;
+    } else if constexpr (kAhead) {
+      const KeepWords words = next;
+      next = load_keep_words(x.bits, r, x.row0, j0 + kInnerTile, x.g);
+      return keep_from_words(words, x.t);
+    } else {
+      return keep_mask(a, r, x.row0, j0, x.g, x.t);
+    }
+  }
+  // Dropout's zeros on tile j0's probabilities, and its words written where
+  // the forward drew them.
+  __device__ __forceinline__ void apply(float (&p)[8][4], uint32_t keep, const ForwardTiles& x,
+                                        const FlashArgs& a, const Block& r, int64_t j0) const {
+    if constexpr (kDropout && kAhead)
+      apply_keep(p, keep);
+    else if constexpr (kDropout)
+      dropout_tile(p, keep, a, r, x.row0, j0, x.g, x.t);
+  }
 };
 
 // The in-step schedule: each key tile's S, softmax and P V in turn, K and V
 // of the next tile in flight meanwhile.
-template <bool kDropout>
+template <bool kDropout, bool kAhead>
 __device__ __forceinline__ void key_tiles_in_step(const ForwardTiles& x, const FlashArgs& a,
                                                   const Block& r, float (&o)[8][4], float (&m)[2],
                                                   float (&l)[2]) {
+  TileKeep<kDropout, kAhead> drop;
+  drop.start(x, r);
   int buffer = 0;
   for (int64_t j0 = 0; j0 < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     key_tile_ready(x.kv, buffer, r, j0, a, x.sBias);
     const bool masked = key_tile_masked(a, r, j0);
     float s[8][4];
     issue_scores(s, x.q_rows, x.kv.first(buffer));
-    // The keep bits depend on positions alone: their Philox rounds run on the
-    // ALUs while the tensor cores compute the scores.
-    uint32_t keep = 0u;
-    if constexpr (kDropout) keep = keep_mask(a, r, x.row0, j0, x.g, x.t);
+    // The keep bits depend on positions alone: drawn here, their Philox
+    // rounds run on the ALUs while the tensor cores compute the scores (drawn
+    // ahead, the next tile's words are loaded meanwhile).
+    const uint32_t keep = drop.take(x, a, r, j0);
     wgmma_wait<0>();
     fence_accumulator(s);
     online_softmax_tile(s, o, m, l, x.sBias, masked, a.scale_log2, x.t);
-    if constexpr (kDropout) dropout_tile(s, keep, a, r, x.row0, j0, x.g, x.t);
+    drop.apply(s, keep, x, a, r, j0);
     uint32_t p[4][4];
     probabilities_as_a(p, s);
     fence_accumulator(o);
@@ -96,14 +136,15 @@ __device__ __forceinline__ void key_tiles_in_step(const ForwardTiles& x, const F
 // Key tile j0's probabilities from its scores (the online softmax, dropout
 // and its keep bits) into P's A fragments; corr: what the output rows take
 // to follow a moved max (1 where none moved).
-template <bool kDropout>
+template <bool kDropout, bool kAhead>
 __device__ __forceinline__ void tile_probabilities(uint32_t (&p)[4][4], float (&corr)[2],
                                                    float (&s)[8][4], uint32_t keep,
+                                                   const TileKeep<kDropout, kAhead>& drop,
                                                    const ForwardTiles& x, const float* bias,
                                                    const FlashArgs& a, const Block& r, int64_t j0,
                                                    float (&m)[2], float (&l)[2]) {
   softmax_tile_probabilities(s, m, l, corr, bias, key_tile_masked(a, r, j0), a.scale_log2, x.t);
-  if constexpr (kDropout) dropout_tile(s, keep, a, r, x.row0, j0, x.g, x.t);
+  drop.apply(s, keep, x, a, r, j0);
   probabilities_as_a(p, s);
 }
 
@@ -126,23 +167,24 @@ __device__ __forceinline__ void key_tile_landed(const ForwardTiles& x, int buffe
 // (its A fragments are a second set of registers); only then are the output
 // rows rescaled, once P V has landed. The last tile's P V runs after the
 // loop, so no product sits in a branch.
-template <bool kDropout>
+template <bool kDropout, bool kAhead>
 __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const FlashArgs& a,
                                                     const Block& r, float (&o)[8][4], float (&m)[2],
                                                     float (&l)[2]) {
+  TileKeep<kDropout, kAhead> drop;
+  drop.start(x, r);
   // K of tile 0 alone, then K of tile 1 with V of tile 0.
   cp_async_wait<1>();
   key_tile_landed(x, 0, a, r, 0);
   __syncthreads();
   float s[8][4];
   issue_scores(s, x.q_rows, x.kv.first(0));
-  uint32_t keep = 0u;
-  if constexpr (kDropout) keep = keep_mask(a, r, x.row0, 0, x.g, x.t);
+  uint32_t keep = drop.take(x, a, r, 0);
   wgmma_wait<0>();
   fence_accumulator(s);
   uint32_t p[4][4];
   float corr[2];  // o is all zeros here: nothing to rescale
-  tile_probabilities<kDropout>(p, corr, s, keep, x, x.sBias, a, r, 0, m, l);
+  tile_probabilities(p, corr, s, keep, drop, x, x.sBias, a, r, 0, m, l);
   int buffer = 0;  // tile j's (K and V alike)
   for (int64_t j0 = 0; j0 + kInnerTile < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     const int next = buffer ^ 1;
@@ -153,17 +195,17 @@ __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const
     x.kv.queue_first(buffer, r, j1 + kInnerTile, r.Lk, a);
     x.kv.queue_second(next, j1, r.Lk);
     cp_async_commit();
-    // The next tile's keep bits, drawn before the products are issued: while
-    // they run, their operands hold the registers the Philox rounds need.
-    if constexpr (kDropout) keep = keep_mask(a, r, x.row0, j1, x.g, x.t);
+    // The next tile's keep bits, drawn (or gathered from words loaded a tile
+    // ago) before the products are issued: while they run, their operands
+    // hold the registers the Philox rounds need.
+    keep = drop.take(x, a, r, j1);
     issue_scores(s, x.q_rows, x.kv.first(next));
     fence_accumulator(o);
     issue_output(o, p, x.kv.second(buffer));
     wgmma_wait<1>();  // the scores (the older group); P V may still run
     fence_accumulator(s);
     uint32_t p_next[4][4];
-    tile_probabilities<kDropout>(p_next, corr, s, keep, x, x.sBias + next * kInnerTile, a, r, j1, m,
-                                 l);
+    tile_probabilities(p_next, corr, s, keep, drop, x, x.sBias + next * kInnerTile, a, r, j1, m, l);
     wgmma_wait<0>();
     fence_accumulator(o);
     fence_fragments(p);
@@ -185,7 +227,7 @@ __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const
   fence_accumulator(o);
 }
 
-template <bool kDropout, bool kPipelined>
+template <bool kDropout, bool kPipelined, bool kBitsAhead>
 __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     flash_forward_wgmma_kernel(FlashArgs a, int64_t tiles) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
@@ -195,7 +237,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   bf16_t* sV = sK + 2 * kInnerTile * kD;
   float* sBias = reinterpret_cast<float*>(sV + 2 * kInnerTile * kD);  // two buffers
   float* sAngles = sBias + 2 * kInnerTile;  // kAngleFloats, with RoPE only
-  enum { kK, kV, kStreamCount };
+  enum { kK, kV, kBits, kStreamCount };
   __shared__ RowStream streams[kStreamCount];
   const Block r = block_of(a, tiles);
   const int64_t i0 = r.tile * kRowsPerBlock;
@@ -205,6 +247,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
   if (threadIdx.x == 0) {
     streams[kK] = row_stream<const bf16_t>(a.k, r);
     streams[kV] = row_stream<const bf16_t>(a.v, r);
+    if constexpr (kBitsAhead) streams[kBits] = row_stream<const uint32_t>(a.bits, r);
   }
   __syncthreads();
   const StreamedPair<kThreadsPerBlock, SwizzledTile> kv{sK, sV, streams[kK], streams[kV],
@@ -223,14 +266,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     cp_async_commit();
   }
   // This warpgroup's 64 query rows (a whole number of swizzle atoms).
-  const ForwardTiles x{kv, sQ + (warp / 4) * 64 * kD, sBias, i0 + warp * 16, g, t};
+  const ForwardTiles x{kv, sQ + (warp / 4) * 64 * kD, sBias, streams[kBits], i0 + warp * 16, g, t};
   float o[8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   if (r.Lk > 0) {
     if constexpr (kPipelined)
-      pipelined_key_tiles<kDropout>(x, a, r, o, m, l);
+      pipelined_key_tiles<kDropout, kBitsAhead>(x, a, r, o, m, l);
     else
-      key_tiles_in_step<kDropout>(x, a, r, o, m, l);
+      key_tiles_in_step<kDropout, kBitsAhead>(x, a, r, o, m, l);
   }
   cp_async_wait<0>();  // as the mma.sync forward: no path exits with copies in flight
   finish_forward_rows(o, m, l, dropout_gain<kDropout>(a), a, r, x.row0, g, t);
@@ -271,10 +314,19 @@ void flash_forward_wgmma(Stream stream, const AttentionParams& params, const Fla
   const ForwardSchedule schedule = flash_forward_schedule();
   const bool pipelined = schedule == ForwardSchedule::pipelined ||
                          (schedule == ForwardSchedule::automatic && a.table == nullptr);
-  const auto kernel = pipelined ? (a.drop.on ? flash_forward_wgmma_kernel<true, true>
-                                             : flash_forward_wgmma_kernel<false, true>)
-                                : (a.drop.on ? flash_forward_wgmma_kernel<true, false>
-                                             : flash_forward_wgmma_kernel<false, false>);
+  // The keep bits drawn by a kernel of their own first (flash_keep_bits_ahead).
+  const bool ahead = a.drop.on && flash_keep_bits_ahead();
+  if (ahead) launch_keep_bits(stream, a, launch_grid(g, heads), g.tiles);
+  using Kernel = void (*)(FlashArgs, int64_t);
+  Kernel kernel = flash_forward_wgmma_kernel<false, false, false>;
+  if (!a.drop.on)
+    kernel = pipelined ? flash_forward_wgmma_kernel<false, true, false> : kernel;
+  else if (ahead)
+    kernel = pipelined ? flash_forward_wgmma_kernel<true, true, true>
+                       : flash_forward_wgmma_kernel<true, false, true>;
+  else
+    kernel = pipelined ? flash_forward_wgmma_kernel<true, true, false>
+                       : flash_forward_wgmma_kernel<true, false, false>;
   const size_t shared = kWgmmaForwardShared + angle_bytes(a);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, launch_grid(g, heads), kThreadsPerBlock, shared, native(stream), a, g.tiles);
