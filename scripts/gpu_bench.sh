@@ -17,7 +17,13 @@
 #                                  PROFILE_SEQ (512) x PROFILE_BATCH (128) with
 #                                  every op synchronised (mlm_step_bench
 #                                  --profile): synchronised ms per op, in
-#                                  $OUT/profile.txt; then the step's matrix
+#                                  $OUT/profile.txt; then the same at
+#                                  PROFILE_LONG_SEQ (1536) x
+#                                  PROFILE_LONG_BATCH (42: about as many
+#                                  tokens) at PROFILE_LONG_PRECISIONS
+#                                  (bf16,bf16-bitsahead), appended: where
+#                                  the cost per token at 1536 goes, op by op
+#                                  (PROFILE_LONG_SEQ= skips it); then the step's matrix
 #                                  products one by one (mlm_step_bench
 #                                  --gemm-report: every algorithm cuBLASLt
 #                                  offers for each, at the same shape) beside
@@ -65,15 +71,22 @@
 #   ours_ropeinside ours at 512 with RoPE inside the attention kernels rather
 #                  than q and k rotated once around the plain ones (the
 #                  default, set_rotate_once; --precision bf16-ropeinside):
-#                  what rotating once gains; ours_ropeinside_1536 the same at
-#                  1536 (when BENCH_SEQS has it; right after ours_1536, so
-#                  that a budget cut spares it)
+#                  what rotating once gains (at 1536 too until session 23,
+#                  whose ours_bitsahead_1536 took that row's place: the
+#                  default was settled there on session 20)
 #   ours_gemmtimed ours at 512 with the products' cuBLASLt algorithms chosen
 #                  by timing (run.gemm_algorithms: timed; --precision
 #                  bf16-gemmtimed) rather than the heuristic's first answers:
 #                  whether that choice should be the default;
-#                  ours_gemmtimed_1536 the same at 1536 (beside
-#                  ours_ropeinside_1536)
+#                  ours_gemmtimed_1536 the same at 1536 (right after
+#                  ours_1536, when BENCH_SEQS has it, so that a budget cut
+#                  spares it)
+#   ours_bitsahead ours at 512 with the attention dropout's keep bits drawn by
+#                  a kernel of their own before each forward (--precision
+#                  bf16-bitsahead, set_flash_keep_bits_ahead): whether that
+#                  should be the default; ours_bitsahead_1536 the same at
+#                  1536, right after ours_1536's choice by timing, where
+#                  attention weighs most
 #   ours_unfuseddrop ours at 512 with the hidden dropout as a pass of its own
 #                  before each residual layer norm (--precision
 #                  bf16-unfuseddrop): what the dropout inside the layer-norm
@@ -227,14 +240,13 @@ run_bench() {
   for seq in $BENCH_SEQS; do
     ((n++ == 2)) && step attention 150 attention_step
     step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused --budget-s 45
-    # Rotating once saves more per token at the long length (the target of the
-    # cost per token), where each key tile is rotated by more query blocks:
-    # RoPE inside beside ours there, before the attention table can spend the
-    # budget.
-    # The choice by timing there too (new in session 21, so first).
+    # The A/B rows of the long length (the target of the cost per token),
+    # before the attention table can spend the budget: the choice by timing
+    # (new in session 21) and the keep bits drawn ahead (session 23), whose
+    # attention weighs most there.
     if [[ $seq == "$LONG_SEQ" ]]; then
       step "ours_gemmtimed_$LONG_SEQ" 60 ours_step bf16-gemmtimed "$LONG_SEQ" --budget-s 45
-      step "ours_ropeinside_$LONG_SEQ" 60 ours_step bf16-ropeinside "$LONG_SEQ" --budget-s 45
+      step "ours_bitsahead_$LONG_SEQ" 60 ours_step bf16-bitsahead "$LONG_SEQ" --budget-s 45
     fi
     [[ " ${HF_SEQS:-$BENCH_SEQS} " == *" $seq "* ]] && step "hf_$seq" 120 hf_step "$seq"
   done
@@ -243,6 +255,7 @@ run_bench() {
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
   step ours_gemmtimed 60 ours_step bf16-gemmtimed "$REFERENCE_SEQ" --budget-s 45
+  step ours_bitsahead 60 ours_step bf16-bitsahead "$REFERENCE_SEQ" --budget-s 45
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
   step ours_ropeinside 60 ours_step bf16-ropeinside "$REFERENCE_SEQ" --budget-s 45
   step ours_unfuseddrop 60 ours_step bf16-unfuseddrop "$REFERENCE_SEQ" --budget-s 45
@@ -268,6 +281,14 @@ run_profile() {
   mlm_step_bench --device cuda --size base --precision "${PROFILE_PRECISIONS:-bf16,bf16-f32act}" \
     --seq "${PROFILE_SEQ:-512}" \
     --batch "${PROFILE_BATCH:-128}" --steps 3 --warmup 1 --profile | tee "$OUT/profile.txt"
+  # The long length at about the same tokens a step: the cost per token at
+  # 1536 over 512 (issue 14's target), op by op.
+  if [[ -n ${PROFILE_LONG_SEQ-1536} ]]; then
+    mlm_step_bench --device cuda --size base \
+      --precision "${PROFILE_LONG_PRECISIONS:-bf16,bf16-bitsahead}" --seq "${PROFILE_LONG_SEQ-1536}" \
+      --batch "${PROFILE_LONG_BATCH:-42}" --steps 3 --warmup 1 --profile |
+      tee -a "$OUT/profile.txt" || echo "gpu_bench profile: the long length's profile failed (above)"
+  fi
   if [[ ${GEMM_REPORT:-1} != 0 ]]; then
     gemm_report || echo "gpu_bench profile: the gemm report failed (above)"
   fi

@@ -467,7 +467,7 @@ memcheck_step() {
     [[ $filter == *CudaAllocator* ]] && segments=1
     # racecheck: the flash tests' first three variants (the defaults: wgmma
     # on compute capability 9.0, mma.sync; and the pipelined wgmma forward,
-    # whose buffers are handed over with one barrier a tile), not all nine.
+    # whose buffers are handed over with one barrier a tile), not all eleven.
     local variants=0
     [[ $tool == racecheck ]] && variants=3
     ROFORMER_CUDA_ALLOC_SEGMENTS=$segments ROFORMER_FLASH_VARIANTS=$variants \

@@ -15,7 +15,9 @@
 #                                 eager's batch search);
 #   3. scripts/gpu_bench.sh profile, the op-by-op profile of one step at
 #                                 PROFILE_PRECISIONS (bf16,bf16-gemmtimed:
-#                                 the products' choice by timing op by op) without
+#                                 the products' choice by timing op by op),
+#                                 then at 1536 x 42 (bf16 and
+#                                 bf16-bitsahead), without
 #                                 the Nsight counters, if
 #                                 SESSION_BUDGET (570 s, counted from the
 #                                 start) leaves PROFILE_MIN seconds (60);

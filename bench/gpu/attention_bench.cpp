@@ -17,6 +17,11 @@
 //                   (set_flash_forward_schedule; the backward's times are the
 //                   -wgmma row's, the same kernel). The default schedule
 //                   pipelines the plain forwards (no RoPE inside) alone.
+//   ours-*-dropout-wgmma-bitsahead  the keep bits drawn by a kernel of
+//                   their own before the wgmma forward, which reads them
+//                   (set_flash_keep_bits_ahead; the forward's time includes
+//                   that kernel, the backward is the same kernel): plain
+//                   pipelined (the model's forward), RoPE inside in step
 //   ours-plain-*wgmma-legacysplits  the plain wgmma backward (without and
 //                   with dropout) at the split count of the first rule
 //                   (flash_backward_splits.h) rather than the default's, where
@@ -304,6 +309,12 @@ void bench(int64_t S, Device device) {
     print("ours-fused-dropout-wgmma-pipelined", S, B, fused_fwd(dropped, keep), dropout_b);
     print("ours-plain-dropout-wgmma-pipelined", S, B, plain_fwd(dropped, keep), plain_dropout_b);
     kernels::cuda::set_flash_forward_schedule(ForwardSchedule::automatic);
+    // The keep bits drawn ahead of the forward (each forward under the
+    // default schedule: the plain one pipelined, RoPE inside in step).
+    kernels::cuda::set_flash_keep_bits_ahead(true);
+    print("ours-plain-dropout-wgmma-bitsahead", S, B, plain_fwd(dropped, keep), plain_dropout_b);
+    print("ours-fused-dropout-wgmma-bitsahead", S, B, fused_fwd(dropped, keep), dropout_b);
+    kernels::cuda::set_flash_keep_bits_ahead(false);
     separate("ours-separate-wgmma", params, none);
     separate("ours-separate-dropout-wgmma", dropped, keep);
     kernels::cuda::set_flash_forward_uses_wgmma(false);

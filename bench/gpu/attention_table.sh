@@ -137,6 +137,16 @@ table() {
         if (!(a in bwd) || !(w in bwd) || bwd[w] == "n/a" || bwd[a] + 0 <= 0) continue
         printf "rotated once / plain S=%s (dropout), backward: %.2fx\n", lengths[j], bwd[w] / bwd[a]
       }
+      # The keep bits drawn ahead of the forward by a kernel of their own
+      # over drawn inside it, each forward under its default schedule:
+      # whether set_flash_keep_bits_ahead should be the default.
+      for (j = 1; j <= m; ++j) {
+        p = "ours-plain-dropout-wgmma-pipelined" SUBSEP lengths[j]; pa = "ours-plain-dropout-wgmma-bitsahead" SUBSEP lengths[j]
+        f = "ours-fused-dropout-wgmma" SUBSEP lengths[j]; fa = "ours-fused-dropout-wgmma-bitsahead" SUBSEP lengths[j]
+        if (!(p in fwd) || !(pa in fwd) || !(f in fwd) || !(fa in fwd) || fwd[pa] == "n/a" || fwd[p] + 0 <= 0 || fwd[f] + 0 <= 0) continue
+        printf "bits ahead / inside S=%s, forward: plain pipelined %.2fx, RoPE inside in step %.2fx\n", \
+          lengths[j], fwd[pa] / fwd[p], fwd[fa] / fwd[f]
+      }
     }'
 }
 

@@ -9,6 +9,10 @@ attention impl=ours-plain S=512 B=64 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=250.
 attention impl=ours-plain S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=280.0 bwd_tflops=210.0
 attention impl=ours-plain-r32 S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=310.5 bwd_tflops=189.0
 attention impl=torch-flash S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=400.0 bwd_tflops=300.0
+attention impl=ours-plain-dropout-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=160.0 bwd_tflops=150.0
+attention impl=ours-plain-dropout-wgmma-bitsahead S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=200.0 bwd_tflops=150.0
+attention impl=ours-fused-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=120.0 bwd_tflops=150.0
+attention impl=ours-fused-dropout-wgmma-bitsahead S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=132.0 bwd_tflops=150.0
 attention impl=ours-plain S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=290.0 bwd_tflops=199.9
 attention impl=cudnn-plain S=4096 unavailable: no engine for this shape
 LINES
@@ -21,5 +25,7 @@ grep -q '^target S=1536: forward 310.5 (ours-plain-r32) >= 300 met; backward 210
   fail "S=1536: the best of ours, met"
 grep -q '^target S=4096: forward 290.0 (ours-plain) >= 300 not met; backward 199.9 (ours-plain) >= 200 not met$' <<< "$out" ||
   fail "S=4096: not met"
+grep -q '^bits ahead / inside S=1536, forward: plain pipelined 1.25x, RoPE inside in step 1.10x$' <<< "$out" ||
+  fail "the keep bits drawn ahead over drawn inside the forward"
 ! grep -q '^target S=512' <<< "$out" || fail "S=512 is below the targets' lengths"
 echo "attention_table_test: ok"
