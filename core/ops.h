@@ -82,7 +82,7 @@ Tensor gelu_tanh_ffn(const Tensor& x, const Tensor& w1, const Tensor& b1, const 
 // epilogue), rather than by a pass of its own. Off: on an H100 (cuBLASLt 13)
 // the epilogue refuses the bf16 sums the model asks for, so the product and
 // the sums run apart anyway (mlm_step_bench --precision bf16-bgrad measures
-// it; docs/performance/gpu-step.md).
+// it; docs/performance/gpu-step-changes.md).
 void set_bias_grad_in_product(bool on);
 bool bias_grad_in_product();
 

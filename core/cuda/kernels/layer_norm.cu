@@ -181,7 +181,7 @@ constexpr int64_t kWarpChunk = 16;
 // With the sums, two blocks an SM (16 warps, 128 registers) for f32 and bf16
 // up to 768 columns: their registers would leave one (ptxas sm_90, f32 at
 // 768: 134 registers, or 128 with one 8-byte spill; the kDrop instantiation
-// spills 152 bytes to L1, docs/performance/gpu-step.md); f64 and wider rows keep
+// spills 152 bytes to L1, docs/performance/gpu-step-changes.md); f64 and wider rows keep
 // their registers.
 // kDrop: whether the residual dropout applies (a template flag, so the
 // kernel without it keeps the registers it had before the dropout existed).
