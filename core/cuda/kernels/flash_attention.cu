@@ -145,10 +145,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
           philox4x32(dropout_block(4u * w + uint32_t(c), r.drop_position + uint32_t(i0) + i,
                                    r.drop_sequence, a.drop.site, uint32_t(r.h)),
                      a.drop.key);
-      decided = (decided << 4) | (dropout_keep_halves<kHighThreshold>(x[0], offset) >> 15) |
-                (dropout_keep_halves<kHighThreshold>(x[1], offset) >> 14) |
-                (dropout_keep_halves<kHighThreshold>(x[2], offset) >> 13) |
-                (dropout_keep_halves<kHighThreshold>(x[3], offset) >> 12);
+      decided = (decided << 4) | block_decisions<kHighThreshold, 1>(x, offset);
     }
     uint32_t word = interleave_halves(decided);
     const int64_t left = r.Lk - 32 * int64_t(w);

@@ -32,6 +32,16 @@ __device__ __forceinline__ uint32_t interleave_halves(uint32_t x) {
   return x ^ d ^ (d << 1);
 }
 
+// A Philox block's eight decisions (dropout_keep_halves): word w's low and
+// high draws at bits kStride w and 16 + kStride w.
+template <bool kHighThreshold, int kStride>
+__device__ __forceinline__ uint32_t block_decisions(const PhiloxCounter& w, uint32_t offset) {
+  return (dropout_keep_halves<kHighThreshold>(w[0], offset) >> 15) |
+         (dropout_keep_halves<kHighThreshold>(w[1], offset) >> (15 - kStride)) |
+         (dropout_keep_halves<kHighThreshold>(w[2], offset) >> (15 - 2 * kStride)) |
+         (dropout_keep_halves<kHighThreshold>(w[3], offset) >> (15 - 3 * kStride));
+}
+
 // The decisions of the four Philox blocks a lane draws for its quad (see
 // keep_mask): bit 16 e + 4 w + q is draw e of word w of block q = 2 hf + c
 // (row g + 8 hf, tile 2 t + c). A word's two decisions (bits 15 and 31) shift
@@ -50,10 +60,7 @@ __device__ __forceinline__ uint32_t decide_quad_blocks(const FlashArgs& a, const
         philox4x32(dropout_block(first_block + uint32_t(c), first_position + uint32_t(8 * hf),
                                  r.drop_sequence, a.drop.site, uint32_t(r.h)),
                    a.drop.key);
-    decided = (decided << 1) | (dropout_keep_halves<kHighThreshold>(w[0], offset) >> 15) |
-              (dropout_keep_halves<kHighThreshold>(w[1], offset) >> 11) |
-              (dropout_keep_halves<kHighThreshold>(w[2], offset) >> 7) |
-              (dropout_keep_halves<kHighThreshold>(w[3], offset) >> 3);
+    decided = (decided << 1) | block_decisions<kHighThreshold, 4>(w, offset);
   }
   return decided;
 }
