@@ -288,6 +288,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
 #endif
 }
 
+// The forward kernel of a dropout setting under either schedule.
+template <bool kDropout, bool kBitsAhead>
+auto forward_kernel(bool pipelined) {
+  return pipelined ? flash_forward_wgmma_kernel<kDropout, true, kBitsAhead>
+                   : flash_forward_wgmma_kernel<kDropout, false, kBitsAhead>;
+}
+
 // The dynamic shared memory before the angles, with room to align the tiles.
 constexpr size_t kWgmmaForwardShared =
     kSwizzleAtom + size_t(kRowsPerBlock + 4 * kInnerTile) * kD * sizeof(bf16_t) +
@@ -314,22 +321,16 @@ void flash_forward_wgmma(Stream stream, const AttentionParams& params, const Fla
   const ForwardSchedule schedule = flash_forward_schedule();
   const bool pipelined = schedule == ForwardSchedule::pipelined ||
                          (schedule == ForwardSchedule::automatic && a.table == nullptr);
+  const dim3 grid = launch_grid(g, heads);
   // The keep bits drawn by a kernel of their own first (flash_keep_bits_ahead).
   const bool ahead = a.drop.on && flash_keep_bits_ahead();
-  if (ahead) launch_keep_bits(stream, a, launch_grid(g, heads), g.tiles);
-  using Kernel = void (*)(FlashArgs, int64_t);
-  Kernel kernel = flash_forward_wgmma_kernel<false, false, false>;
-  if (!a.drop.on)
-    kernel = pipelined ? flash_forward_wgmma_kernel<false, true, false> : kernel;
-  else if (ahead)
-    kernel = pipelined ? flash_forward_wgmma_kernel<true, true, true>
-                       : flash_forward_wgmma_kernel<true, false, true>;
-  else
-    kernel = pipelined ? flash_forward_wgmma_kernel<true, true, false>
-                       : flash_forward_wgmma_kernel<true, false, false>;
+  if (ahead) launch_keep_bits(stream, a, grid, g.tiles);
+  const auto kernel = !a.drop.on ? forward_kernel<false, false>(pipelined)
+                      : ahead    ? forward_kernel<true, true>(pipelined)
+                                 : forward_kernel<true, false>(pipelined);
   const size_t shared = kWgmmaForwardShared + angle_bytes(a);
   allow_shared(kernel, shared);
-  RF_LAUNCH(kernel, launch_grid(g, heads), kThreadsPerBlock, shared, native(stream), a, g.tiles);
+  RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, g.tiles);
 }
 
 }  // namespace roformer::kernels::cuda
