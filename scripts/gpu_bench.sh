@@ -21,7 +21,7 @@
 #                                  PROFILE_LONG_SEQ (1536) x
 #                                  PROFILE_LONG_BATCH (42: about as many
 #                                  tokens) at PROFILE_LONG_PRECISIONS
-#                                  (bf16,bf16-bitsahead), appended: where
+#                                  (bf16,bf16-alternating), appended: where
 #                                  the cost per token at 1536 goes, op by op
 #                                  (PROFILE_LONG_SEQ= skips it); then the step's matrix
 #                                  products one by one (mlm_step_bench
@@ -77,16 +77,20 @@
 #   ours_gemmtimed ours at 512 with the products' cuBLASLt algorithms chosen
 #                  by timing (run.gemm_algorithms: timed; --precision
 #                  bf16-gemmtimed) rather than the heuristic's first answers:
-#                  whether that choice should be the default;
-#                  ours_gemmtimed_1536 the same at 1536 (right after
-#                  ours_1536, when BENCH_SEQS has it, so that a budget cut
-#                  spares it)
-#   ours_bitsahead ours at 512 with the attention dropout's keep bits drawn by
-#                  a kernel of their own before each forward (--precision
-#                  bf16-bitsahead, set_flash_keep_bits_ahead): whether that
-#                  should be the default; ours_bitsahead_1536 the same at
-#                  1536, right after ours_1536's choice by timing, where
-#                  attention weighs most
+#                  whether that choice should be the default (within the
+#                  spread at 512 and 1536 on an H200, session 24, which
+#                  ended ours_gemmtimed_1536)
+#   ours_alternating ours at 512 with the fused backward's sweeps of the
+#                  query tiles alternating in direction (--precision
+#                  bf16-alternating, set_flash_backward_alternates_sweeps):
+#                  whether that should be the default; ours_alternating_1536
+#                  the same at 1536, right after ours_1536, where the sweeps
+#                  outgrow the L2
+#   ours_bitsinside ours at 512 with the attention dropout's keep bits drawn
+#                  inside each forward rather than ahead by a kernel of their
+#                  own (the default since session 24; --precision
+#                  bf16-bitsinside): what drawing ahead gains, side by side;
+#                  ours_bitsinside_1536 the same at 1536
 #   ours_unfuseddrop ours at 512 with the hidden dropout as a pass of its own
 #                  before each residual layer norm (--precision
 #                  bf16-unfuseddrop): what the dropout inside the layer-norm
@@ -241,12 +245,12 @@ run_bench() {
     ((n++ == 2)) && step attention 150 attention_step
     step "ours_$seq" 60 ours_step bf16 "$seq" --f32-if-refused --budget-s 45
     # The A/B rows of the long length (the target of the cost per token),
-    # before the attention table can spend the budget: the choice by timing
-    # (new in session 21) and the keep bits drawn ahead (session 23), whose
-    # attention weighs most there.
+    # before the attention table can spend the budget: the backward's sweeps
+    # alternating (new in session 24) and the keep bits drawn inside the
+    # forward (the default until session 24), where attention weighs most.
     if [[ $seq == "$LONG_SEQ" ]]; then
-      step "ours_gemmtimed_$LONG_SEQ" 60 ours_step bf16-gemmtimed "$LONG_SEQ" --budget-s 45
-      step "ours_bitsahead_$LONG_SEQ" 60 ours_step bf16-bitsahead "$LONG_SEQ" --budget-s 45
+      step "ours_alternating_$LONG_SEQ" 60 ours_step bf16-alternating "$LONG_SEQ" --budget-s 45
+      step "ours_bitsinside_$LONG_SEQ" 60 ours_step bf16-bitsinside "$LONG_SEQ" --budget-s 45
     fi
     [[ " ${HF_SEQS:-$BENCH_SEQS} " == *" $seq "* ]] && step "hf_$seq" 120 hf_step "$seq"
   done
@@ -254,8 +258,9 @@ run_bench() {
   seq=${BENCH_SEQS%% *}
   # Our A/B rows before the peer's stock forward (session 7 measured that one):
   # under a cut budget the rows that decide defaults come first.
+  step ours_alternating 60 ours_step bf16-alternating "$REFERENCE_SEQ" --budget-s 45
+  step ours_bitsinside 60 ours_step bf16-bitsinside "$REFERENCE_SEQ" --budget-s 45
   step ours_gemmtimed 60 ours_step bf16-gemmtimed "$REFERENCE_SEQ" --budget-s 45
-  step ours_bitsahead 60 ours_step bf16-bitsahead "$REFERENCE_SEQ" --budget-s 45
   step ours_mmasync 60 ours_step bf16-mmasync "$REFERENCE_SEQ" --budget-s 45
   step ours_ropeinside 60 ours_step bf16-ropeinside "$REFERENCE_SEQ" --budget-s 45
   step ours_unfuseddrop 60 ours_step bf16-unfuseddrop "$REFERENCE_SEQ" --budget-s 45
@@ -285,7 +290,7 @@ run_profile() {
   # 1536 over 512 (issue 14's target), op by op.
   if [[ -n ${PROFILE_LONG_SEQ-1536} ]]; then
     mlm_step_bench --device cuda --size base \
-      --precision "${PROFILE_LONG_PRECISIONS:-bf16,bf16-bitsahead}" --seq "${PROFILE_LONG_SEQ-1536}" \
+      --precision "${PROFILE_LONG_PRECISIONS:-bf16,bf16-alternating}" --seq "${PROFILE_LONG_SEQ-1536}" \
       --batch "${PROFILE_LONG_BATCH:-42}" --steps 3 --warmup 1 --profile |
       tee -a "$OUT/profile.txt" || echo "gpu_bench profile: the long length's profile failed (above)"
   fi

@@ -69,7 +69,8 @@
 #                 attention kernels and the CUDA op, optimizer, GEMM and upload
 #                 tests, then racecheck over one flash case (its first three
 #                 variants: the defaults, wgmma and mma.sync, and the pipelined
-#                 wgmma forward); started after the
+#                 wgmma forward) and over the backward's sweeps
+#                 alternating; started after the
 #                 op table, it runs beside the later steps and is reported last
 #
 # More checks (NCCL, ...): write a function and add a `step NAME SECONDS FUNC`
@@ -442,7 +443,8 @@ memcheck_step() {
   # checked: TOOL BINARY FILTER SECONDS. The op table first (issue 13 asks for
   # it), then the flash kernels, the other CUDA suites ("*Suite.*" takes in
   # the parameterised instances, Shapes/CudaGemm.*), and racecheck on the
-  # flash kernels' shared memory over one token-stream case with dropout.
+  # flash kernels' shared memory over one token-stream case with dropout,
+  # then over the backward's sweeps alternating (their own test).
   # The allocator's test asks for more memory than the card has, on purpose:
   # that cudaMalloc error is the test's, so API errors are not reported there.
   local s=${MEMCHECK_SUITE_SECONDS:-90}
@@ -452,7 +454,8 @@ memcheck_step() {
     "memcheck cuda_tests *CudaOps.*:*CudaGemm.*:*CudaOptimizer.* $s" \
     "memcheck cuda_tests *CudaPhilox.*:*CudaUpload.*:*CudaBf16.*:*CudaWgmma.* $s" \
     "memcheck cuda_tests *CudaAllocator.* $s --report-api-errors no" \
-    "racecheck cuda_tests Cases/FlashAttention.MatchesTheCpuForwardAndBackward/packed_dropout_interleaved $s"; do
+    "racecheck cuda_tests Cases/FlashAttention.MatchesTheCpuForwardAndBackward/packed_dropout_interleaved $s" \
+    "racecheck cuda_tests FlashAttentionEdges.AlternatingSweepsKeepDqsBits $s"; do
     local tool binary filter limit extra
     read -r tool binary filter limit extra <<< "$entry"
     local log="$WORK/$tool-$binary-${filter//[^A-Za-z0-9_]/_}.log" t0=$SECONDS rc=0
@@ -467,7 +470,8 @@ memcheck_step() {
     [[ $filter == *CudaAllocator* ]] && segments=1
     # racecheck: the flash tests' first three variants (the defaults: wgmma
     # on compute capability 9.0, mma.sync; and the pipelined wgmma forward,
-    # whose buffers are handed over with one barrier a tile), not all eleven.
+    # whose buffers are handed over with one barrier a tile), not all twelve;
+    # and the alternating sweeps' test (its own entry).
     local variants=0
     [[ $tool == racecheck ]] && variants=3
     ROFORMER_CUDA_ALLOC_SEGMENTS=$segments ROFORMER_FLASH_VARIANTS=$variants \

@@ -14,11 +14,10 @@
 #                                 HF_SETUPS (eager,compile: compile reuses
 #                                 eager's batch search);
 #   3. scripts/gpu_bench.sh profile, the op-by-op profile of one step at
-#                                 PROFILE_PRECISIONS (bf16,bf16-gemmtimed:
-#                                 the products' choice by timing op by op),
-#                                 then at 1536 x 42 (bf16 and
-#                                 bf16-bitsahead), without
-#                                 the Nsight counters, if
+#                                 PROFILE_PRECISIONS (bf16,bf16-alternating:
+#                                 the backward's sweeps alternating, op by
+#                                 op), then at 1536 x 42 (the same two),
+#                                 without the Nsight counters, if
 #                                 SESSION_BUDGET (570 s, counted from the
 #                                 start) leaves PROFILE_MIN seconds (60);
 #   4. scripts/gpu_bench.sh gemm, the step's products timed one by one beside
@@ -123,7 +122,7 @@ run_session() {
     --exclude results.jsonl .
 
   budgeted_part profile "${PROFILE_MIN:-60}" profile profile.txt \
-    PROFILE_PRECISIONS="${PROFILE_PRECISIONS:-bf16,bf16-gemmtimed}" \
+    PROFILE_PRECISIONS="${PROFILE_PRECISIONS:-bf16,bf16-alternating}" \
     PROFILE_KERNELS=0 GEMM_REPORT=0
   budgeted_part "gemm report" "${GEMM_MIN:-30}" gemm "gemm_report.txt gemm.jsonl"
   [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt" >> "$OUT/summary.txt"

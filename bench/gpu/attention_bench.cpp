@@ -19,9 +19,18 @@
 //                   pipelines the plain forwards (no RoPE inside) alone.
 //   ours-*-dropout-wgmma-bitsahead  the keep bits drawn by a kernel of
 //                   their own before the wgmma forward, which reads them
-//                   (set_flash_keep_bits_ahead; the forward's time includes
-//                   that kernel, the backward is the same kernel): plain
-//                   pipelined (the model's forward), RoPE inside in step
+//                   (set_flash_keep_bits_ahead, the default since session
+//                   24; the forward's time includes that kernel, the
+//                   backward is the same kernel): plain pipelined (the
+//                   model's forward), RoPE inside in step. The -wgmma rows
+//                   before them draw the bits inside the forward, the rows
+//                   after them ahead
+//   ours-*-wgmma-alternating  the fused wgmma backward with its sweeps of
+//                   the query tiles alternating in direction
+//                   (set_flash_backward_alternates_sweeps): the plain one
+//                   and the model's (q and k rotated once, dropout); the
+//                   forward's times are the -wgmma rows'. ours-*-upwards:
+//                   the same backwards sweeping upwards, timed right before'
 //   ours-plain-*wgmma-legacysplits  the plain wgmma backward (without and
 //                   with dropout) at the split count of the first rule
 //                   (flash_backward_splits.h) rather than the default's, where
@@ -263,6 +272,7 @@ void bench(int64_t S, Device device) {
     kernels::cuda::set_flash_forward_uses_wgmma(true);
     kernels::cuda::set_flash_backward_uses_wgmma(true);
     kernels::cuda::set_flash_forward_schedule(ForwardSchedule::in_step);
+    kernels::cuda::set_flash_keep_bits_ahead(false);  // until the -bitsahead rows
     const double plain_f = plain_fwd(params, none), plain_b = plain_bwd(params, none);
     print("ours-plain-wgmma", S, B, plain_f, plain_b);
     const double fused_f = fused_fwd(params, none), fused_b = fused_bwd(params, none);
@@ -314,7 +324,16 @@ void bench(int64_t S, Device device) {
     kernels::cuda::set_flash_keep_bits_ahead(true);
     print("ours-plain-dropout-wgmma-bitsahead", S, B, plain_fwd(dropped, keep), plain_dropout_b);
     print("ours-fused-dropout-wgmma-bitsahead", S, B, fused_fwd(dropped, keep), dropout_b);
-    kernels::cuda::set_flash_keep_bits_ahead(false);
+    // The backward's sweeps alternating, beside the same backwards sweeping
+    // upwards timed right before them (the forwards are the rows' above).
+    const double plain_up = plain_bwd(params, none), once_up = once_bwd(dropped, keep);
+    kernels::cuda::set_flash_backward_alternates_sweeps(true);
+    const double plain_alt = plain_bwd(params, none), once_alt = once_bwd(dropped, keep);
+    kernels::cuda::set_flash_backward_alternates_sweeps(false);
+    print("ours-plain-wgmma-upwards", S, B, plain_f, plain_up);
+    print("ours-plain-wgmma-alternating", S, B, plain_f, plain_alt);
+    print("ours-once-dropout-wgmma-upwards", S, B, plain_dropout_f, once_up);
+    print("ours-once-dropout-wgmma-alternating", S, B, plain_dropout_f, once_alt);
     separate("ours-separate-wgmma", params, none);
     separate("ours-separate-dropout-wgmma", dropped, keep);
     kernels::cuda::set_flash_forward_uses_wgmma(false);

@@ -147,6 +147,19 @@ table() {
         printf "bits ahead / inside S=%s, forward: plain pipelined %.2fx, RoPE inside in step %.2fx\n", \
           lengths[j], fwd[pa] / fwd[p], fwd[fa] / fwd[f]
       }
+      # The fused backward sweeping its query tiles in alternating
+      # directions over always upwards, the plain kernel and the model'"'"'s:
+      # whether set_flash_backward_alternates_sweeps should be the default.
+      for (j = 1; j <= m; ++j) {
+        line = ""
+        for (k = 1; k <= 2; ++k) {
+          kind = (k == 1 ? "ours-plain-wgmma" : "ours-once-dropout-wgmma")
+          a = kind "-upwards" SUBSEP lengths[j]; w = kind "-alternating" SUBSEP lengths[j]
+          if (!(a in bwd) || !(w in bwd) || bwd[w] == "n/a" || bwd[a] + 0 <= 0) continue
+          line = line sprintf("%s %s %.2fx", (line == "" ? "" : ","), kind, bwd[w] / bwd[a])
+        }
+        if (line != "") printf "sweeps alternating / upwards S=%s, backward:%s\n", lengths[j], line
+      }
     }'
 }
 

@@ -37,11 +37,12 @@ assert any(r["setup"] == "ours bf16-bgrad" and r["seq"] == 64 for r in rows), "n
 assert any(r["setup"] == "ours bf16-addgrad" and r["seq"] == 64 for r in rows), "no ours bf16-addgrad row at 64"
 assert any(r["setup"] == "ours bf16-mmasync" and r["seq"] == 64 for r in rows), "no ours bf16-mmasync row at 64"
 assert any(r["setup"] == "ours bf16-ropeinside" and r["seq"] == 64 for r in rows), "no ours bf16-ropeinside row at 64"
-assert any(r["setup"] == "ours bf16-bitsahead" and r["seq"] == 64 for r in rows), "no ours bf16-bitsahead row at 64"
-assert any(r["setup"] == "ours bf16-bitsahead" and r["seq"] == 128 for r in rows), "no ours bf16-bitsahead row at 128"
+assert any(r["setup"] == "ours bf16-bitsinside" and r["seq"] == 64 for r in rows), "no ours bf16-bitsinside row at 64"
+assert any(r["setup"] == "ours bf16-bitsinside" and r["seq"] == 128 for r in rows), "no ours bf16-bitsinside row at 128"
+assert any(r["setup"] == "ours bf16-alternating" and r["seq"] == 64 for r in rows), "no ours bf16-alternating row at 64"
+assert any(r["setup"] == "ours bf16-alternating" and r["seq"] == 128 for r in rows), "no ours bf16-alternating row at 128"
 assert any(r["setup"] == "ours bf16-unfuseddrop" and r["seq"] == 64 for r in rows), "no ours bf16-unfuseddrop row at 64"
 assert any(r["setup"] == "ours bf16-gemmtimed" and r["seq"] == 64 for r in rows), "no ours bf16-gemmtimed row at 64"
-assert any(r["setup"] == "ours bf16-gemmtimed" and r["seq"] == 128 for r in rows), "no ours bf16-gemmtimed row at 128"
 assert any(r["setup"] == "ours bf16 separate" and r["attention_kernel"] == "separate" and r["seq"] == 64
            for r in rows), "no ours bf16 separate row at 64"
 # Ours runs the trainer's default layout: one token stream per micro-batch.

@@ -8,7 +8,7 @@
 //   mlm_step_bench [--device cuda|cpu] [--size base|tiny] [--seq 128,512,1536]
 //                  [--precision
 //                  bf16,f32,bf16-f32act,bf16-bgrad,bf16-addgrad,bf16-mmasync,bf16-ropeinside,
-//                  bf16-unfuseddrop,bf16-gemmtimed,bf16-bitsahead]
+//                  bf16-unfuseddrop,bf16-gemmtimed,bf16-bitsinside,bf16-alternating]
 //                  [--batch N | --start-batch N]
 //                  [--max-tokens N] [--max-step-s T] [--memory-cap-mb M]
 //                  [--steps N] [--warmup N] [--peak-tflops T] [--threads N]
@@ -57,11 +57,16 @@
 // core/ops.h), beside bf16 (the dropout inside the layer-norm kernels): what
 // that fusion gains; the same bits either way.
 //
-// --precision bf16-bitsahead: bf16 with the attention dropout's keep bits
-// drawn by a kernel of their own before each wgmma forward, which reads them
-// (set_flash_keep_bits_ahead, core/cuda/kernels/flash_attention.h), beside
-// bf16 (the forward draws them itself): whether drawing ahead should be the
-// default; the same bits either way. Elsewhere the same step as bf16.
+// --precision bf16-bitsinside: bf16 with the attention dropout's keep bits
+// drawn inside each wgmma forward (set_flash_keep_bits_ahead(false),
+// core/cuda/kernels/flash_attention.h), beside bf16 (a kernel of their own
+// draws them ahead, the default since an H200 timed it faster): what drawing
+// ahead gains; the same bits either way. Elsewhere the same step as bf16.
+//
+// --precision bf16-alternating: bf16 with the fused wgmma backward's sweeps
+// of the query tiles alternating in direction
+// (set_flash_backward_alternates_sweeps): whether that should be the
+// default; dq the same bits, dk and dv to f32 rounding.
 //
 // --precision bf16-gemmtimed: bf16 with the products' cuBLASLt algorithms
 // chosen by timing (run.gemm_algorithms: timed, core/cuda/gemm.h), from an
@@ -144,10 +149,17 @@ using Clock = std::chrono::steady_clock;
 constexpr double kMaskProb = 0.15;
 
 // The --precision values (the header comment says what each one runs).
-constexpr std::array<std::string_view, 10> kPrecisions{
-    "bf16",           "f32",           "bf16-f32act",     "bf16-bgrad",
-    "bf16-addgrad",   "bf16-mmasync",  "bf16-ropeinside", "bf16-unfuseddrop",
-    "bf16-gemmtimed", "bf16-bitsahead"};
+constexpr std::array<std::string_view, 11> kPrecisions{"bf16",
+                                                       "f32",
+                                                       "bf16-f32act",
+                                                       "bf16-bgrad",
+                                                       "bf16-addgrad",
+                                                       "bf16-mmasync",
+                                                       "bf16-ropeinside",
+                                                       "bf16-unfuseddrop",
+                                                       "bf16-gemmtimed",
+                                                       "bf16-bitsinside",
+                                                       "bf16-alternating"};
 
 std::string precision_list() {
   std::string list;
@@ -717,7 +729,8 @@ int run(int argc, char** argv) {
 #if defined(ROFORMER_BENCH_FLASH_KNOBS)
       kernels::cuda::set_flash_forward_uses_wgmma(precision != "bf16-mmasync");
       kernels::cuda::set_flash_backward_uses_wgmma(precision != "bf16-mmasync");
-      kernels::cuda::set_flash_keep_bits_ahead(precision == "bf16-bitsahead");
+      kernels::cuda::set_flash_keep_bits_ahead(precision != "bf16-bitsinside");
+      kernels::cuda::set_flash_backward_alternates_sweeps(precision == "bf16-alternating");
 #endif
       bench.emplace(mc, device, opt.layout == "stream");
     } catch (const InputError& e) {

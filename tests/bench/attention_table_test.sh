@@ -13,6 +13,11 @@ attention impl=ours-plain-dropout-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1
 attention impl=ours-plain-dropout-wgmma-bitsahead S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=200.0 bwd_tflops=150.0
 attention impl=ours-fused-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=120.0 bwd_tflops=150.0
 attention impl=ours-fused-dropout-wgmma-bitsahead S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=132.0 bwd_tflops=150.0
+attention impl=ours-plain-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=300.0 bwd_tflops=190.0
+attention impl=ours-plain-wgmma-upwards S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=300.0 bwd_tflops=200.0
+attention impl=ours-plain-wgmma-alternating S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=300.0 bwd_tflops=210.0
+attention impl=ours-once-dropout-wgmma-upwards S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=150.0 bwd_tflops=180.0
+attention impl=ours-once-dropout-wgmma-alternating S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=150.0 bwd_tflops=171.0
 attention impl=ours-plain S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=290.0 bwd_tflops=199.9
 attention impl=cudnn-plain S=4096 unavailable: no engine for this shape
 LINES
@@ -27,5 +32,7 @@ grep -q '^target S=4096: forward 290.0 (ours-plain) >= 300 not met; backward 199
   fail "S=4096: not met"
 grep -q '^bits ahead / inside S=1536, forward: plain pipelined 1.25x, RoPE inside in step 1.10x$' <<< "$out" ||
   fail "the keep bits drawn ahead over drawn inside the forward"
+grep -q '^sweeps alternating / upwards S=1536, backward: ours-plain-wgmma 1.05x, ours-once-dropout-wgmma 0.95x$' <<< "$out" ||
+  fail "the backward's sweeps alternating over upwards"
 ! grep -q '^target S=512' <<< "$out" || fail "S=512 is below the targets' lengths"
 echo "attention_table_test: ok"

@@ -76,7 +76,7 @@ grep -q 'over the tool.s limit: the logs alone' "$work/big/summary.txt" || fail 
 diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
 bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
-bench profile precisions=bf16,bf16-gemmtimed kernels=0 gemm=0
+bench profile precisions=bf16,bf16-alternating kernels=0 gemm=0
 bench gemm
 LOG
 grep -q '^ok    cuda_tests' "$work/full/summary.txt" || fail "the check's steps in summary.txt"

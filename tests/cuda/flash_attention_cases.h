@@ -270,7 +270,8 @@ struct FlashSettings {
   const char* what = "";
   bool wgmma = false, wgmma_backward = false;
   ForwardSchedule schedule = ForwardSchedule::automatic;
-  bool bits_ahead = false;
+  bool bits_ahead = true;
+  bool alternate_sweeps = false;
 };
 
 // The wgmma forward and fused backward with the automatic split count: the
@@ -287,10 +288,11 @@ inline FlashSettings mma_sync_variant() {
 // The settings each test runs under: the defaults of an H100 (wgmma) and of
 // every other GPU (mma.sync) first, then the wgmma forward pipelined
 // throughout (the default pipelines only the forwards without RoPE inside),
-// the two-pass backward and the other variants, the last with the forward in
-// step throughout.
+// the two-pass backward and the other variants: the forward in step
+// throughout, the keep bits drawn inside the forward, the backward's sweeps
+// alternating.
 // ROFORMER_FLASH_VARIANTS=N keeps the first N (scripts/gpu_check.sh
-// racechecks the first three: a sanitizer's slowdown times eleven is too long).
+// racechecks the first three: a sanitizer's slowdown times twelve is too long).
 inline std::vector<FlashSettings> flash_variants() {
   std::vector<FlashSettings> all{
       wgmma_variant(),
@@ -304,10 +306,12 @@ inline std::vector<FlashSettings> flash_variants() {
       {16, 2, 1, 0, "wgmma forward, fused backward", true},
       {16, 2, 1, 3, "wgmma forward in step and fused backward, three splits", true, true,
        ForwardSchedule::in_step},
-      {16, 2, 1, 0, "wgmma forward pipelined, keep bits drawn ahead, fused backward on wgmma", true,
-       true, ForwardSchedule::pipelined, true},
-      {16, 2, 1, 3, "wgmma forward in step, keep bits drawn ahead, fused backward, three splits",
-       true, true, ForwardSchedule::in_step, true}};
+      {16, 2, 1, 0, "wgmma forward pipelined, keep bits drawn inside, fused backward on wgmma",
+       true, true, ForwardSchedule::pipelined, false},
+      {16, 2, 1, 3, "wgmma forward in step, keep bits drawn inside, fused backward, three splits",
+       true, true, ForwardSchedule::in_step, false},
+      {16, 2, 1, 1, "wgmma forward and backward, one split, the sweeps alternating", true, true,
+       ForwardSchedule::automatic, true, true}};
   if (const char* keep = std::getenv("ROFORMER_FLASH_VARIANTS")) {
     const long n = std::strtol(keep, nullptr, 10);
     if (n >= 1 && n < long(all.size())) all.resize(size_t(n));
@@ -335,6 +339,8 @@ struct FlashKnobs {
   void (*set_schedule)(ForwardSchedule);
   bool (*bits_ahead)();
   void (*set_bits_ahead)(bool);
+  bool (*alternate_sweeps)();
+  void (*set_alternate_sweeps)(bool);
 };
 
 // Sets `settings` for its scope and restores what was set before.
@@ -342,8 +348,16 @@ class ScopedFlashSettings {
  public:
   ScopedFlashSettings(const FlashKnobs& knobs, const FlashSettings& settings)
       : knobs_(knobs),
-        saved_{knobs.rows(),  knobs.dq_blocks(),      knobs.passes(),   knobs.splits(),    "",
-               knobs.wgmma(), knobs.wgmma_backward(), knobs.schedule(), knobs.bits_ahead()} {
+        saved_{knobs.rows(),
+               knobs.dq_blocks(),
+               knobs.passes(),
+               knobs.splits(),
+               "",
+               knobs.wgmma(),
+               knobs.wgmma_backward(),
+               knobs.schedule(),
+               knobs.bits_ahead(),
+               knobs.alternate_sweeps()} {
     apply(settings);
   }
   ~ScopedFlashSettings() { apply(saved_); }
@@ -360,6 +374,7 @@ class ScopedFlashSettings {
     knobs_.set_wgmma_backward(s.wgmma_backward);
     knobs_.set_schedule(s.schedule);
     knobs_.set_bits_ahead(s.bits_ahead);
+    knobs_.set_alternate_sweeps(s.alternate_sweeps);
   }
   FlashKnobs knobs_;
   FlashSettings saved_;
@@ -372,6 +387,20 @@ inline std::vector<uint32_t> bits_of(const Tensor& t) {
   return w;
 }
 
+// Two runs' gradient `what`, element for element within f32 summation
+// order, NaN where the other is NaN (elements no segment covers).
+inline void expect_close_where_written(const Tensor& a, const Tensor& b, const char* what) {
+  const auto x = host(a), y = host(b);
+  std::vector<double> written_x, written_y;  // the elements a segment covers
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(std::isnan(x[i]), std::isnan(y[i])) << what << " element " << i;
+    if (std::isnan(x[i])) continue;
+    written_x.push_back(x[i]);
+    written_y.push_back(y[i]);
+  }
+  EXPECT_LT(relative_error(written_x, written_y), 1e-3) << "the variants' " << what << " differ";
+}
+
 // Runs of the kernels under two settings compute out, lse, the keep bits,
 // dk and dv the same way: the same bits (compared as bit patterns, so
 // elements no segment covers, still NaN, compare too). dq is the same bits
@@ -379,25 +408,23 @@ inline std::vector<uint32_t> bits_of(const Tensor& t) {
 // otherwise close, NaN where the other is NaN: the schemes' scores differ in
 // f32 rounding (S = Q K^T against S^T = K Q^T, a bias added or not), which
 // can move a dS element across a bf16 rounding boundary (seen: 5e-5), and
-// their f32 sums of dS K run in another order.
-inline void expect_same_results(const Result& a, const Result& b, bool same_dq) {
+// their f32 sums of dS K run in another order. dk and dv likewise, with
+// `same_key_grads` false: the query tiles summed in another order.
+inline void expect_same_results(const Result& a, const Result& b, bool same_dq,
+                                bool same_key_grads = true) {
   EXPECT_EQ(bits_of(a.out), bits_of(b.out)) << "the tilings' outputs differ";
   EXPECT_EQ(bits_of(a.lse), bits_of(b.lse)) << "the tilings' lse differ";
-  EXPECT_EQ(bits_of(a.dk), bits_of(b.dk)) << "the variants' dk differ";
-  EXPECT_EQ(bits_of(a.dv), bits_of(b.dv)) << "the variants' dv differ";
-  if (same_dq) {
-    EXPECT_EQ(bits_of(a.dq), bits_of(b.dq)) << "the variants' dq differ";
+  if (same_key_grads) {
+    EXPECT_EQ(bits_of(a.dk), bits_of(b.dk)) << "the variants' dk differ";
+    EXPECT_EQ(bits_of(a.dv), bits_of(b.dv)) << "the variants' dv differ";
   } else {
-    const auto x = host(a.dq), y = host(b.dq);
-    std::vector<double> written_x, written_y;  // the elements a segment covers
-    for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_EQ(std::isnan(x[i]), std::isnan(y[i])) << "dq element " << i;
-      if (std::isnan(x[i])) continue;
-      written_x.push_back(x[i]);
-      written_y.push_back(y[i]);
-    }
-    EXPECT_LT(relative_error(written_x, written_y), 1e-3) << "the variants' dq differ";
+    expect_close_where_written(a.dk, b.dk, "dk");
+    expect_close_where_written(a.dv, b.dv, "dv");
   }
+  if (same_dq)
+    EXPECT_EQ(bits_of(a.dq), bits_of(b.dq)) << "the variants' dq differ";
+  else
+    expect_close_where_written(a.dq, b.dq, "dq");
   if (a.bits.defined()) {  // with dropout
     EXPECT_EQ(a.bits.to(Device::cpu()).to_vector<int32_t>(),
               b.bits.to(Device::cpu()).to_vector<int32_t>());
@@ -442,12 +469,14 @@ void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem
       // The wgmma backward's split counts: dk and dv the same bits, dq
       // within f32 summation order, as on mma.sync. Another forward
       // schedule with the first's backward (passes, splits): every output
-      // the same bits, dq too.
+      // the same bits, dq too. Alternating sweeps: dk and dv within f32
+      // summation order.
       if (variants[i].wgmma_backward) {
         if (wgmma_backward.dq.defined()) {
           const FlashSettings& f = first_wgmma_backward;
           expect_same_results(r, wgmma_backward,
-                              variants[i].splits == f.splits && variants[i].passes == f.passes);
+                              variants[i].splits == f.splits && variants[i].passes == f.passes,
+                              variants[i].alternate_sweeps == f.alternate_sweeps);
         } else {
           wgmma_backward = r;
           first_wgmma_backward = variants[i];
@@ -462,6 +491,34 @@ void expect_variants_match(const FlashKnobs& knobs, const Case& c, const Problem
       else
         two_pass = r;
     }
+  }
+}
+
+// The fused wgmma backward with its sweeps alternating, against the same
+// split count with them all upwards (each of `split_counts`: one split, a
+// block takes every key tile): dq the same bits (each row adds the key
+// tiles in order), dk and dv within f32 summation order but not the same
+// bits (the query tiles summed in another order: were they the same, no
+// sweep ran downwards). Each split needs two key tiles or more.
+template <class Run>
+void expect_alternating_sweeps_keep_dq(const FlashKnobs& knobs,
+                                       const std::vector<int>& split_counts, Run run) {
+  for (const int splits : split_counts) {
+    SCOPED_TRACE("splits " + std::to_string(splits));
+    FlashSettings upwards{16, 2, 1, splits, "sweeps upwards", true, true};
+    FlashSettings alternating = upwards;
+    alternating.alternate_sweeps = true;
+    Result a, b;
+    {
+      const ScopedFlashSettings scoped(knobs, upwards);
+      a = run();
+    }
+    {
+      const ScopedFlashSettings scoped(knobs, alternating);
+      b = run();
+    }
+    expect_same_results(a, b, true, false);
+    EXPECT_NE(bits_of(a.dk), bits_of(b.dk)) << "dk the same bits: no sweep ran downwards";
   }
 }
 

@@ -24,16 +24,25 @@ using testing::kGpu;
 
 class FlashAttention : public ::testing::TestWithParam<Case> {};
 
-const FlashKnobs kKnobs{
-    &kernels::cuda::flash_forward_rows_per_warp, &kernels::cuda::set_flash_forward_rows_per_warp,
-    &kernels::cuda::flash_dq_blocks_per_sm,      &kernels::cuda::set_flash_dq_blocks_per_sm,
-    &kernels::cuda::flash_backward_passes,       &kernels::cuda::set_flash_backward_passes,
-    &kernels::cuda::flash_backward_splits,       &kernels::cuda::set_flash_backward_splits,
-    &kernels::cuda::flash_forward_uses_wgmma,    &kernels::cuda::set_flash_forward_uses_wgmma,
-    &kernels::cuda::flash_backward_uses_wgmma,   &kernels::cuda::set_flash_backward_uses_wgmma,
-    &kernels::cuda::flash_wgmma_available,       &kernels::cuda::flash_forward_schedule,
-    &kernels::cuda::set_flash_forward_schedule,  &kernels::cuda::flash_keep_bits_ahead,
-    &kernels::cuda::set_flash_keep_bits_ahead};
+const FlashKnobs kKnobs{&kernels::cuda::flash_forward_rows_per_warp,
+                        &kernels::cuda::set_flash_forward_rows_per_warp,
+                        &kernels::cuda::flash_dq_blocks_per_sm,
+                        &kernels::cuda::set_flash_dq_blocks_per_sm,
+                        &kernels::cuda::flash_backward_passes,
+                        &kernels::cuda::set_flash_backward_passes,
+                        &kernels::cuda::flash_backward_splits,
+                        &kernels::cuda::set_flash_backward_splits,
+                        &kernels::cuda::flash_forward_uses_wgmma,
+                        &kernels::cuda::set_flash_forward_uses_wgmma,
+                        &kernels::cuda::flash_backward_uses_wgmma,
+                        &kernels::cuda::set_flash_backward_uses_wgmma,
+                        &kernels::cuda::flash_wgmma_available,
+                        &kernels::cuda::flash_forward_schedule,
+                        &kernels::cuda::set_flash_forward_schedule,
+                        &kernels::cuda::flash_keep_bits_ahead,
+                        &kernels::cuda::set_flash_keep_bits_ahead,
+                        &kernels::cuda::flash_backward_alternates_sweeps,
+                        &kernels::cuda::set_flash_backward_alternates_sweeps};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.
@@ -73,6 +82,22 @@ TEST(FlashAttentionEdges, TheFusedBackwardGivesTheSameBitsOnEveryRun) {
       const Result a = run(*it, p, kGpu, DType::bf16), b = run(*it, p, kGpu, DType::bf16);
       expect_same_results(a, b, true);
     }
+  }
+}
+
+// Alternating sweeps keep dq's bits, at one split and three: a long
+// sequence (8 key tiles) and the model's case (a token stream with dropout,
+// q and k rotated once) at one split.
+TEST(FlashAttentionEdges, AlternatingSweepsKeepDqsBits) {
+  RF_REQUIRE_GPU();
+  if (!kernels::cuda::flash_wgmma_available(0)) GTEST_SKIP() << "not compute capability 9.0";
+  for (const Case& c : cases()) {
+    const bool model = c.name == "packed_dropout_rotated_once_interleaved";
+    if (c.name != "plain_long" && !model) continue;
+    SCOPED_TRACE(c.name);
+    const Problem p = make_problem(c);
+    expect_alternating_sweeps_keep_dq(kKnobs, model ? std::vector<int>{1} : std::vector<int>{1, 3},
+                                      [&] { return run(c, p, kGpu, DType::bf16); });
   }
 }
 

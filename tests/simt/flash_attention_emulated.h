@@ -29,4 +29,6 @@
 #define launch_keep_bits simt_launch_keep_bits
 #define flash_keep_bits_ahead simt_flash_keep_bits_ahead
 #define set_flash_keep_bits_ahead set_simt_flash_keep_bits_ahead
+#define flash_backward_alternates_sweeps simt_flash_backward_alternates_sweeps
+#define set_flash_backward_alternates_sweeps set_simt_flash_backward_alternates_sweeps
 #include "core/cuda/kernels/flash_attention.h"

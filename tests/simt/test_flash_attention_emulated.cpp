@@ -73,7 +73,9 @@ const FlashKnobs kKnobs{&kernels::cuda::simt_flash_forward_rows_per_warp,
                         &kernels::cuda::simt_flash_forward_schedule,
                         &kernels::cuda::set_simt_flash_forward_schedule,
                         &kernels::cuda::simt_flash_keep_bits_ahead,
-                        &kernels::cuda::set_simt_flash_keep_bits_ahead};
+                        &kernels::cuda::set_simt_flash_keep_bits_ahead,
+                        &kernels::cuda::simt_flash_backward_alternates_sweeps,
+                        &kernels::cuda::set_simt_flash_backward_alternates_sweeps};
 
 // Every variant (forward tilings, backward schemes, dq blocks an SM, fused
 // splits: flash_variants) against the CPU, and against the defaults.
@@ -104,7 +106,10 @@ TEST(FlashAttentionEmulatedEdges, TheVariantsAreTheOnesListed) {
   EXPECT_TRUE(kernels::cuda::simt_flash_backward_uses_wgmma());
   // The forward's schedule is chosen per kernel (flash_attention.h).
   EXPECT_EQ(kernels::cuda::simt_flash_forward_schedule(), ForwardSchedule::automatic);
-  EXPECT_FALSE(kernels::cuda::simt_flash_keep_bits_ahead());
+  // The keep bits are drawn ahead since an H200 timed it faster
+  // (docs/performance/attention.md); the backward's sweeps run upwards.
+  EXPECT_TRUE(kernels::cuda::simt_flash_keep_bits_ahead());
+  EXPECT_FALSE(kernels::cuda::simt_flash_backward_alternates_sweeps());
 }
 
 // The tensor-core cases of the GPU test, shrunk to what the emulator runs in
@@ -122,6 +127,19 @@ std::vector<Case> emulated_cases() {
     out.push_back(c);
   }
   return out;
+}
+
+// Alternating sweeps keep dq's bits: the model's case (a token stream with
+// dropout, q and k rotated once; its 130-token segment has two key tiles)
+// and a padded batch (its keys unmasked: masked keys have no gradient to
+// sum), at one split.
+TEST(FlashAttentionEmulatedEdges, AlternatingSweepsKeepDqsBits) {
+  for (const Case& c : emulated_cases()) {
+    if (c.name != "packed_dropout_rotated_once_interleaved" && c.name != "padded_half") continue;
+    SCOPED_TRACE(c.name);
+    const Problem p = make_problem(c);
+    expect_alternating_sweeps_keep_dq(kKnobs, {1}, [&] { return run_emulated(c, p); });
+  }
 }
 
 // No query rows (Sq = 0) but keys: the key-tile kernel alone runs and writes

@@ -166,7 +166,7 @@ static_assert(2 * (kForwardShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 std::atomic<int> forward_rows_per_warp{16};
 std::atomic<bool> forward_wgmma{true};
 std::atomic<ForwardSchedule> forward_schedule{ForwardSchedule::automatic};
-std::atomic<bool> keep_bits_ahead{false};
+std::atomic<bool> keep_bits_ahead{true};
 
 }  // namespace
 

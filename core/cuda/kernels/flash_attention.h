@@ -60,12 +60,15 @@ bool flash_wgmma_available(int device);
 ForwardSchedule flash_forward_schedule();
 void set_flash_forward_schedule(ForwardSchedule schedule);
 
-// Where the wgmma forward's dropout keep bits are drawn: inside the forward
-// (false, the default: each key tile's Philox rounds beside its products) or
-// ahead of it (true: a kernel of their own draws every row's words at full
-// occupancy, and the forward reads its tiles' words as the backward does).
+// Where the wgmma forward's dropout keep bits are drawn: ahead of it (true,
+// the default: a kernel of their own draws every row's words at full
+// occupancy, and the forward reads its tiles' words as the backward does)
+// or inside it (false: each key tile's Philox rounds beside its products).
 // The same bits and outputs either way. The mma.sync forward always draws
-// its own. attention_bench and mlm_step_bench time both. Process-wide.
+// its own. On an H200 (2026-11-28) drawing ahead ran the pipelined forward
+// with dropout 1.09x (S=512) to 1.15x (S=16384) faster, and the step at
+// 1536 1.02x, within the spread (docs/performance/attention.md).
+// attention_bench and mlm_step_bench time both. Process-wide.
 bool flash_keep_bits_ahead();
 void set_flash_keep_bits_ahead(bool on);
 
@@ -77,6 +80,17 @@ void set_flash_keep_bits_ahead(bool on);
 // faster with RoPE inside. Process-wide.
 bool flash_backward_uses_wgmma();
 void set_flash_backward_uses_wgmma(bool on);
+
+// The order the fused wgmma backward's blocks sweep their query tiles in,
+// each key tile: upwards every time (false, the default) or alternating
+// (true: every other sweep downwards, starting on the rows the sweep before
+// left in L2; at S = 1536 a sweep of all SMs covers about twice the L2).
+// dq is the same bits either way (each row still adds the key tiles in
+// order), dk and dv agree to f32 rounding (they sum the query tiles in the
+// sweep's order). attention_bench and mlm_step_bench time both.
+// Process-wide.
+bool flash_backward_alternates_sweeps();
+void set_flash_backward_alternates_sweeps(bool on);
 
 // The backward's scheme: 1 pass (fused: a block streams the query tiles
 // past 128 keys and computes S and dP once for dV, dK and dQ, five products;

@@ -467,6 +467,7 @@ std::atomic<int> dq_blocks_per_sm{2};
 std::atomic<int> backward_passes{1};
 std::atomic<int> backward_splits{0};
 std::atomic<bool> backward_wgmma{true};
+std::atomic<bool> alternate_sweeps{false};
 
 int multiprocessor_count(const Stream& stream) {
   int count = 0;
@@ -513,6 +514,14 @@ bool flash_backward_uses_wgmma() {
 
 void set_flash_backward_uses_wgmma(bool on) {
   backward_wgmma.store(on);
+}
+
+bool flash_backward_alternates_sweeps() {
+  return alternate_sweeps.load();
+}
+
+void set_flash_backward_alternates_sweeps(bool on) {
+  alternate_sweeps.store(on);
 }
 
 int flash_backward_splits() {
@@ -606,7 +615,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   if (keys && backward_wgmma.load(std::memory_order_relaxed) &&
       flash_wgmma_available(stream.device_index)) {
     launch_key_tiles_wgmma(stream, a, launch_grid(Grid{gk.sequences, splits}, heads), splits,
-                           partials, angles);
+                           partials, angles, alternate_sweeps.load(std::memory_order_relaxed));
   } else if (keys) {
     const size_t shared = kFusedShared + angles;
     const auto kernel =

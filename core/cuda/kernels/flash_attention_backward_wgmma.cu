@@ -28,7 +28,8 @@ namespace {
 // gradients rotated, at the stores) carries none of that code.
 template <bool kDropout, bool kRotateLoads>
 __global__ void __launch_bounds__(kThreadsPerBlock, 1)
-    flash_key_tile_wgmma_kernel(FlashArgs a, int64_t tiles, DqPartials partials) {
+    flash_key_tile_wgmma_kernel(FlashArgs a, int64_t tiles, DqPartials partials,
+                                bool alternate_sweeps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(ROFORMER_SIMT_EMULATION)
   RF_DYNAMIC_SHARED(smem);
   // bf16 tiles first, each a whole number of 1024-byte swizzle atoms.
@@ -57,16 +58,28 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{
       sQ, sO, streams[kStreamQ], streams[kStreamO], rotate_loads ? sAngles : nullptr};
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
-  for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles) {
+  const int64_t query_tiles = (r.Lq + kInnerTile - 1) / kInnerTile;
+  int64_t sweep = 0;  // the key tiles this block has swept its query rows for
+  for (int64_t kt = r.tile; kt * kRowsPerBlock < r.Lk; kt += tiles, ++sweep) {
     const int64_t j0 = kt * kRowsPerBlock, first_word = j0 / 32;
+    // The query tile at `step` of this sweep. Alternating sweeps
+    // (set_flash_backward_alternates_sweeps) run every other one downwards,
+    // so it starts on the rows the last one left in L2; each row still adds
+    // the key tiles in order (dq's bits unchanged), dk and dv sum the query
+    // tiles in the sweep's order.
+    const bool downwards = alternate_sweeps && (sweep & 1) != 0;
+    const auto rows_at = [downwards, query_tiles](int64_t step) {
+      return (downwards ? query_tiles - 1 - step : step) * kInnerTile;
+    };
+    const int64_t start = query_tiles > 0 ? rows_at(0) : 0;
     const bool first = kt == r.tile || !sums_kept;
     const bool last = (kt + tiles) * kRowsPerBlock >= r.Lk;
     const bool dq_final = last && partials.splits == 1;
     const bool came_early = kt != r.tile && r.Lq > 0;
     if (r.Lq > 0) {
-      rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, 0,
+      rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, start,
                  first_word, row_words, kDropout);
-      if (!first) sums.fetch(0, streams[kStreamSums], r.Lq, 0);
+      if (!first) sums.fetch(0, streams[kStreamSums], r.Lq, start);
     }
     if (!came_early) {
       copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kStreamK], j0,
@@ -74,7 +87,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kStreamV], j0,
                                                                      r.Lk);
     }
-    qo.fetch(0, r, 0, r.Lq, a);
+    qo.fetch(0, r, start, r.Lq, a);
     const int64_t key0 = j0 + warp * 16;
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
     float key_bias_of[2];
@@ -84,23 +97,25 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bf16_t* v_rows = v_tile + group * 64 * kD;
     float dk[8][4] = {}, dv[8][4] = {};
     int buffer = 0;
-    for (int64_t i0 = 0; i0 < r.Lq; i0 += kInnerTile, buffer ^= 1) {
+    for (int64_t step = 0; step < query_tiles; ++step, buffer ^= 1) {
+      const int64_t i0 = rows_at(step);
+      const int64_t next = step + 1 < query_tiles ? rows_at(step + 1) : r.Lq;  // r.Lq: none
       const bf16_t* q_tile = qo.first(buffer);
       const bf16_t* o_tile = qo.second(buffer);
-      if (i0 + kInnerTile < r.Lq) {
+      if (next < r.Lq) {
         rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
-                   r.Lq, i0 + kInnerTile, first_word, row_words, kDropout);
-        if (!first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, i0 + kInnerTile);
+                   r.Lq, next, first_word, row_words, kDropout);
+        if (!first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, next);
       }
-      if (i0 == 0 && !last) {
+      if (step == 0 && !last) {
         const int64_t j_next = j0 + tiles * kRowsPerBlock;
         copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
                                                                        j_next, r.Lk);
         copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
                                                                        j_next, r.Lk);
       }
-      qo.arrive(buffer, r, i0, r.Lq, a);
-      if (i0 == 0 && rotate_loads)
+      qo.arrive_before(buffer, r, i0, next, r.Lq, a);
+      if (step == 0 && rotate_loads)
         rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
                                                                                   r.Lk, a);
       rows.prepare(buffer, a.scale);
@@ -236,6 +251,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   (void)a;
   (void)tiles;
   (void)partials;
+  (void)alternate_sweeps;
 #if defined(__CUDA_ARCH__)
   __trap();
 #endif
@@ -253,7 +269,7 @@ static_assert(kKeyTileWgmmaShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 }  // namespace
 
 void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
-                            const DqPartials& partials, size_t angle_bytes) {
+                            const DqPartials& partials, size_t angle_bytes, bool alternate_sweeps) {
   const bool rotate_loads = a.rotate_loads;
   const auto kernel = a.drop.on ? (rotate_loads ? flash_key_tile_wgmma_kernel<true, true>
                                                 : flash_key_tile_wgmma_kernel<true, false>)
@@ -261,7 +277,8 @@ void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_
                                                 : flash_key_tile_wgmma_kernel<false, false>);
   const size_t shared = kKeyTileWgmmaShared + angle_bytes;
   allow_shared(kernel, shared);
-  RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, splits, partials);
+  RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, splits, partials,
+            alternate_sweeps);
 }
 
 }  // namespace roformer::kernels::cuda

@@ -126,7 +126,13 @@ struct StreamedPair {
   // before other threads read the tile.
   __device__ void arrive(int buffer, const Block& r, int64_t r0, int64_t limit,
                          const FlashArgs& a) const {
-    fetch(buffer ^ 1, r, r0 + kInnerTile, limit, a);
+    arrive_before(buffer, r, r0, r0 + kInnerTile, limit, a);
+  }
+  // arrive, with the tile to queue at rows `next` (past `limit`: none), for
+  // loops that do not walk the rows upwards.
+  __device__ void arrive_before(int buffer, const Block& r, int64_t r0, int64_t next, int64_t limit,
+                                const FlashArgs& a) const {
+    fetch(buffer ^ 1, r, next, limit, a);
     cp_async_wait<1>();  // this tile's copies have landed, the next tile's may not
     rotate_first(buffer, r0, limit, a);
   }
