@@ -57,6 +57,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   __syncthreads();
   const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{
       sQ, sO, streams[kStreamQ], streams[kStreamO], rotate_loads ? sAngles : nullptr};
+  // The angles of the query tile in `buffer`, for dq's rotation as it is
+  // stored: qo's own with RoPE inside; with q and k rotated once, staged
+  // beside the tiles of the sweep that writes dq (`stage_angles`), so the
+  // stores wait on no table load.
+  const auto tile_angles = [sAngles](int buffer) {
+    return sAngles + buffer * kInnerTile * 4 * kAngleSlot;
+  };
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   const int64_t query_tiles = (r.Lq + kInnerTile - 1) / kInnerTile;
   int64_t sweep = 0;  // the key tiles this block has swept its query rows for
@@ -75,6 +82,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bool first = kt == r.tile || !sums_kept;
     const bool last = (kt + tiles) * kRowsPerBlock >= r.Lk;
     const bool dq_final = last && partials.splits == 1;
+    const bool stage_angles = !rotate_loads && rotate_grads && dq_final;
     const bool came_early = kt != r.tile && r.Lq > 0;
     if (r.Lq > 0) {
       rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, start,
@@ -87,6 +95,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kStreamV], j0,
                                                                      r.Lk);
     }
+    if (stage_angles)
+      copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(0), r, start, r.Lq, a);
     qo.fetch(0, r, start, r.Lq, a);
     const int64_t key0 = j0 + warp * 16;
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
@@ -114,6 +124,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
                                                                        j_next, r.Lk);
       }
+      if (stage_angles)
+        copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(buffer ^ 1), r, next, r.Lq, a);
       qo.arrive_before(buffer, r, i0, next, r.Lq, a);
       if (step == 0 && rotate_loads)
         rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
@@ -229,8 +241,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       const float one[2] = {1.0f, 1.0f};
       const auto tile_of = [group, kept_tile](int n) { return kept_tile(n, group); };
       if (dq_final)
-        store_row_tiles(kept, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one, a,
-                        rotate_grads, g, t);
+        store_row_tiles<true>(kept, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one,
+                              a, rotate_grads, g, t,
+                              tile_angles(buffer) + local * 16 * 4 * kAngleSlot);
       else if (sums_kept)
         store_row_tiles(kept, tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r, q0, r.Lq,
                         one, a, false, g, t);
@@ -275,7 +288,8 @@ void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_
                                                 : flash_key_tile_wgmma_kernel<true, false>)
                                 : (rotate_loads ? flash_key_tile_wgmma_kernel<false, true>
                                                 : flash_key_tile_wgmma_kernel<false, false>);
-  const size_t shared = kKeyTileWgmmaShared + angle_bytes;
+  // Angle slots with RoPE inside (angle_bytes) and for dq's rotation.
+  const size_t shared = kKeyTileWgmmaShared + (a.table != nullptr ? kAngleBytes : angle_bytes);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, splits, partials,
             alternate_sweeps);

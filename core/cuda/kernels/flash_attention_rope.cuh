@@ -27,14 +27,6 @@ __device__ __forceinline__ AngleRows angle_rows(const FlashArgs& a, int64_t pos)
   return {a.table + pos * (kD / 2), a.table + (a.table_rows + pos) * (kD / 2)};
 }
 
-// Rotates the pair (x0, x1) by pair k's angle at table row `pos`; inverse
-// rotates by minus the angle (the backward).
-__device__ __forceinline__ void rotate_by_table(float& x0, float& x1, const FlashArgs& a,
-                                                int64_t pos, int k, bool inverse) {
-  const AngleRows row = angle_rows(a, pos);
-  rotate_pair(x0, x1, row.cos[k], inverse ? -row.sin[k] : row.sin[k]);
-}
-
 // A thread moves dims [8c, 8c + 8) (lo) and [8c + 32, 8c + 40) (hi) of a row,
 // which hold eight whole RoPE pairs in either layout. Its local pair n is
 // pair chunk_pair(n, c) of the table: interleaved, 4c..4c+3 (in lo) then
@@ -76,6 +68,15 @@ __device__ __forceinline__ ChunkAngles angles_from_slot(const float* slot) {
     r.sin[4 * q] = s.x, r.sin[4 * q + 1] = s.y, r.sin[4 * q + 2] = s.z, r.sin[4 * q + 3] = s.w;
   }
   return r;
+}
+
+// The cosine and sine of table pair k at row `row` of the slots
+// copy_angles_async staged (4 slots a row: the inverse of chunk_pair).
+__device__ __forceinline__ float2 slot_angle(const float* slots, int row, int k, bool interleaved) {
+  const int c = interleaved ? (k & 15) >> 2 : k >> 3;
+  const int n = interleaved ? (k >> 4) * 4 + (k & 3) : k & 7;
+  const float* slot = slots + (row * 4 + c) * kAngleSlot;
+  return make_float2(slot[n], slot[8 + n]);
 }
 
 // Rotates the values of chunk c of a row (x: dims 8c..., y: 8c + 32...) by

@@ -143,13 +143,17 @@ struct StreamedPair {
 // gradient or output operand (its rows: OperandRows or StreamRows), scaled
 // per row, rotated back by the RoPE table when `unrotate` (the gradient of
 // the unrotated input). Rotating needs each pair whole: in the half layout
-// tile n's partner (32 columns on) must be local tile n + kN / 2.
-template <int kN, class TileOf, class Rows>
+// tile n's partner (32 columns on) must be local tile n + kN / 2. The
+// angles come from `row_slots` with kFromSlots (the slots copy_angles_async
+// staged for rows row0..., read after a barrier), else from the table in
+// global memory (a load the store waits on).
+template <bool kFromSlots = false, int kN, class TileOf, class Rows>
 __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf tile_of,
                                                 const Rows& rows, DType dtype, const Block& r,
                                                 int64_t row0, int64_t limit,
                                                 const float (&row_scale)[2], const FlashArgs& a,
-                                                bool unrotate, int g, int t) {
+                                                bool unrotate, int g, int t,
+                                                const float* row_slots = nullptr) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int64_t i = row0 + g + 8 * hf;
@@ -162,16 +166,29 @@ __device__ __forceinline__ void store_row_tiles(const float (&c)[kN][4], TileOf 
     }
     if (unrotate) {
       const int64_t pos = r.first + i;
+      // Pair k's cosine and sine at this row.
+      const auto angle = [&](int k) {
+        if constexpr (kFromSlots) {
+          return slot_angle(row_slots, g + 8 * hf, k, a.interleaved);
+        } else {
+          const AngleRows table = angle_rows(a, pos);
+          return make_float2(table.cos[k], table.sin[k]);
+        }
+      };
       if (a.interleaved) {
 #pragma unroll
-        for (int n = 0; n < kN; ++n)
-          rotate_by_table(x[n][0], x[n][1], a, pos, tile_of(n) * 4 + t, true);
+        for (int n = 0; n < kN; ++n) {
+          const float2 w = angle(tile_of(n) * 4 + t);
+          rotate_pair(x[n][0], x[n][1], w.x, -w.y);
+        }
       } else {
 #pragma unroll
         for (int n = 0; n < kN / 2; ++n)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            rotate_by_table(x[n][e], x[n + kN / 2][e], a, pos, tile_of(n) * 8 + 2 * t + e, true);
+          for (int e = 0; e < 2; ++e) {
+            const float2 w = angle(tile_of(n) * 8 + 2 * t + e);
+            rotate_pair(x[n][e], x[n + kN / 2][e], w.x, -w.y);
+          }
       }
     }
     // A thread's two columns (an even one and the next) by one store where
