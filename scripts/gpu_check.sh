@@ -470,7 +470,7 @@ memcheck_step() {
     [[ $filter == *CudaAllocator* ]] && segments=1
     # racecheck: the flash tests' first three variants (the defaults: wgmma
     # on compute capability 9.0, mma.sync; and the pipelined wgmma forward,
-    # whose buffers are handed over with one barrier a tile), not all twelve;
+    # whose buffers are handed over with one barrier a tile), not all thirteen;
     # and the alternating sweeps' test (its own entry).
     local variants=0
     [[ $tool == racecheck ]] && variants=3

@@ -292,7 +292,7 @@ inline FlashSettings mma_sync_variant() {
 // throughout, the keep bits drawn inside the forward, the backward's sweeps
 // alternating.
 // ROFORMER_FLASH_VARIANTS=N keeps the first N (scripts/gpu_check.sh
-// racechecks the first three: a sanitizer's slowdown times twelve is too long).
+// racechecks the first three: a sanitizer's slowdown times thirteen is too long).
 inline std::vector<FlashSettings> flash_variants() {
   std::vector<FlashSettings> all{
       wgmma_variant(),
@@ -310,6 +310,7 @@ inline std::vector<FlashSettings> flash_variants() {
        true, true, ForwardSchedule::pipelined, false},
       {16, 2, 1, 3, "wgmma forward in step, keep bits drawn inside, fused backward, three splits",
        true, true, ForwardSchedule::in_step, false},
+      {16, 2, 1, 1, "wgmma forward and backward, one split", true, true},
       {16, 2, 1, 1, "wgmma forward and backward, one split, the sweeps alternating", true, true,
        ForwardSchedule::automatic, true, true}};
   if (const char* keep = std::getenv("ROFORMER_FLASH_VARIANTS")) {

@@ -58,10 +58,11 @@ struct DqPartials {
 // The fused backward's key-tile kernel on Hopper's wgmma
 // (flash_attention_backward_wgmma.cu, built for sm_90a), launched by
 // flash_backward in place of the mma.sync one (flash_attention_backward.cu)
-// on `grid` with `splits` blocks a sequence; `angle_bytes`: RoPE's slots;
-// `alternate_sweeps`: flash_backward_alternates_sweeps.
+// on `grid` with `splits` blocks a sequence (with RoPE's angle slots
+// wherever there is a table); `alternate_sweeps`:
+// flash_backward_alternates_sweeps.
 void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
-                            const DqPartials& partials, size_t angle_bytes, bool alternate_sweeps);
+                            const DqPartials& partials, bool alternate_sweeps);
 
 // The dropout keep bits of a forward with `a`'s arguments drawn into a.bits
 // by a kernel of their own (flash_attention.cu), on the forward's `grid`

@@ -615,7 +615,7 @@ void flash_backward(Stream stream, const AttentionParams& params, const FlashRop
   if (keys && backward_wgmma.load(std::memory_order_relaxed) &&
       flash_wgmma_available(stream.device_index)) {
     launch_key_tiles_wgmma(stream, a, launch_grid(Grid{gk.sequences, splits}, heads), splits,
-                           partials, angles, alternate_sweeps.load(std::memory_order_relaxed));
+                           partials, alternate_sweeps.load(std::memory_order_relaxed));
   } else if (keys) {
     const size_t shared = kFusedShared + angles;
     const auto kernel =

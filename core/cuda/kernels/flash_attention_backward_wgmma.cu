@@ -282,14 +282,15 @@ static_assert(kKeyTileWgmmaShared + kAngleBytes + kStreamBytes + kReservedPerBlo
 }  // namespace
 
 void launch_key_tiles_wgmma(Stream stream, const FlashArgs& a, dim3 grid, int64_t splits,
-                            const DqPartials& partials, size_t angle_bytes, bool alternate_sweeps) {
+                            const DqPartials& partials, bool alternate_sweeps) {
   const bool rotate_loads = a.rotate_loads;
   const auto kernel = a.drop.on ? (rotate_loads ? flash_key_tile_wgmma_kernel<true, true>
                                                 : flash_key_tile_wgmma_kernel<true, false>)
                                 : (rotate_loads ? flash_key_tile_wgmma_kernel<false, true>
                                                 : flash_key_tile_wgmma_kernel<false, false>);
-  // Angle slots with RoPE inside (angle_bytes) and for dq's rotation.
-  const size_t shared = kKeyTileWgmmaShared + (a.table != nullptr ? kAngleBytes : angle_bytes);
+  // Angle slots for the tiles rotated as they load (RoPE inside) and for
+  // dq's rotation as it is stored (both: wherever there is a table).
+  const size_t shared = kKeyTileWgmmaShared + (a.table != nullptr ? kAngleBytes : 0);
   allow_shared(kernel, shared);
   RF_LAUNCH(kernel, grid, kThreadsPerBlock, shared, native(stream), a, splits, partials,
             alternate_sweeps);
