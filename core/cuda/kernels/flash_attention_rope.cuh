@@ -186,8 +186,9 @@ __device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Bloc
 constexpr size_t kAngleFloats = size_t(2) * kInnerTile * 4 * kAngleSlot;
 
 // Shared bytes of the streamed tiles' RoPE angles: none unless tiles are
-// rotated as they load (the gradients' rotation reads the table, but for
-// the wgmma backward's dq: it reserves the slots whenever there is a table).
+// rotated as they load. The gradients' rotation reads the table, except
+// the wgmma backward's for dq: that kernel reserves the slots whenever
+// there is a table.
 constexpr size_t kAngleBytes = kAngleFloats * sizeof(float);
 inline size_t angle_bytes(const FlashArgs& a) {
   return a.rotate_loads ? kAngleBytes : 0;
