@@ -61,9 +61,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   // stored: qo's own with RoPE inside; with q and k rotated once, staged
   // beside the tiles of the sweep that writes dq (`stage_angles`), so the
   // stores wait on no table load.
-  const auto tile_angles = [sAngles](int buffer) {
-    return sAngles + buffer * kInnerTile * 4 * kAngleSlot;
-  };
+  const auto tile_angles = [sAngles](int buffer) { return buffer_angle_slots(sAngles, buffer); };
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   const int64_t query_tiles = (r.Lq + kInnerTile - 1) / kInnerTile;
   int64_t sweep = 0;  // the key tiles this block has swept its query rows for

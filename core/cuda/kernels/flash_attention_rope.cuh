@@ -185,6 +185,11 @@ __device__ __forceinline__ void rotate_own_chunks_by_table(bf16_t* s, const Bloc
 // Floats of shared memory a StreamedPair's angle slots take (two buffers).
 constexpr size_t kAngleFloats = size_t(2) * kInnerTile * 4 * kAngleSlot;
 
+// The slots of buffer `buffer` (one query tile's rows) in `angles`.
+__device__ __forceinline__ float* buffer_angle_slots(float* angles, int buffer) {
+  return angles + buffer * kInnerTile * 4 * kAngleSlot;
+}
+
 // Shared bytes of the streamed tiles' RoPE angles: none unless tiles are
 // rotated as they load. The gradients' rotation reads the table, except
 // the wgmma backward's for dq: that kernel reserves the slots whenever

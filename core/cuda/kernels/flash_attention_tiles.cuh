@@ -82,9 +82,7 @@ struct StreamedPair {
   __device__ bf16_t* second(int buffer) const {
     return shared1 + buffer * kInnerTile * Layout::kRowStride;
   }
-  __device__ float* slots(int buffer) const {
-    return angles + buffer * kInnerTile * 4 * kAngleSlot;
-  }
+  __device__ float* slots(int buffer) const { return buffer_angle_slots(angles, buffer); }
   // Queues (without committing) the copies of the first operand's tile at
   // rows r0 into `buffer`, with its angles; nothing when r0 is past `limit`.
   __device__ void queue_first(int buffer, const Block& r, int64_t r0, int64_t limit,
