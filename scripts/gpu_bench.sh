@@ -34,10 +34,14 @@
 #                                  with PROFILE_KERNELS=0)
 #   scripts/gpu_bench.sh gemm      on the GPU machine: only the gemm report
 #   scripts/gpu_bench.sh kernels   on the GPU machine: only that ncu step, at
-#                                  PROFILE_ATTENTION_SEQ (1536): per-kernel
+#                                  PROFILE_ATTENTION_SEQ (1536), on the
+#                                  kernels of the model's step
+#                                  (attention_bench --once): per-kernel
 #                                  counters and warp stalls, and the stall
 #                                  samples per SASS instruction
-#                                  ($OUT/flash_ncu_sass.csv.gz); about a minute
+#                                  ($OUT/flash_ncu_sass.csv.gz; all three
+#                                  files also in flash_ncu.tar.gz); about a
+#                                  minute
 #
 # The one device call (.gpu/ is ignored, so it must be carried):
 #
@@ -317,12 +321,21 @@ gemm_report() {
     tee -a "$OUT/gemm_report.txt"
 }
 
-# The flash kernels' hardware counters alone (the bundle unpacked first).
+# The flash kernels' hardware counters alone (the bundle unpacked first),
+# its readable files also in one flash_ncu.tar.gz (what scripts/gpu_session.sh
+# brings back), packed whatever part of them ncu wrote.
 run_kernels() {
   : "${OUT:?gpu_bench kernels: \$OUT (the device tool output folder) is not set}"
   command -v attention_bench > /dev/null || gpu_unpack "$pack_dir"
   [[ -f $attention_script ]] || { echo "$attention_script is not in this tree"; return 1; }
-  ATTENTION_BENCH=attention_bench bash "$attention_script" kernels "${PROFILE_ATTENTION_SEQ:-1536}"
+  local rc=0 f files=()
+  ATTENTION_BENCH=attention_bench bash "$attention_script" kernels "${PROFILE_ATTENTION_SEQ:-1536}" ||
+    rc=$?
+  for f in flash_ncu.txt flash_ncu_sass.csv.gz flash_ncu_run.log; do
+    [[ -f $OUT/$f ]] && files+=("$f")
+  done
+  ((${#files[@]})) && tar czf "$OUT/flash_ncu.tar.gz" -C "$OUT" "${files[@]}"
+  return "$rc"
 }
 
 case $mode in

@@ -20,7 +20,15 @@
 #                                 without the Nsight counters, if
 #                                 SESSION_BUDGET (570 s, counted from the
 #                                 start) leaves PROFILE_MIN seconds (60);
-#   4. scripts/gpu_bench.sh gemm, the step's products timed one by one beside
+#   4. scripts/gpu_bench.sh kernels, Nsight Compute's counters on one launch
+#                                 each of the model's attention kernels at
+#                                 1536 (attention_bench --once: the plain
+#                                 and the model's forward, the keep bits
+#                                 kernel, the plain and the model's
+#                                 backward, its sweeps upwards and
+#                                 alternating), if the budget leaves
+#                                 KERNELS_MIN seconds (60);
+#   5. scripts/gpu_bench.sh gemm, the step's products timed one by one beside
 #                                 PyTorch's, if the budget leaves GEMM_MIN
 #                                 seconds (30).
 # Other variables pass through to the scripts (GPU_STEPS, ATTENTION_SEQS, ...).
@@ -31,11 +39,15 @@
 #                      golden files transformers wrote on the machine where
 #                      they differ from the committed ones (pack_check: the
 #                      logs alone if that is over the tool's 16 MB)
-#   bench_summary.txt  the bench table with issue 14's targets judged
 #   results.jsonl      every bench row with its batch search
-#   bench_logs.tar.gz  gpu_bench's step logs
+#   bench_logs.tar.gz  gpu_bench's step logs and bench_summary.txt (the bench
+#                      table with issue 14's targets judged, also at the end
+#                      of summary.txt)
 #   profile.txt        the op-by-op profile (when it ran; as far as it got
 #                      when the budget cut it)
+#   flash_ncu.tar.gz   the kernels' counters: flash_ncu.txt (per kernel),
+#                      flash_ncu_sass.csv.gz (stall samples per SASS
+#                      instruction) and ncu's log (likewise)
 #   gemm_report.txt    the products one by one, ours beside PyTorch's (likewise)
 #   gemm.jsonl         the same with every candidate's time
 # The exit status is the number of parts that failed.
@@ -67,8 +79,16 @@ budgeted_part() {  # budgeted_part NAME MIN MODE "FILES" [VAR=VALUE...]
   for f in $files; do
     [[ -f $dir/$f ]] && cp "$dir/$f" "$OUT/$f"
   done
+  local first=$OUT/${files%% *} size
+  if [[ ! -f $first ]]; then
+    size="no ${first##*/}"
+  elif [[ $first == *.gz ]]; then
+    size="$(stat -c %s "$first") bytes"
+  else
+    size="$(wc -l < "$first") lines"
+  fi
   if ((rc == 0)); then
-    echo "ok    $name ($(wc -l < "$OUT/${files%% *}") lines)" >> "$OUT/summary.txt"
+    echo "ok    $name ($size)" >> "$OUT/summary.txt"
   else
     failed=$((failed + 1))
     { echo "FAIL  $name (exit $rc; 124: the budget): tail of its output"
@@ -114,18 +134,15 @@ run_session() {
     bash "$bench_script" run > "$parts/bench/bench_out.txt" 2>&1 || failed=$((failed + 1))
   cat "$parts/bench/summary.txt" >> "$OUT/summary.txt" 2> /dev/null ||
     echo "gpu_session: gpu_bench wrote no summary (bench_out.txt in bench_logs.tar.gz)" >> "$OUT/summary.txt"
-  local f
-  for f in bench_summary.txt results.jsonl; do
-    [[ -f $parts/bench/$f ]] && cp "$parts/bench/$f" "$OUT/"
-  done
-  tar czf "$OUT/bench_logs.tar.gz" -C "$parts/bench" --exclude bench_summary.txt \
-    --exclude results.jsonl .
+  [[ -f $parts/bench/results.jsonl ]] && cp "$parts/bench/results.jsonl" "$OUT/"
+  tar czf "$OUT/bench_logs.tar.gz" -C "$parts/bench" --exclude results.jsonl .
 
   budgeted_part profile "${PROFILE_MIN:-60}" profile profile.txt \
     PROFILE_PRECISIONS="${PROFILE_PRECISIONS:-bf16,bf16-alternating}" \
     PROFILE_KERNELS=0 GEMM_REPORT=0
+  budgeted_part "kernel counters" "${KERNELS_MIN:-60}" kernels flash_ncu.tar.gz
   budgeted_part "gemm report" "${GEMM_MIN:-30}" gemm "gemm_report.txt gemm.jsonl"
-  [[ -f $OUT/bench_summary.txt ]] && cat "$OUT/bench_summary.txt" >> "$OUT/summary.txt"
+  [[ -f $parts/bench/bench_summary.txt ]] && cat "$parts/bench/bench_summary.txt" >> "$OUT/summary.txt"
   echo "gpu_session: $failed part(s) failed in $((SECONDS - start)) s" >> "$OUT/summary.txt"
   cat "$OUT/summary.txt"  # the device tool shows the output's tail
   rm -rf "$parts"

@@ -57,9 +57,9 @@
 //   attention impl=ours-fused S=512 B=64 H=12 D=64 fwd_ms=... bwd_ms=... fwd_tflops=...
 //   bwd_tflops=...
 // bench/gpu/attention_table.sh runs it beside bench/gpu/attention_bench_torch.py.
-// `attention_bench --once S...` launches ours-plain and ours-fused-dropout
-// (and ours-plain-wgmma on compute capability 9.0) once each, untimed, for
-// ncu (bench/gpu/attention_table.sh kernels).
+// `attention_bench --once S...` launches the kernels of RoFormer-base's step
+// once each (launch_once), untimed, for ncu (bench/gpu/attention_table.sh
+// kernels).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -147,41 +147,44 @@ Operands operands(int64_t S, Device device) {
   return o;
 }
 
-// One launch each of our plain and our fused-dropout (RoPE inside, p = 0.1:
-// the model's) forward and backward, and the plain pair on wgmma where the
-// GPU has it (its forward in both schedules), untimed: for a kernel profiler
-// (ncu) to measure exactly these (bench/gpu/attention_table.sh kernels).
+// One launch each of the kernels RoFormer-base's step runs, under the
+// default flash settings and untimed, for a kernel profiler (ncu) to measure
+// exactly these (bench/gpu/attention_table.sh kernels), each beside what it
+// is measured against:
+//   1. the plain forward without dropout (the baseline of 2);
+//   2. the model's forward: dropout 0.1, q and k rotated once (the keep
+//      bits kernel, then the forward reading its bits): its two kernels'
+//      times split dropout's cost between drawing and applying;
+//   3. the plain backward without dropout (the baseline of 4);
+//   4. the model's backward: dropout, dq and dk rotated back at the stores;
+//   5. the same with its sweeps alternating (set_flash_backward_alternates_
+//      sweeps): its L2 hit rate and DRAM bytes beside 4's.
+// On a GPU without wgmma the same calls run the mma.sync kernels.
 void launch_once(int64_t S, Device device) {
   const Operands o = operands(S, device);
   const Tensor none;
   launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
+  launch::attention_forward(device, o.dropped, o.q, o.k, o.v, none, o.out, o.lse, o.keep);
   launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none, o.grad_out,
                              o.dq, o.dk, o.dv);
-  launch::rope_attention_forward(device, o.dropped, o.table, true, o.q, o.k, o.v, none, o.out,
-                                 o.lse, o.keep);
-  launch::rope_attention_backward(device, o.dropped, o.table, true, kernels::RopeInputs::unrotated,
-                                  o.q, o.k, o.v, none, o.out, o.lse, o.keep, o.grad_out, o.dq, o.dk,
-                                  o.dv);
-  // And the plain pair on wgmma, where the GPU has it (the profiler then
-  // sees both generations of the kernels side by side).
-  const bool wgmma = kernels::cuda::flash_wgmma_available(device.index);
-  if (wgmma) {
-    kernels::cuda::set_flash_forward_uses_wgmma(true);
-    kernels::cuda::set_flash_backward_uses_wgmma(true);
-    launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
-    launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none,
-                               o.grad_out, o.dq, o.dk, o.dv);
-    // Its forward's other schedule (the default pipelines it).
-    kernels::cuda::set_flash_forward_schedule(kernels::cuda::ForwardSchedule::in_step);
-    launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
-    kernels::cuda::set_flash_forward_schedule(kernels::cuda::ForwardSchedule::automatic);
-    kernels::cuda::set_flash_forward_uses_wgmma(false);
-    kernels::cuda::set_flash_backward_uses_wgmma(false);
-  }
+  const auto model_backward = [&] {
+    launch::rope_attention_backward(device, o.dropped, o.table, true, kernels::RopeInputs::rotated,
+                                    o.q, o.k, o.v, none, o.out, o.lse, o.keep, o.grad_out, o.dq,
+                                    o.dk, o.dv);
+  };
+  model_backward();
+  const bool alternated = kernels::cuda::flash_backward_alternates_sweeps();
+  kernels::cuda::set_flash_backward_alternates_sweeps(!alternated);
+  model_backward();
+  kernels::cuda::set_flash_backward_alternates_sweeps(alternated);
   launch::synchronize(device);
-  std::printf("attention_bench: one launch each of ours-plain and ours-fused-dropout%s at S=%lld\n",
-              wgmma ? " (and ours-plain-wgmma, its forward pipelined and in step)" : "",
-              static_cast<long long>(S));
+  std::printf(
+      "attention_bench: one launch each of the plain forward, the model's forward (dropout "
+      "0.1), the plain backward and the model's backward with its sweeps %s, then %s, "
+      "at S=%lld%s\n",
+      alternated ? "alternating" : "upwards", alternated ? "upwards" : "alternating",
+      static_cast<long long>(S),
+      kernels::cuda::flash_wgmma_available(device.index) ? " (wgmma)" : " (mma.sync)");
 }
 
 void bench(int64_t S, Device device) {

@@ -46,6 +46,16 @@ sass=$(gzip -dc "$work/out/flash_ncu_sass.csv.gz")
 [[ $sass == *"--page source --csv --print-source sass"* ]] || fail "no SASS page: $sass"
 [[ $sass == *"flash_ncu.ncu-rep"* ]] || fail "the SASS page is not the report's: $sass"
 
+# scripts/gpu_bench.sh kernels (what scripts/gpu_session.sh runs): the same
+# step at 1536, its readable files also packed into flash_ncu.tar.gz.
+OUT=$work/out bash "$(dirname "$script")/../../scripts/gpu_bench.sh" kernels > "$work/log" 2>&1 ||
+  fail "gpu_bench.sh kernels failed: $(cat "$work/log")"
+grep -qx 'attention_bench --once 1536' "$CALLS" || fail "gpu_bench.sh kernels did not launch at 1536"
+packed=$(tar tzf "$work/out/flash_ncu.tar.gz") || fail "no flash_ncu.tar.gz"
+for f in flash_ncu.txt flash_ncu_sass.csv.gz flash_ncu_run.log; do
+  grep -qx "$f" <<< "$packed" || fail "$f is not in flash_ncu.tar.gz: $packed"
+done
+
 # ncu failing before it writes a report: the step fails and says so.
 rm -f "$work/out"/* "$CALLS"
 if NCU_FAIL=1 OUT=$work/out bash "$script" kernels > "$work/log" 2>&1; then

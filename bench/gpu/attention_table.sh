@@ -24,8 +24,9 @@
 #   bench/gpu/attention_table.sh dry       exits 77 (skip): the kernels need a GPU
 #   ATTENTION_OUT=<dir>                     where attention_table.txt goes (else $OUT)
 #   bench/gpu/attention_table.sh kernels [S] on the GPU machine: Nsight Compute (ncu) on one
-#                                        launch each of our plain and fused-dropout kernels
-#                                        at S (1536): speed of light, tensor-pipe use, shared
+#                                        launch each of the model's attention kernels and
+#                                        their plain baselines (attention_bench --once) at
+#                                        S (1536): speed of light, tensor-pipe use, shared
 #                                        bank conflicts, occupancy, warp stalls, in
 #                                        $OUT/flash_ncu.txt, and the stall samples per SASS
 #                                        instruction in $OUT/flash_ncu_sass.csv.gz (what a
