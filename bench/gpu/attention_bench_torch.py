@@ -3,9 +3,12 @@
 
 bf16, head dim 64, 12 heads, B x S = 32768 tokens, no mask, no dropout, q, k, v
 laid out [B, S, H, D] and seen as [B, H, S, D] (as ours), for each SDPA backend
-torch offers here (flash, cuDNN, memory-efficient). FLOPs as FlashAttention
-counts them: forward 4 B H S^2 D, backward 2.5 x that. Prints one line per
-(backend, S) in attention_bench's format:
+torch offers here (flash, cuDNN, memory-efficient); then the flash and cuDNN
+backends with attention dropout 0.1, as RoFormer-base trains
+(torch-flash-dropout, torch-cudnn-dropout: beside our model's kernels with
+dropout, whose cost attention_table.sh's "dropout / none" line compares).
+FLOPs as FlashAttention counts them: forward 4 B H S^2 D, backward 2.5 x
+that. Prints one line per (backend, S) in attention_bench's format:
 
   attention impl=torch-flash S=512 B=64 H=12 D=64 fwd_ms=... bwd_ms=... fwd_tflops=... bwd_tflops=...
 
@@ -33,6 +36,10 @@ def time_ms(torch, fn, min_seconds=0.3):
             torch.cuda.synchronize()
             elapsed = start.elapsed_time(end)
     return elapsed / iters
+
+
+# The backends also timed with dropout: the peers a BERT trainer would use.
+DROPOUT_P, DROPOUT_BACKENDS = 0.1, ("torch-flash", "torch-cudnn")
 
 
 def sdpa_backends(torch):
@@ -78,11 +85,14 @@ def main():
         k.requires_grad_(True)
         v.requires_grad_(True)
         flops = 4.0 * B * HEADS * S * S * DIM
-        for name, backend in backends:
+        runs = [(name, backend, 0.0) for name, backend in backends]
+        runs += [(name + "-dropout", backend, DROPOUT_P) for name, backend in backends
+                 if name in DROPOUT_BACKENDS]
+        for name, backend, p in runs:
             try:
                 with backend():
-                    fwd = time_ms(torch, lambda: F.scaled_dot_product_attention(q, k, v))
-                    out = F.scaled_dot_product_attention(q, k, v)
+                    fwd = time_ms(torch, lambda: F.scaled_dot_product_attention(q, k, v, dropout_p=p))
+                    out = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
                     bwd = time_ms(
                         torch, lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
                     )

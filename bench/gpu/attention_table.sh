@@ -5,7 +5,8 @@
 # separate kernels) and cuDNN's fused SDPA called directly (the same program:
 # plain, and after our rope kernels as model.attention_kernel: cudnn_sdpa
 # runs it) beside torch's scaled_dot_product_attention backends
-# (bench/gpu/attention_bench_torch.py: flash, cuDNN, memory-efficient) on the
+# (bench/gpu/attention_bench_torch.py: flash, cuDNN, memory-efficient; flash
+# and cuDNN also with dropout 0.1, beside our kernels with it) on the
 # same GPU, in one run. FLOPs as FlashAttention counts them: forward
 # 4 B H S^2 D, backward 2.5 x that.
 #
@@ -161,6 +162,23 @@ table() {
         }
         if (line != "") printf "sweeps alternating / upwards S=%s, backward:%s\n", lengths[j], line
       }
+      # What dropout 0.1 costs each kernel, ours (the model'"'"'s forward, the
+      # keep bits drawn ahead, over the same forward without dropout; the
+      # plain backward with over without) beside torch'"'"'s backends.
+      for (j = 1; j <= m; ++j) {
+        fl = ""; bl = ""
+        for (k = 1; k <= 3; ++k) {
+          if (k == 1) { who = "ours"; d = "ours-plain-dropout-wgmma-bitsahead"; z = "ours-plain-wgmma-pipelined"; bd = "ours-plain-dropout-wgmma"; bz = "ours-plain-wgmma" }
+          else { who = (k == 2 ? "torch-flash" : "torch-cudnn"); d = who "-dropout"; z = who; bd = d; bz = z }
+          a = d SUBSEP lengths[j]; w = z SUBSEP lengths[j]
+          if ((a in fwd) && (w in fwd) && fwd[a] != "n/a" && fwd[w] != "n/a" && fwd[w] + 0 > 0)
+            fl = fl sprintf("%s %s %.2fx", (fl == "" ? "" : ","), who, fwd[a] / fwd[w])
+          a = bd SUBSEP lengths[j]; w = bz SUBSEP lengths[j]
+          if ((a in bwd) && (w in bwd) && bwd[a] != "n/a" && bwd[w] != "n/a" && bwd[w] + 0 > 0)
+            bl = bl sprintf("%s %s %.2fx", (bl == "" ? "" : ","), who, bwd[a] / bwd[w])
+        }
+        if (fl != "" || bl != "") printf "dropout / none S=%s (speed), forward:%s; backward:%s\n", lengths[j], fl, bl
+      }
     }'
 }
 
@@ -187,7 +205,7 @@ run() {
   local log
   log=$(mktemp)
   {
-    echo "# attention kernels, bf16, head dim 64, 12 heads, B x S = 32768 tokens, no mask or dropout"
+    echo "# attention kernels, bf16, head dim 64, 12 heads, B x S = 32768 tokens, no mask; dropout 0.1 in the rows that name it"
     echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
     echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   } | tee "$log"
