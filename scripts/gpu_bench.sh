@@ -329,8 +329,13 @@ run_kernels() {
   command -v attention_bench > /dev/null || gpu_unpack "$pack_dir"
   [[ -f $attention_script ]] || { echo "$attention_script is not in this tree"; return 1; }
   local rc=0 f files=()
-  ATTENTION_BENCH=attention_bench bash "$attention_script" kernels "${PROFILE_ATTENTION_SEQ:-1536}" ||
-    rc=$?
+  # Under a part's budget (PART_SECONDS, scripts/gpu_session.sh), ncu is
+  # stopped 15 s before it (a short one: halfway), so that what it wrote is
+  # still packed.
+  local part=${PART_SECONDS:-0}
+  ((part > 0)) && : "${NCU_SECONDS:=$((part > 30 ? part - 15 : (part + 1) / 2))}"
+  NCU_SECONDS=${NCU_SECONDS:-} ATTENTION_BENCH=attention_bench \
+    bash "$attention_script" kernels "${PROFILE_ATTENTION_SEQ:-1536}" || rc=$?
   for f in flash_ncu.txt flash_ncu_sass.csv.gz flash_ncu_run.log; do
     [[ -f $OUT/$f ]] && files+=("$f")
   done

@@ -47,7 +47,8 @@
 #                      when the budget cut it)
 #   flash_ncu.tar.gz   the kernels' counters: flash_ncu.txt (per kernel),
 #                      flash_ncu_sass.csv.gz (stall samples per SASS
-#                      instruction) and ncu's log (likewise)
+#                      instruction) and ncu's log (ncu is stopped 15 s
+#                      before the budget, so what it wrote is packed)
 #   gemm_report.txt    the products one by one, ours beside PyTorch's (likewise)
 #   gemm.jsonl         the same with every candidate's time
 # The exit status is the number of parts that failed.
@@ -63,8 +64,10 @@ bench_script=${BENCH_SCRIPT:-scripts/gpu_bench.sh}
 
 # A part under what is left of the session's budget (run_session's start,
 # parts and failed), if that is at least MIN seconds: `$bench_script MODE`
-# with the VAR=VALUE settings, its FILES copied back even when the budget cut
-# it, and an ok / FAIL / skip line in summary.txt (a failure counted).
+# with the VAR=VALUE settings and PART_SECONDS (its time limit, for a part
+# that stops its own steps before it), its FILES copied back even when the
+# budget cut it, and an ok / FAIL / skip line in summary.txt (a failure
+# counted).
 budgeted_part() {  # budgeted_part NAME MIN MODE "FILES" [VAR=VALUE...]
   local name=$1 min=$2 mode=$3 files=$4 dir=$parts/$3 rc=0 f
   shift 4
@@ -74,8 +77,8 @@ budgeted_part() {  # budgeted_part NAME MIN MODE "FILES" [VAR=VALUE...]
     return
   fi
   mkdir -p "$dir"
-  env "$@" OUT="$dir" timeout "$left" bash "$bench_script" "$mode" > "$dir/${mode}_out.txt" 2>&1 ||
-    rc=$?
+  env "$@" OUT="$dir" PART_SECONDS="$left" timeout "$left" bash "$bench_script" "$mode" \
+    > "$dir/${mode}_out.txt" 2>&1 || rc=$?
   for f in $files; do
     [[ -f $dir/$f ]] && cp "$dir/$f" "$OUT/$f"
   done

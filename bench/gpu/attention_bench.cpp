@@ -151,22 +151,25 @@ Operands operands(int64_t S, Device device) {
 // default flash settings and untimed, for a kernel profiler (ncu) to measure
 // exactly these (bench/gpu/attention_table.sh kernels), each beside what it
 // is measured against:
-//   1. the plain forward without dropout (the baseline of 2);
-//   2. the model's forward: dropout 0.1, q and k rotated once (the keep
+//   1. the plain forward without dropout (the baseline of 3);
+//   2. the plain backward without dropout (the baseline of 4);
+//   3. the model's forward: dropout 0.1, q and k rotated once (the keep
 //      bits kernel, then the forward reading its bits): its two kernels'
 //      times split dropout's cost between drawing and applying;
-//   3. the plain backward without dropout (the baseline of 4);
 //   4. the model's backward: dropout, dq and dk rotated back at the stores;
 //   5. the same with its sweeps alternating (set_flash_backward_alternates_
 //      sweeps): its L2 hit rate and DRAM bytes beside 4's.
-// On a GPU without wgmma the same calls run the mma.sync kernels.
+// The model's step runs these kernels on token streams ([T, H, D] with
+// sequence boundaries); here on [B, H, S, D] batches of whole sequences:
+// the same kernels, other strides. On a GPU without wgmma the same calls
+// run the mma.sync kernels.
 void launch_once(int64_t S, Device device) {
   const Operands o = operands(S, device);
   const Tensor none;
   launch::attention_forward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none);
-  launch::attention_forward(device, o.dropped, o.q, o.k, o.v, none, o.out, o.lse, o.keep);
   launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none, o.grad_out,
                              o.dq, o.dk, o.dv);
+  launch::attention_forward(device, o.dropped, o.q, o.k, o.v, none, o.out, o.lse, o.keep);
   const auto model_backward = [&] {
     launch::rope_attention_backward(device, o.dropped, o.table, true, kernels::RopeInputs::rotated,
                                     o.q, o.k, o.v, none, o.out, o.lse, o.keep, o.grad_out, o.dq,
@@ -178,13 +181,14 @@ void launch_once(int64_t S, Device device) {
   model_backward();
   kernels::cuda::set_flash_backward_alternates_sweeps(alternated);
   launch::synchronize(device);
+  const bool wgmma = kernels::cuda::flash_forward_uses_wgmma() &&
+                     kernels::cuda::flash_backward_uses_wgmma() &&
+                     kernels::cuda::flash_wgmma_available(device.index);
   std::printf(
-      "attention_bench: one launch each of the plain forward, the model's forward (dropout "
-      "0.1), the plain backward and the model's backward with its sweeps %s, then %s, "
-      "at S=%lld%s\n",
+      "attention_bench: one launch each of the plain forward and backward, the model's forward "
+      "(dropout 0.1) and the model's backward with its sweeps %s, then %s, at S=%lld%s\n",
       alternated ? "alternating" : "upwards", alternated ? "upwards" : "alternating",
-      static_cast<long long>(S),
-      kernels::cuda::flash_wgmma_available(device.index) ? " (wgmma)" : " (mma.sync)");
+      static_cast<long long>(S), wgmma ? " (wgmma)" : " (mma.sync)");
 }
 
 void bench(int64_t S, Device device) {
@@ -403,12 +407,17 @@ int main(int argc, char** argv) {
       lengths.clear();
       for (int i = 1 + int(once); i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
     }
+    // --once: the model's kernels, under the library's defaults.
+    if (once) {
+      for (int64_t S : lengths) launch_once(S, Device::cuda(0));
+      return 0;
+    }
     // The rows without -wgmma are the mma.sync kernels (every GPU's); on
     // compute capability 9.0 wgmma is the default, so it is switched off
     // here and on only for the -wgmma rows.
     kernels::cuda::set_flash_forward_uses_wgmma(false);
     kernels::cuda::set_flash_backward_uses_wgmma(false);
-    for (int64_t S : lengths) once ? launch_once(S, Device::cuda(0)) : bench(S, Device::cuda(0));
+    for (int64_t S : lengths) bench(S, Device::cuda(0));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_bench: %s\n", e.what());

@@ -4,7 +4,9 @@
 # profiled run asks for the per-instruction stall samples (SourceCounters),
 # exports the report, leaves the clocks alone and launches the kernels once;
 # that both pages are read back from the report (the SASS page gzipped); that
-# a run leaving no report fails naming it; and that no ncu skips.
+# a run leaving no report fails naming it; and that no ncu skips. Also
+# scripts/gpu_bench.sh kernels: the same step at 1536, packed into
+# flash_ncu.tar.gz, ncu stopped before a part's budget (PART_SECONDS).
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/attention_table.sh
 work=$(mktemp -d)
@@ -27,6 +29,7 @@ for ((i = 0; i < ${#args[@]}; ++i)); do
     --once) "${args[i - 1]}" --once "${args[i + 1]}" ;;
   esac
 done
+[[ -n ${NCU_SLOW:-} ]] && sleep "$NCU_SLOW"
 [[ -n ${NCU_FAIL:-} ]] && { echo "==ERROR== profiling failed" >&2; exit 9; }
 echo report > "$report.ncu-rep"
 SH
@@ -48,6 +51,7 @@ sass=$(gzip -dc "$work/out/flash_ncu_sass.csv.gz")
 
 # scripts/gpu_bench.sh kernels (what scripts/gpu_session.sh runs): the same
 # step at 1536, its readable files also packed into flash_ncu.tar.gz.
+rm -f "$work/out"/*
 OUT=$work/out bash "$(dirname "$script")/../../scripts/gpu_bench.sh" kernels > "$work/log" 2>&1 ||
   fail "gpu_bench.sh kernels failed: $(cat "$work/log")"
 grep -qx 'attention_bench --once 1536' "$CALLS" || fail "gpu_bench.sh kernels did not launch at 1536"
@@ -55,6 +59,17 @@ packed=$(tar tzf "$work/out/flash_ncu.tar.gz") || fail "no flash_ncu.tar.gz"
 for f in flash_ncu.txt flash_ncu_sass.csv.gz flash_ncu_run.log; do
   grep -qx "$f" <<< "$packed" || fail "$f is not in flash_ncu.tar.gz: $packed"
 done
+
+# Under a part's budget (PART_SECONDS) ncu is stopped before it: a slow
+# profile fails, and its log is still packed.
+rm -f "$work/out"/* "$CALLS"
+start=$SECONDS
+if NCU_SLOW=20 PART_SECONDS=4 OUT=$work/out bash "$(dirname "$script")/../../scripts/gpu_bench.sh" \
+  kernels > "$work/log" 2>&1; then
+  fail "a profile past its part's budget passed"
+fi
+((SECONDS - start < 15)) || fail "ncu was not stopped before the part's budget"
+tar tzf "$work/out/flash_ncu.tar.gz" | grep -qx flash_ncu_run.log || fail "the cut profile's log was not packed"
 
 # ncu failing before it writes a report: the step fails and says so.
 rm -f "$work/out"/* "$CALLS"

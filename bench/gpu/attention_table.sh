@@ -177,7 +177,8 @@ table() {
           if ((a in bwd) && (w in bwd) && bwd[a] != "n/a" && bwd[w] != "n/a" && bwd[w] + 0 > 0)
             bl = bl sprintf("%s %s %.2fx", (bl == "" ? "" : ","), who, bwd[a] / bwd[w])
         }
-        if (fl != "" || bl != "") printf "dropout / none S=%s (speed), forward:%s; backward:%s\n", lengths[j], fl, bl
+        if (fl == "" && bl == "") continue
+        printf "dropout / none S=%s (speed), forward:%s; backward:%s\n", lengths[j], (fl == "" ? " -" : fl), (bl == "" ? " -" : bl)
       }
     }'
 }
@@ -219,13 +220,14 @@ run() {
 }
 
 # Where the flash kernels' time goes, by the hardware counters (ncu; leaves
-# the clocks alone, as the device notes ask). Three files in $OUT:
+# the clocks alone, as the device notes ask). Four files in $OUT:
 #   flash_ncu.txt         per kernel: speed of light, tensor-pipe use, bank
 #                         conflicts, occupancy, warp stall reasons
 #   flash_ncu_sass.csv.gz per SASS instruction of each kernel: executions and
 #                         the warp-stall samples by reason (SourceCounters),
 #                         to read beside bench/gpu/sass_loops.sh's listing
 #   flash_ncu.ncu-rep     the report itself (ncu-ui, or ncu --import)
+#   flash_ncu_run.log     the profiled run's output (ncu's and the program's)
 # The profiled run is the only step that needs the GPU; the two pages are
 # read back from the report, so a page ncu cannot print loses only itself.
 kernels() {
@@ -268,7 +270,7 @@ case $mode in
     ;;
   table) table ;;  # the table of benchmark lines on stdin
   *)
-    sed -n '2,32p' "$0"
+    awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"  # the header above
     exit 2
     ;;
 esac

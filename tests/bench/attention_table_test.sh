@@ -22,7 +22,10 @@ attention impl=ours-once-dropout-wgmma-alternating S=1536 B=21 H=12 D=64 fwd_ms=
 attention impl=ours-plain-wgmma-pipelined S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=305.0 bwd_tflops=190.0
 attention impl=ours-plain-dropout-wgmma S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=150.0 bwd_tflops=171.0
 attention impl=torch-flash-dropout S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=240.0 bwd_tflops=270.0
+attention impl=torch-cudnn S=1536 B=21 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=440.0 bwd_tflops=360.0
 attention impl=torch-cudnn-dropout S=1536 unavailable: no dropout here
+attention impl=ours-plain-dropout-wgmma-bitsahead S=16384 B=2 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=190.0 bwd_tflops=228.0
+attention impl=ours-plain-wgmma-pipelined S=16384 B=2 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=363.0 bwd_tflops=245.0
 attention impl=ours-plain S=4096 B=8 H=12 D=64 fwd_ms=1 bwd_ms=2 fwd_tflops=290.0 bwd_tflops=199.9
 attention impl=cudnn-plain S=4096 unavailable: no engine for this shape
 LINES
@@ -42,5 +45,7 @@ grep -q '^sweeps alternating / upwards S=1536, backward: ours-plain-wgmma 1.05x,
 grep -q '^dropout / none S=1536 (speed), forward: ours 0.66x, torch-flash 0.60x; backward: ours 0.90x, torch-flash 0.90x$' \
   <<< "$out" || fail "what dropout costs ours and the peers"
 ! grep -q '^dropout / none S=4096' <<< "$out" || fail "a dropout ratio where none was measured"
+grep -q '^dropout / none S=16384 (speed), forward: ours 0.52x; backward: -$' <<< "$out" ||
+  fail "a dropout ratio with one side measured"
 ! grep -q '^target S=512' <<< "$out" || fail "S=512 is below the targets' lengths"
 echo "attention_table_test: ok"

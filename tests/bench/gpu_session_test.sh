@@ -37,7 +37,7 @@ case $1 in
     printf 'op fwd\nlinear 1\n' > "$OUT/profile.txt"
     sleep "${PROFILE_SLEEP:-0}" ;;
   kernels)
-    echo "bench kernels" >> "$LOG"
+    echo "bench kernels part=${PART_SECONDS:+set}" >> "$LOG"
     echo counters > "$OUT/flash_ncu.tar.gz"
     exit "${KERNELS_RC:-0}" ;;
   gemm)
@@ -83,7 +83,7 @@ diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
 bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
 bench profile precisions=bf16,bf16-alternating kernels=0 gemm=0
-bench kernels
+bench kernels part=set
 bench gemm
 LOG
 grep -q '^ok    cuda_tests' "$work/full/summary.txt" || fail "the check's steps in summary.txt"
