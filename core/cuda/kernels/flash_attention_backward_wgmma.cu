@@ -110,11 +110,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       const int64_t next = step + 1 < query_tiles ? rows_at(step + 1) : r.Lq;  // r.Lq: none
       const bf16_t* q_tile = qo.first(buffer);
       const bf16_t* o_tile = qo.second(buffer);
-      if (next < r.Lq) {
+      if (next < r.Lq)
         rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
                    r.Lq, next, first_word, row_words, kDropout);
-        if (!first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, next);
-      }
       if (step == 0 && !last) {
         const int64_t j_next = j0 + tiles * kRowsPerBlock;
         copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
@@ -122,8 +120,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
                                                                        j_next, r.Lk);
       }
-      if (stage_angles)
-        copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(buffer ^ 1), r, next, r.Lq, a);
       qo.arrive_before(buffer, r, i0, next, r.Lq, a);
       if (step == 0 && rotate_loads)
         rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
@@ -134,6 +130,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       const uint32_t* sBits = rows.bits(buffer);
       fence_shared_for_wgmma();  // the tiles this thread wrote or rotated, for the products
       __syncthreads();
+      // The next tile's running sums and dq angles go into the buffers the
+      // last tile's dq stores read after its last barrier: queued only now,
+      // when every warp is past those stores (a tile ends without a barrier),
+      // as a group of their own that the next tile's wait covers.
+      if (next < r.Lq && !first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, next);
+      if (stage_angles)
+        copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(buffer ^ 1), r, next, r.Lq, a);
+      cp_async_commit();
       // S^T and dP^T: rows this warpgroup's keys, columns the tile's queries.
       float st[8][4], dpt[8][4];
       wgmma_fence();
@@ -245,7 +249,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       else if (sums_kept)
         store_row_tiles(kept, tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r, q0, r.Lq,
                         one, a, false, g, t);
-      __syncthreads();  // this buffer's, the row data's and sDs's readers are done
+      // No barrier between tiles: what the next tile writes before its first
+      // barrier (row data, Q and dO into the buffers of the tile before this
+      // one) nobody reads after this tile's last barrier. A sweep's last
+      // tile waits here: the next sweep queues into both buffers and reads
+      // the sums this one stored. So does the last sweep's with RoPE inside,
+      // whose Q copies bring the angles dq's stores read.
+      if (step + 1 == query_tiles || (rotate_loads && dq_final)) __syncthreads();
     }
     const float one[2] = {1.0f, 1.0f};
     store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rotate_grads, g, t);
