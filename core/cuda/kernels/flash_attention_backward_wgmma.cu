@@ -144,24 +144,19 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss(st, k_major_step(k_rows, ks), k_major_step(q_tile, ks), ks > 0);
+      wgmma_commit();
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss(dpt, k_major_step(v_rows, ks), k_major_step(o_tile, ks), ks > 0);
       wgmma_commit();
-      wgmma_wait<0>();
+      // P^T's exponents while the tensor cores compute dP^T (no branch
+      // before them: ptxas puts the wait at the top of the block after one).
+      wgmma_wait<1>();
       fence_accumulator(st);
+      key_tile_exponents(st, masked, key_bias_of, sLse2, a, t);
+      wgmma_wait<0>();
       fence_accumulator(dpt);
-      key_tile_probabilities<kDropout>(st, dpt, masked, key_bias_of, sLse2, sDScaled, sBits, a,
-                                       warp * 16, g, t);
-      // dS^T rounded to bf16 as the dK product rounds it, for dQ: row key,
-      // pairs of query columns.
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
-          *reinterpret_cast<uint32_t*>(sDs + SwizzledTile::chunk(warp * 16 + g + 8 * hf, nt) +
-                                       2 * t) = pack_bf16(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
-      fence_shared_for_wgmma();
+      key_tile_gradients<kDropout>(st, dpt, sDScaled, sBits, a, warp * 16, g, t);
       uint32_t pa[4][4], dsa[4][4];  // P^T and dS^T as the products' A (k: queries)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
@@ -176,6 +171,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_rs(dk, dsa[kk], n_major_step(q_tile, kk));
       wgmma_commit();
+      // dS^T rounded to bf16 as the dK product rounds it, for dQ (row key,
+      // pairs of query columns), stored while dV and dK are computed.
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          *reinterpret_cast<uint32_t*>(sDs + SwizzledTile::chunk(warp * 16 + g + 8 * hf, nt) +
+                                       2 * t) = pack_bf16(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
+      fence_shared_for_wgmma();
       __syncthreads();  // every warp's dS^T rows are in sDs
       // dQ of the tile's 64 queries, dS K summed over the block's 128 keys:
       // each warpgroup sums its own 64 (A = dS read from dS^T, M-major; B =

@@ -158,35 +158,56 @@ __device__ __forceinline__ void key_biases_of(float (&bias)[2], const FlashArgs&
 // store: dropout_gain) and dS^T = P (dP z - D) scale, the scale inside:
 // P (dP z scale - D scale). A tile with a key
 // to leave out (`masked`) adds the keys' biases first. sLse2, sDScaled and
-// sBits: the tile's row data (QueryRowData, prepared).
-template <bool kDropout>
-__device__ __forceinline__ void key_tile_probabilities(float (&st)[8][4], float (&dpt)[8][4],
-                                                       bool masked, const float (&key_bias_of)[2],
-                                                       const float* sLse2, const float* sDScaled,
-                                                       const uint32_t* sBits, const FlashArgs& a,
-                                                       int key0, int g, int t) {
+// sBits: the tile's row data (QueryRowData, prepared). In two steps, so that
+// the first may run while dP^T is still being computed:
+// key_tile_exponents turns S^T into P^T before dropout, key_tile_gradients
+// then applies dropout to it and makes dS^T of dP^T.
+__device__ __forceinline__ void key_tile_exponents(float (&st)[8][4], bool masked,
+                                                   const float (&key_bias_of)[2],
+                                                   const float* sLse2, const FlashArgs& a, int t) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      st[nt][e] = exp2_approx(fmaf(st[nt][e], a.scale_log2, -sLse2[nt * 8 + 2 * t + (e & 1)]));
+  // A key left out (bias -inf) gets P = 0, as exp2 of its biased score
+  // would give; taken after the exponents, so that the branch follows them.
   if (masked) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[nt][e] += key_bias_of[e >> 1];
+      for (int e = 0; e < 4; ++e)
+        if (key_bias_of[e >> 1] != 0.0f) st[nt][e] = 0.0f;
   }
+}
+template <bool kDropout>
+__device__ __forceinline__ void key_tile_gradients(float (&pt)[8][4], float (&dpt)[8][4],
+                                                   const float* sDScaled, const uint32_t* sBits,
+                                                   const FlashArgs& a, int key0, int g, int t) {
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
       const int key = key0 + g + 8 * hf;  // in the block's 128 keys
-      const float p = exp2_approx(fmaf(st[nt][e], a.scale_log2, -sLse2[col]));
+      const float p = pt[nt][e];
       if constexpr (kDropout) {
         const bool kept = (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u;
-        st[nt][e] = kept ? p : 0.0f;
+        pt[nt][e] = kept ? p : 0.0f;
         dpt[nt][e] = p * fmaf(dpt[nt][e], kept ? a.inv_keep * a.scale : 0.0f, -sDScaled[col]);
       } else {
-        st[nt][e] = p;
         dpt[nt][e] = p * fmaf(dpt[nt][e], a.scale, -sDScaled[col]);
       }
     }
+}
+template <bool kDropout>
+__device__ __forceinline__ void key_tile_probabilities(float (&st)[8][4], float (&dpt)[8][4],
+                                                       bool masked, const float (&key_bias_of)[2],
+                                                       const float* sLse2, const float* sDScaled,
+                                                       const uint32_t* sBits, const FlashArgs& a,
+                                                       int key0, int g, int t) {
+  key_tile_exponents(st, masked, key_bias_of, sLse2, a, t);
+  key_tile_gradients<kDropout>(st, dpt, sDScaled, sBits, a, key0, g, t);
 }
 
 // Shared bytes of QueryRowData's two buffers.
