@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     }
     qo.fetch(0, r, 0, r.Lq, a);
     // This thread's two keys' biases (0, or -inf: masked or past the end),
-    // added to their scores only in a key tile with such a key.
+    // which set those keys' P to 0 only in a key tile with such a key.
     const int64_t key0 = j0 + warp * 16;
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
     float key_bias_of[2];

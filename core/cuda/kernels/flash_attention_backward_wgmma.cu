@@ -172,7 +172,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       for (int kk = 0; kk < 4; ++kk) wgmma_rs(dk, dsa[kk], n_major_step(q_tile, kk));
       wgmma_commit();
       // dS^T rounded to bf16 as the dK product rounds it, for dQ (row key,
-      // pairs of query columns), stored while dV and dK are computed.
+      // pairs of query columns), stored while dV and dK are computed: packed
+      // again from dpt, since dsa's registers may not be read until the
+      // products' wait.
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -196,6 +198,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       fence_accumulator(acc);
       fence_accumulator(dv);
       fence_accumulator(dk);
+      fence_fragments(pa);  // the dV and dK products read them until here
+      fence_fragments(dsa);
       // The two halves meet in shared memory, split by columns so that every
       // warp does the same work: warp w of each warpgroup holds the same 16
       // query rows; it keeps the column tiles kept_tile(., group) of them

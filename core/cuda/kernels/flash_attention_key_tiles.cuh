@@ -144,8 +144,8 @@ __device__ __forceinline__ void fill_key_tile_streams(RowStream (&streams)[kKeyT
 }
 
 // This thread's two keys' biases (rows key0 + g, + 8: 0, or -inf for a key
-// masked or past the end), added to their scores only in a key tile with
-// such a key (`masked`).
+// masked or past the end), which set those keys' P to 0 only in a key tile
+// with such a key (`masked`).
 __device__ __forceinline__ void key_biases_of(float (&bias)[2], const FlashArgs& a, const Block& r,
                                               int64_t key0, bool masked, int g) {
 #pragma unroll
@@ -156,8 +156,8 @@ __device__ __forceinline__ void key_biases_of(float (&bias)[2], const FlashArgs&
 // block's; columns: the tile's 64 queries, 8 nt + 2 t (+ 1)) become P^T (with
 // dropout's keep bits applied; its 1 / (1 - p) is dV's to take once, at its
 // store: dropout_gain) and dS^T = P (dP z - D) scale, the scale inside:
-// P (dP z scale - D scale). A tile with a key
-// to leave out (`masked`) adds the keys' biases first. sLse2, sDScaled and
+// P (dP z scale - D scale). In a tile with a key to leave out (`masked`),
+// those keys get P = 0, by a select after the exponents. sLse2, sDScaled and
 // sBits: the tile's row data (QueryRowData, prepared). In two steps, so that
 // the first may run while dP^T is still being computed:
 // key_tile_exponents turns S^T into P^T before dropout, key_tile_gradients
