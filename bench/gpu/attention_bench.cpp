@@ -147,6 +147,15 @@ Operands operands(int64_t S, Device device) {
   return o;
 }
 
+// The model's attention backward (q and k rotated once: q and k standing
+// for the rotated copies, dq and dk rotated back as they are written) under
+// `p`, with `bits` the forward's keep bits (none without dropout).
+void rotated_once_backward(Device device, const Operands& o, const kernels::AttentionParams& p,
+                           const Tensor& bits) {
+  launch::rope_attention_backward(device, p, o.table, true, kernels::RopeInputs::rotated, o.q, o.k,
+                                  o.v, Tensor(), o.out, o.lse, bits, o.grad_out, o.dq, o.dk, o.dv);
+}
+
 // One launch each of the kernels RoFormer-base's step runs, under the
 // default flash settings and untimed, for a kernel profiler (ncu) to measure
 // exactly these (bench/gpu/attention_table.sh kernels), each beside what it
@@ -170,11 +179,7 @@ void launch_once(int64_t S, Device device) {
   launch::attention_backward(device, o.params, o.q, o.k, o.v, none, o.out, o.lse, none, o.grad_out,
                              o.dq, o.dk, o.dv);
   launch::attention_forward(device, o.dropped, o.q, o.k, o.v, none, o.out, o.lse, o.keep);
-  const auto model_backward = [&] {
-    launch::rope_attention_backward(device, o.dropped, o.table, true, kernels::RopeInputs::rotated,
-                                    o.q, o.k, o.v, none, o.out, o.lse, o.keep, o.grad_out, o.dq,
-                                    o.dk, o.dv);
-  };
+  const auto model_backward = [&] { rotated_once_backward(device, o, o.dropped, o.keep); };
   model_backward();
   const bool alternated = kernels::cuda::flash_backward_alternates_sweeps();
   kernels::cuda::set_flash_backward_alternates_sweeps(!alternated);
@@ -220,10 +225,7 @@ void bench(int64_t S, Device device) {
     });
   };
   auto once_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
-    return time_ms(device, [&] {
-      launch::rope_attention_backward(device, p, table, true, kernels::RopeInputs::rotated, q, k, v,
-                                      none, out, lse, bits, grad_out, dq, dk, dv);
-    });
+    return time_ms(device, [&] { rotated_once_backward(device, o, p, bits); });
   };
   auto fused_bwd = [&](const kernels::AttentionParams& p, const Tensor& bits) {
     return time_ms(device, [&] {

@@ -9,6 +9,7 @@
 # flash_ncu.tar.gz, ncu stopped before a part's budget (PART_SECONDS).
 set -euo pipefail
 script=$(cd "$(dirname "$0")" && pwd)/attention_table.sh
+gpu_bench=$(cd "$(dirname "$0")/../.." && pwd)/scripts/gpu_bench.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin" "$work/out"
@@ -52,7 +53,7 @@ sass=$(gzip -dc "$work/out/flash_ncu_sass.csv.gz")
 # scripts/gpu_bench.sh kernels (what scripts/gpu_session.sh runs): the same
 # step at 1536, its readable files also packed into flash_ncu.tar.gz.
 rm -f "$work/out"/*
-OUT=$work/out bash "$(dirname "$script")/../../scripts/gpu_bench.sh" kernels > "$work/log" 2>&1 ||
+OUT=$work/out bash "$gpu_bench" kernels > "$work/log" 2>&1 ||
   fail "gpu_bench.sh kernels failed: $(cat "$work/log")"
 grep -qx 'attention_bench --once 1536' "$CALLS" || fail "gpu_bench.sh kernels did not launch at 1536"
 packed=$(tar tzf "$work/out/flash_ncu.tar.gz") || fail "no flash_ncu.tar.gz"
@@ -64,7 +65,7 @@ done
 # profile fails, and its log is still packed.
 rm -f "$work/out"/* "$CALLS"
 start=$SECONDS
-if NCU_SLOW=20 PART_SECONDS=4 OUT=$work/out bash "$(dirname "$script")/../../scripts/gpu_bench.sh" \
+if NCU_SLOW=20 PART_SECONDS=4 OUT=$work/out bash "$gpu_bench" \
   kernels > "$work/log" 2>&1; then
   fail "a profile past its part's budget passed"
 fi
