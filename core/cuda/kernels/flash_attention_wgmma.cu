@@ -158,15 +158,39 @@ __device__ __forceinline__ void key_tile_landed(const ForwardTiles& x, int buffe
   stage_key_biases(x.sBias + buffer * kInnerTile, a, r, j0);
 }
 
-// The pipelined schedule. K runs one tile ahead of V: the copy group
-// queued at tile j holds K of j + 2 and V of j + 1, waited for at the top of
-// tile j + 1, whose one barrier then also says that every warp is done
-// with the buffers refilled next (K of j + 1's S completed at tile j, V of
-// j's P V likewise). Each tile issues the next tile's S and its own P V
-// together, and computes the next tile's probabilities while P V runs
-// (its A fragments are a second set of registers); only then are the output
-// rows rescaled, once P V has landed. The last tile's P V runs after the
-// loop, so no product sits in a branch.
+// The top of a pipelined tile: the P V issued by the tile before has landed
+// (none is in flight at the first), the output rows move to the running max
+// of the tile whose probabilities are pending (corr; every tile, although
+// most move no row's max: ptxas serializes the products of a loop whose
+// output rows are rescaled in a branch), and those probabilities become the
+// A fragments of the P V issued next. The wait heads the next tile rather
+// than ending this one: at the end of the loop body ptxas hoisted it above
+// the softmax it was meant to overlap (to the body's last branch, the
+// masked tiles' key biases, with or without that branch), but it does not
+// move it across the loop's back edge.
+__device__ __forceinline__ void take_pending(float (&o)[8][4], uint32_t (&p)[4][4],
+                                             const uint32_t (&pending)[4][4],
+                                             const float (&corr)[2]) {
+  wgmma_wait<0>();
+  fence_accumulator(o);
+  fence_fragments(p);
+  rescale_rows(o, corr);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p[kk][e] = copy_after_wait(pending[kk][e]);
+}
+
+// The pipelined schedule. K runs one tile ahead of V: the copy group queued
+// at tile j holds K of j + 2 and V of j + 1, waited for at the top of
+// tile j + 1, whose one barrier then also says that every warp is done with
+// the buffers refilled next (K of j + 1's S completed at tile j, V of j's P V at
+// the top of tile j + 1, before that barrier). Each tile issues the next
+// tile's S and its own P V together, and computes the next tile's
+// probabilities while P V runs (into a second set of registers, `pending`);
+// the next tile waits for that P V before its barrier, then rescales the
+// output rows (take_pending). The last tile's P V runs after the loop, so no
+// product sits in a branch.
 template <bool kDropout, bool kAhead>
 __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const FlashArgs& a,
                                                     const Block& r, float (&o)[8][4], float (&m)[2],
@@ -182,13 +206,15 @@ __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const
   uint32_t keep = drop.take(x, a, r, 0);
   wgmma_wait<0>();
   fence_accumulator(s);
-  uint32_t p[4][4];
-  float corr[2];  // o is all zeros here: nothing to rescale
-  tile_probabilities(p, corr, s, keep, drop, x, x.sBias, a, r, 0, m, l);
-  int buffer = 0;  // tile j's (K and V alike)
+  uint32_t pending[4][4];  // the probabilities of the tile whose P V comes next
+  float corr[2];
+  tile_probabilities(pending, corr, s, keep, drop, x, x.sBias, a, r, 0, m, l);
+  uint32_t p[4][4] = {};  // P V's A fragments (zeros until the first take_pending)
+  int buffer = 0;         // tile j's (K and V alike)
   for (int64_t j0 = 0; j0 + kInnerTile < r.Lk; j0 += kInnerTile, buffer ^= 1) {
     const int next = buffer ^ 1;
     const int64_t j1 = j0 + kInnerTile;
+    take_pending(o, p, pending, corr);
     cp_async_wait<0>();  // K of j + 1, V of j
     key_tile_landed(x, next, a, r, j1);
     __syncthreads();
@@ -204,19 +230,10 @@ __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const
     issue_output(o, p, x.kv.second(buffer));
     wgmma_wait<1>();  // the scores (the older group); P V may still run
     fence_accumulator(s);
-    uint32_t p_next[4][4];
-    tile_probabilities(p_next, corr, s, keep, drop, x, x.sBias + next * kInnerTile, a, r, j1, m, l);
-    wgmma_wait<0>();
-    fence_accumulator(o);
-    fence_fragments(p);
-    // Every tile, although most move no row's max (corr 1): ptxas serializes
-    // the products of a loop whose output rows are rescaled in a branch.
-    rescale_rows(o, corr);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) p[kk][e] = p_next[kk][e];
+    tile_probabilities(pending, corr, s, keep, drop, x, x.sBias + next * kInnerTile, a, r, j1, m,
+                       l);
   }
+  take_pending(o, p, pending, corr);
   // The last tile's V (queued with the K past the end, or at tile 0).
   cp_async_wait<0>();
   fence_shared_for_wgmma();

@@ -68,6 +68,20 @@ __device__ __forceinline__ void wgmma_commit() {
 #endif
 }
 
+// A register copy that stays after the wgmma wait before it in the PTX. A
+// plain assignment need not: as a loop-carried value's copy it may be
+// placed at the loop's latch, writing the A fragments of a product still
+// in flight (undefined in the PTX ISA until the wait).
+__device__ __forceinline__ uint32_t copy_after_wait(uint32_t x) {
+#if defined(ROFORMER_SIMT_EMULATION)
+  return x;
+#else
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+#endif
+}
+
 // Waits until at most kPending of the thread's newest wgmma groups are in
 // flight; the accumulators of the others hold their results.
 template <int kPending>
