@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   constexpr bool rotate_loads = kRotateLoads;
   const bool rotate_grads = a.table != nullptr;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
-  const int group = warp / 4;  // the warpgroup: keys 64 group... of the block's 128
+  const int group = warpgroup_index();  // keys 64 group... of the block's 128
   const Operand slice = split_slice(partials, r);
   const bool sums_kept = slice.ptr != nullptr;
   const int64_t row_words = (r.Lk + 31) / 32;

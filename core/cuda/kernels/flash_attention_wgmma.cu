@@ -283,7 +283,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 2)
     cp_async_commit();
   }
   // This warpgroup's 64 query rows (a whole number of swizzle atoms).
-  const ForwardTiles x{kv, sQ + (warp / 4) * 64 * kD, sBias, streams[kBits], i0 + warp * 16, g, t};
+  const ForwardTiles x{
+      kv, sQ + warpgroup_index() * 64 * kD, sBias, streams[kBits], i0 + warp * 16, g, t};
   float o[8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   if (r.Lk > 0) {

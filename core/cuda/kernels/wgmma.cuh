@@ -35,12 +35,18 @@ __device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* dynamic
 // swizzled: assumed 1; N-major with 64 columns: one 64-wide block). `tile`
 // points at the product's first row (or k) and must lie on a 1024-byte
 // boundary, where the swizzle pattern starts (base offset 0); `byte_offset`
-// moves along the k of a K-major tile (32 bytes a 16-wide step) inside it.
+// moves along the k of a K-major tile (32 bytes a 16-wide step) or the k
+// rows of an N-major one (2,048 bytes a 16-row step) inside it. The offset
+// is added to the 14-bit start field alone, after the tile's address is
+// masked and shifted (shared addresses stay under 256 KB, so it never
+// carries out), and the high word is a constant: ptxas then computes the
+// tile's start once and each step's with one add, and keeps the descriptors
+// in uniform registers where the tile's address is uniform.
 __device__ __forceinline__ uint64_t swizzled_descriptor(const bf16_t* tile, uint32_t byte_offset) {
-  const uint32_t address = uint32_t(__cvta_generic_to_shared(tile)) + byte_offset;
-  constexpr uint64_t kStride = 1024 >> 4, kLeading = 1, kSwizzle128 = 1;
-  return uint64_t((address & 0x3FFFFu) >> 4) | (kLeading << 16) | (kStride << 32) |
-         (kSwizzle128 << 62);
+  const uint32_t start =
+      ((uint32_t(__cvta_generic_to_shared(tile)) & 0x3FFFFu) >> 4) + (byte_offset >> 4);
+  constexpr uint32_t kLeading = 1, kStride = 1024 >> 4, kSwizzle128 = 1;
+  return uint64_t(kStride | (kSwizzle128 << 30)) << 32 | (start | (kLeading << 16));
 }
 
 // Descriptor of k step ks (k = 16 ks...) of a 64-row K-major tile (A or B).
@@ -49,7 +55,17 @@ __device__ __forceinline__ uint64_t k_major_step(const bf16_t* tile, int ks) {
 }
 // Descriptor of k step ks (rows 16 ks...) of an N-major B tile of 64 columns.
 __device__ __forceinline__ uint64_t n_major_step(const bf16_t* tile, int ks) {
-  return swizzled_descriptor(tile + ks * 16 * kD, 0u);
+  return swizzled_descriptor(tile, uint32_t(ks) * 16u * kD * uint32_t(sizeof(bf16_t)));
+}
+
+// This thread's warpgroup in its block (four consecutive warps), as a value
+// ptxas knows to be the same across the warp: a shuffle from lane 0 (as
+// CUTLASS's canonical_warp_group_idx). Tile addresses built from it stay in
+// uniform registers, so the products' descriptors are not moved there one
+// register at a time (the wgmma backward: 139 instructions fewer a query
+// tile with the descriptors above).
+__device__ __forceinline__ int warpgroup_index() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
 }
 
 // Orders this thread's earlier register accesses before the warpgroup's next
