@@ -37,16 +37,17 @@ __device__ __forceinline__ unsigned char* swizzle_aligned(unsigned char* dynamic
 // boundary, where the swizzle pattern starts (base offset 0); `byte_offset`
 // moves along the k of a K-major tile (32 bytes a 16-wide step) or the k
 // rows of an N-major one (2,048 bytes a 16-row step) inside it. The offset
-// is added to the 14-bit start field alone, after the tile's address is
-// masked and shifted (shared addresses stay under 256 KB, so it never
-// carries out), and the high word is a constant: ptxas then computes the
-// tile's start once and each step's with one add, and keeps the descriptors
+// is added last, to the low word with the start field and the leading
+// offset already in it (shared addresses stay under 256 KB, so the sum
+// never carries out of the start field), and the high word is a constant:
+// ptxas then computes a tile's low word once and each step's with one add,
 // in uniform registers where the tile's address is uniform.
 __device__ __forceinline__ uint64_t swizzled_descriptor(const bf16_t* tile, uint32_t byte_offset) {
-  const uint32_t start =
-      ((uint32_t(__cvta_generic_to_shared(tile)) & 0x3FFFFu) >> 4) + (byte_offset >> 4);
   constexpr uint32_t kLeading = 1, kStride = 1024 >> 4, kSwizzle128 = 1;
-  return uint64_t(kStride | (kSwizzle128 << 30)) << 32 | (start | (kLeading << 16));
+  const uint32_t low =
+      (((uint32_t(__cvta_generic_to_shared(tile)) & 0x3FFFFu) >> 4) | (kLeading << 16)) +
+      (byte_offset >> 4);
+  return uint64_t(kStride | (kSwizzle128 << 30)) << 32 | low;
 }
 
 // Descriptor of k step ks (k = 16 ks...) of a 64-row K-major tile (A or B).
@@ -61,9 +62,9 @@ __device__ __forceinline__ uint64_t n_major_step(const bf16_t* tile, int ks) {
 // This thread's warpgroup in its block (four consecutive warps), as a value
 // ptxas knows to be the same across the warp: a shuffle from lane 0 (as
 // CUTLASS's canonical_warp_group_idx). Tile addresses built from it stay in
-// uniform registers, so the products' descriptors are not moved there one
-// register at a time (the wgmma backward: 139 instructions fewer a query
-// tile with the descriptors above).
+// uniform registers, so those products' descriptors are not moved there one
+// register at a time (the model's wgmma backward: about 93 of the 163
+// instructions a query tile that this and the descriptors above save).
 __device__ __forceinline__ int warpgroup_index() {
   return __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
 }
