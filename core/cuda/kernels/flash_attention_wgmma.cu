@@ -158,16 +158,16 @@ __device__ __forceinline__ void key_tile_landed(const ForwardTiles& x, int buffe
   stage_key_biases(x.sBias + buffer * kInnerTile, a, r, j0);
 }
 
-// The top of a pipelined tile: the P V issued by the tile before has landed
-// (none is in flight at the first), the output rows move to the running max
-// of the tile whose probabilities are pending (corr; every tile, although
-// most move no row's max: ptxas serializes the products of a loop whose
-// output rows are rescaled in a branch), and those probabilities become the
-// A fragments of the P V issued next. The wait heads the next tile rather
-// than ending this one: at the end of the loop body ptxas hoisted it above
-// the softmax it was meant to overlap (to the body's last branch, the
-// masked tiles' key biases, with or without that branch), but it does not
-// move it across the loop's back edge.
+// The top of a pipelined tile. The P V issued by the tile before has landed
+// (none is in flight at the first); the output rows move to the running max
+// of the tile whose probabilities are pending (corr: at the first tile, 0
+// or 1 times rows of zeros; every tile, although most move no row's max,
+// since ptxas serializes the products of a loop whose output rows are
+// rescaled in a branch); those probabilities become the A fragments of the
+// P V issued next. The wait heads the next tile rather than ending this
+// one: there ptxas hoisted it above the softmax it was meant to overlap (up
+// to the loop body's last branch, with or without the masked tiles' bias
+// branch); it does not move it across the loop's back edge.
 __device__ __forceinline__ void take_pending(float (&o)[8][4], uint32_t (&p)[4][4],
                                              const uint32_t (&pending)[4][4],
                                              const float (&corr)[2]) {
@@ -184,8 +184,8 @@ __device__ __forceinline__ void take_pending(float (&o)[8][4], uint32_t (&p)[4][
 // The pipelined schedule. K runs one tile ahead of V: the copy group queued
 // at tile j holds K of j + 2 and V of j + 1, waited for at the top of
 // tile j + 1, whose one barrier then also says that every warp is done with
-// the buffers refilled next (K of j + 1's S completed at tile j, V of j's P V at
-// the top of tile j + 1, before that barrier). Each tile issues the next
+// the buffers refilled next (K of j + 1's S completed at tile j, V of j's
+// P V at the top of tile j + 1, before that barrier). Each tile issues the next
 // tile's S and its own P V together, and computes the next tile's
 // probabilities while P V runs (into a second set of registers, `pending`);
 // the next tile waits for that P V before its barrier, then rescales the
