@@ -185,12 +185,12 @@ __device__ __forceinline__ void take_pending(float (&o)[8][4], uint32_t (&p)[4][
 // at tile j holds K of j + 2 and V of j + 1, waited for at the top of
 // tile j + 1, whose one barrier then also says that every warp is done with
 // the buffers refilled next (K of j + 1's S completed at tile j, V of j's
-// P V at the top of tile j + 1, before that barrier). Each tile issues the next
-// tile's S and its own P V together, and computes the next tile's
+// P V at the top of tile j + 1, before that barrier). Each tile issues the
+// next tile's S and its own P V together, and computes the next tile's
 // probabilities while P V runs (into a second set of registers, `pending`);
 // the next tile waits for that P V before its barrier, then rescales the
-// output rows (take_pending). The last tile's P V runs after the loop, so no
-// product sits in a branch.
+// output rows (take_pending). The last tile's P V runs after the loop, so
+// no product sits in a branch.
 template <bool kDropout, bool kAhead>
 __device__ __forceinline__ void pipelined_key_tiles(const ForwardTiles& x, const FlashArgs& a,
                                                     const Block& r, float (&o)[8][4], float (&m)[2],
