@@ -387,8 +387,10 @@ TEST(FlashAttentionEmulatedEdges, Bf16OutputsAndUnequalLengths) {
     const ScopedFlashSettings scoped(kKnobs, settings);
     expect_bf16_outputs_match(70, 130);
     expect_bf16_outputs_match(130, 70);
-    // One query tile, three key tiles: the fused kernel's early K and V
-    // copies are covered by the next key tile's first wait.
+    // One query tile, three key tiles: the fused kernels' early K and V
+    // copies of the next key tile (covered by the mma.sync kernel's next
+    // key tile's first wait, by the wgmma kernel's wait at the end of the
+    // query tile that queued them).
     expect_bf16_outputs_match(40, 300);
   }
 }

@@ -58,10 +58,25 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
   const StreamedPair<kThreadsPerBlock, SwizzledTile> qo{
       sQ, sO, streams[kStreamQ], streams[kStreamO], rotate_loads ? sAngles : nullptr};
   // The angles of the query tile in `buffer`, for dq's rotation as it is
-  // stored: qo's own with RoPE inside; with q and k rotated once, staged
-  // beside the tiles of the sweep that writes dq (`stage_angles`), so the
-  // stores wait on no table load.
+  // stored with q and k rotated once: staged beside the running sums of the
+  // sweep that writes dq (`stage_angles`), so the stores wait on no table
+  // load.
   const auto tile_angles = [sAngles](int buffer) { return buffer_angle_slots(sAngles, buffer); };
+  // dQ's two halves meet in shared memory, split by columns so that every
+  // warp does the same work: warp w of each warpgroup holds the same 16
+  // query rows; it keeps the column tiles kept_tile(., group) of them (0, 1,
+  // 4, 5 or 2, 3, 6, 7: RoPE's pairs, 32 columns apart in the half layout,
+  // stay with one thread) and hands the other four to its twin in the other
+  // warpgroup.
+  const int local = warp % 4;  // rows 16 local... of the tile
+  const auto kept_tile = [](int n, int owner) { return (n & 1) + 2 * owner + 4 * (n >> 1); };
+  // Row half hf of tile kept_tile(n, owner) of acc, for an owner known at
+  // run time: a select between compile-time indices (acc indexed by the
+  // warp's group would go to local memory).
+  const auto kept_pair = [kept_tile](const float(&acc)[8][4], int n, int owner, int hf) {
+    return owner == 0 ? make_float2(acc[kept_tile(n, 0)][2 * hf], acc[kept_tile(n, 0)][2 * hf + 1])
+                      : make_float2(acc[kept_tile(n, 1)][2 * hf], acc[kept_tile(n, 1)][2 * hf + 1]);
+  };
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   const int64_t query_tiles = (r.Lq + kInnerTile - 1) / kInnerTile;
   int64_t sweep = 0;  // the key tiles this block has swept its query rows for
@@ -82,20 +97,28 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bool dq_final = last && partials.splits == 1;
     const bool stage_angles = !rotate_loads && rotate_grads && dq_final;
     const bool came_early = kt != r.tile && r.Lq > 0;
+    // This sweep's first tile, and the key tile's K and V unless they came
+    // early: one copy group, waited for at once (nothing else to run yet).
     if (r.Lq > 0) {
       rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, start,
                  first_word, row_words, kDropout);
       if (!first) sums.fetch(0, streams[kStreamSums], r.Lq, start);
+      if (!came_early) {
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kStreamK],
+                                                                       j0, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kStreamV],
+                                                                       j0, r.Lk);
+      }
+      if (stage_angles)
+        copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(0), r, start, r.Lq, a);
+      qo.fetch(0, r, start, r.Lq, a);
+      cp_async_wait<0>();
+      qo.rotate_first(0, start, r.Lq, a);
+      if (rotate_loads)
+        rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
+                                                                                  r.Lk, a);
+      rows.prepare(0, a.scale);
     }
-    if (!came_early) {
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kStreamK], j0,
-                                                                     r.Lk);
-      copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kStreamV], j0,
-                                                                     r.Lk);
-    }
-    if (stage_angles)
-      copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(0), r, start, r.Lq, a);
-    qo.fetch(0, r, start, r.Lq, a);
     const int64_t key0 = j0 + warp * 16;
     const bool masked = key_tile_masked(a, r, j0, kRowsPerBlock);
     float key_bias_of[2];
@@ -104,40 +127,65 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bf16_t* k_rows = k_tile + group * 64 * kD;
     const bf16_t* v_rows = v_tile + group * 64 * kD;
     float dk[8][4] = {}, dv[8][4] = {};
+    // A tile's dQ is finished (the twin's half added, then the split's
+    // running sums, and stored) at the top of the next tile, while the
+    // tensor cores compute that tile's S^T and dP^T: `own` carries this
+    // warp's kept half from one tile to the next.
+    float own[4][4] = {};
+    const auto finish_dq = [&](int64_t i0, int buffer) {
+      const float* staged = sums.tile(buffer);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int row = local * 16 + g + 8 * hf;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {  // the twin's half (a + b is b + a: the same bits)
+          const int nt = kept_tile(n, group);
+          const float2 o = *reinterpret_cast<const float2*>(sDq + row * kAccLd + nt * 8 + 2 * t);
+          own[n][2 * hf] += o.x;
+          own[n][2 * hf + 1] += o.y;
+        }
+        if (first || i0 + row >= r.Lq) continue;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {  // the sums of the split's earlier key tiles
+          const int nt = kept_tile(n, group);
+          const float2 o = *reinterpret_cast<const float2*>(staged + row * kAccLd + nt * 8 + 2 * t);
+          own[n][2 * hf] += o.x;
+          own[n][2 * hf + 1] += o.y;
+        }
+      }
+      const int64_t q0 = i0 + local * 16;  // this warp's 16 query rows
+      const float one[2] = {1.0f, 1.0f};
+      const auto tile_of = [this_group = group, kept_tile](int n) {
+        return kept_tile(n, this_group);
+      };
+      if (dq_final) {
+        // With RoPE inside, qo's angle slots for this tile already take the
+        // tile after next: dq's angles come from the table.
+        if constexpr (kRotateLoads)
+          store_row_tiles(own, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one, a,
+                          rotate_grads, g, t);
+        else
+          store_row_tiles<true>(own, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one,
+                                a, rotate_grads, g, t,
+                                tile_angles(buffer) + local * 16 * 4 * kAngleSlot);
+      } else if (sums_kept) {
+        store_row_tiles(own, tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r, q0, r.Lq,
+                        one, a, false, g, t);
+      }
+    };
     int buffer = 0;
     for (int64_t step = 0; step < query_tiles; ++step, buffer ^= 1) {
-      const int64_t i0 = rows_at(step);
       const int64_t next = step + 1 < query_tiles ? rows_at(step + 1) : r.Lq;  // r.Lq: none
       const bf16_t* q_tile = qo.first(buffer);
       const bf16_t* o_tile = qo.second(buffer);
-      if (next < r.Lq)
-        rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
-                   r.Lq, next, first_word, row_words, kDropout);
-      if (step == 0 && !last) {
-        const int64_t j_next = j0 + tiles * kRowsPerBlock;
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
-                                                                       j_next, r.Lk);
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
-                                                                       j_next, r.Lk);
-      }
-      qo.arrive_before(buffer, r, i0, next, r.Lq, a);
-      if (step == 0 && rotate_loads)
-        rotate_own_chunks_by_table<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, r, j0,
-                                                                                  r.Lk, a);
-      rows.prepare(buffer, a.scale);
       const float* sLse2 = rows.lse(buffer);
       const float* sDScaled = rows.delta(buffer);
       const uint32_t* sBits = rows.bits(buffer);
+      // This tile's Q, dO and row data have landed (each thread's own
+      // copies, waited for at the end of the last tile, or at the sweep's
+      // start for its first), and the last tile's dQ halves are in sDq.
       fence_shared_for_wgmma();  // the tiles this thread wrote or rotated, for the products
       __syncthreads();
-      // The next tile's running sums and dq angles go into the buffers the
-      // last tile's dq stores read after its last barrier: queued only now,
-      // when every warp is past those stores (a tile ends without a barrier),
-      // as a group of their own that the next tile's wait covers.
-      if (next < r.Lq && !first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, next);
-      if (stage_angles)
-        copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(buffer ^ 1), r, next, r.Lq, a);
-      cp_async_commit();
       // S^T and dP^T: rows this warpgroup's keys, columns the tile's queries.
       float st[8][4], dpt[8][4];
       wgmma_fence();
@@ -149,8 +197,26 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss(dpt, k_major_step(v_rows, ks), k_major_step(o_tile, ks), ks > 0);
       wgmma_commit();
+      // While they run: the next tile's copies queued into the buffers the
+      // last tile used (its products were waited for before the barrier
+      // above), then the last tile's dQ finished and stored (what it reads,
+      // the staged sums and dq's angles, is queued only after the next
+      // barrier).
+      if (step == 0 && !last) {
+        const int64_t j_next = j0 + tiles * kRowsPerBlock;
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
+                                                                       j_next, r.Lk);
+        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
+                                                                       j_next, r.Lk);
+      }
+      if (next < r.Lq)
+        rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
+                   r.Lq, next, first_word, row_words, kDropout);
+      qo.fetch(buffer ^ 1, r, next, r.Lq, a);  // commits (an empty group past the last tile)
+      if (step > 0) finish_dq(rows_at(step - 1), buffer ^ 1);
       // P^T's exponents while the tensor cores compute dP^T (no branch
-      // before them: ptxas puts the wait at the top of the block after one).
+      // between the wait and them: ptxas puts the wait at the top of the
+      // block after the last branch before it).
       wgmma_wait<1>();
       fence_accumulator(st);
       key_tile_exponents(st, masked, key_bias_of, sLse2, a, t);
@@ -182,7 +248,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
           *reinterpret_cast<uint32_t*>(sDs + SwizzledTile::chunk(warp * 16 + g + 8 * hf, nt) +
                                        2 * t) = pack_bf16(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
       fence_shared_for_wgmma();
-      __syncthreads();  // every warp's dS^T rows are in sDs
+      __syncthreads();  // every warp's dS^T rows are in sDs, every warp past the last dQ's reads
       // dQ of the tile's 64 queries, dS K summed over the block's 128 keys:
       // each warpgroup sums its own 64 (A = dS read from dS^T, M-major; B =
       // K [key][dim], N-major). Both issue it, so no wgmma sits in a branch
@@ -194,76 +260,48 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         wgmma_ss<true, true>(acc, n_major_step(sDs + group * 64 * kD, ks), n_major_step(k_rows, ks),
                              ks > 0);
       wgmma_commit();
+      // While it runs, the next tile's running sums and dq angles go into
+      // the buffers the last tile's dQ read above: a group of their own,
+      // which the wait at the end of the next tile covers.
+      if (next < r.Lq && !first) sums.fetch(buffer ^ 1, streams[kStreamSums], r.Lq, next);
+      if (stage_angles)
+        copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(buffer ^ 1), r, next, r.Lq, a);
+      cp_async_commit();
       wgmma_wait<0>();
       fence_accumulator(acc);
       fence_accumulator(dv);
       fence_accumulator(dk);
       fence_fragments(pa);  // the dV and dK products read them until here
       fence_fragments(dsa);
-      // The two halves meet in shared memory, split by columns so that every
-      // warp does the same work: warp w of each warpgroup holds the same 16
-      // query rows; it keeps the column tiles kept_tile(., group) of them
-      // (0, 1, 4, 5 or 2, 3, 6, 7: RoPE's pairs, 32 columns apart in the half
-      // layout, stay with one thread) and hands the other four to its twin in
-      // the other warpgroup. (a + b is b + a: the sums are the same bits
-      // whichever twin adds.)
-      const int local = warp % 4;  // rows 16 local... of the tile
-      const auto kept_tile = [](int n, int owner) { return (n & 1) + 2 * owner + 4 * (n >> 1); };
-      // Row half hf of tile kept_tile(n, owner) of acc, for an owner known at
-      // run time: a select between compile-time indices (acc indexed by the
-      // warp's group would go to local memory).
-      const auto kept_pair = [&acc, kept_tile](int n, int owner, int hf) {
-        return owner == 0
-                   ? make_float2(acc[kept_tile(n, 0)][2 * hf], acc[kept_tile(n, 0)][2 * hf + 1])
-                   : make_float2(acc[kept_tile(n, 1)][2 * hf], acc[kept_tile(n, 1)][2 * hf + 1]);
-      };
+      // The twin's four column tiles go to sDq for it to add (the next
+      // tile's barrier publishes them); this warp keeps its own four.
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-        for (int n = 0; n < 4; ++n)  // the twin's tiles
+        for (int n = 0; n < 4; ++n) {
           *reinterpret_cast<float2*>(sDq + (local * 16 + g + 8 * hf) * kAccLd +
                                      kept_tile(n, 1 - group) * 8 + 2 * t) =
-              kept_pair(n, 1 - group, hf);
-      __syncthreads();  // the handed-over tiles are in sDq
-      const float* staged = sums.tile(buffer);
-      float kept[4][4];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int row = local * 16 + g + 8 * hf;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const int nt = kept_tile(n, group);
-          const float2 o = *reinterpret_cast<const float2*>(sDq + row * kAccLd + nt * 8 + 2 * t);
-          const float2 x = kept_pair(n, group, hf);
-          kept[n][2 * hf] = x.x + o.x;
-          kept[n][2 * hf + 1] = x.y + o.y;
+              kept_pair(acc, n, 1 - group, hf);
+          const float2 x = kept_pair(acc, n, group, hf);
+          own[n][2 * hf] = x.x;
+          own[n][2 * hf + 1] = x.y;
         }
-        if (first || i0 + row >= r.Lq) continue;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {  // the sums of the split's earlier key tiles
-          const int nt = kept_tile(n, group);
-          const float2 o = *reinterpret_cast<const float2*>(staged + row * kAccLd + nt * 8 + 2 * t);
-          kept[n][2 * hf] += o.x;
-          kept[n][2 * hf + 1] += o.y;
-        }
+      // The next tile's Q, dO and row data (this thread's copies: all but
+      // the newest group, the sums just queued), made ready for the barrier
+      // that opens it.
+      cp_async_wait<1>();
+      if (next < r.Lq) {
+        qo.rotate_first(buffer ^ 1, next, r.Lq, a);
+        rows.prepare(buffer ^ 1, a.scale);
       }
-      const int64_t q0 = i0 + local * 16;  // this warp's 16 query rows
-      const float one[2] = {1.0f, 1.0f};
-      const auto tile_of = [group, kept_tile](int n) { return kept_tile(n, group); };
-      if (dq_final)
-        store_row_tiles<true>(kept, tile_of, OperandRows{a.dq, r}, a.grad_dtype, r, q0, r.Lq, one,
-                              a, rotate_grads, g, t,
-                              tile_angles(buffer) + local * 16 * 4 * kAngleSlot);
-      else if (sums_kept)
-        store_row_tiles(kept, tile_of, StreamRows{streams[kStreamSums]}, DType::f32, r, q0, r.Lq,
-                        one, a, false, g, t);
-      // No barrier between tiles: what the next tile writes before its first
-      // barrier (row data, Q and dO into the buffers of the tile before this
-      // one) nobody reads after this tile's last barrier. A sweep's last
-      // tile waits here: the next sweep queues into both buffers and reads
-      // the sums this one stored. So does the last sweep's with RoPE inside,
-      // whose Q copies bring the angles dq's stores read.
-      if (step + 1 == query_tiles || (rotate_loads && dq_final)) __syncthreads();
+    }
+    if (query_tiles > 0) {
+      // The sweep's last tile's dQ, once its halves are in sDq; then a
+      // barrier: the next sweep queues into both buffers and reads the sums
+      // stored here.
+      __syncthreads();
+      finish_dq(rows_at(query_tiles - 1), (query_tiles - 1) & 1);
+      __syncthreads();
     }
     const float one[2] = {1.0f, 1.0f};
     store_rows(dk, a.dk, a.grad_dtype, r, key0, r.Lk, one, a, rotate_grads, g, t);
