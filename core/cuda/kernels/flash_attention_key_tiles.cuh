@@ -184,21 +184,31 @@ template <bool kDropout>
 __device__ __forceinline__ void key_tile_gradients(float (&pt)[8][4], float (&dpt)[8][4],
                                                    const float* sDScaled, const uint32_t* sBits,
                                                    const FlashArgs& a, int key0, int g, int t) {
+  // Keys key0 + g and key0 + g + 8 share a keep word (key0 a multiple of
+  // 16): one load a column for both.
+  const uint32_t* words = sBits + ((key0 + g) >> 5);
+  const int bit = (key0 + g) & 31;
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+  for (int nt = 0; nt < 8; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int hf = e >> 1, col = nt * 8 + 2 * t + (e & 1);
-      const int key = key0 + g + 8 * hf;  // in the block's 128 keys
-      const float p = pt[nt][e];
-      if constexpr (kDropout) {
-        const bool kept = (sBits[col * 4 + (key >> 5)] >> (key & 31)) & 1u;
-        pt[nt][e] = kept ? p : 0.0f;
-        dpt[nt][e] = p * fmaf(dpt[nt][e], kept ? a.inv_keep * a.scale : 0.0f, -sDScaled[col]);
-      } else {
-        dpt[nt][e] = p * fmaf(dpt[nt][e], a.scale, -sDScaled[col]);
+    for (int c = 0; c < 2; ++c) {
+      const int col = nt * 8 + 2 * t + c;
+      const float dc = sDScaled[col];
+      const uint32_t word = kDropout ? words[col * 4] : 0u;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int e = 2 * hf + c;
+        const float p = pt[nt][e];
+        if constexpr (kDropout) {
+          const bool kept = (word >> (bit + 8 * hf)) & 1u;
+          pt[nt][e] = kept ? p : 0.0f;
+          dpt[nt][e] = p * fmaf(dpt[nt][e], kept ? a.inv_keep * a.scale : 0.0f, -dc);
+        } else {
+          dpt[nt][e] = p * fmaf(dpt[nt][e], a.scale, -dc);
+        }
       }
     }
+  }
 }
 template <bool kDropout>
 __device__ __forceinline__ void key_tile_probabilities(float (&st)[8][4], float (&dpt)[8][4],
