@@ -213,13 +213,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
                    r.Lq, next, first_word, row_words, kDropout);
       qo.fetch(buffer ^ 1, r, next, r.Lq, a);  // commits (an empty group past the last tile)
-      if (step > 0) finish_dq(rows_at(step - 1), buffer ^ 1);
-      // P^T's exponents while the tensor cores compute dP^T (no branch
-      // between the wait and them: ptxas puts the wait at the top of the
-      // block after the last branch before it).
+      // The last tile's dQ finished in the second warpgroup before P^T's
+      // exponents and in the first after them, so that each scheduler (a
+      // warp of each warpgroup) has one warp on the exponents (the SFUs)
+      // while the other adds and stores. No branch between the wait and
+      // the exponents: ptxas puts the wait at the top of the block after
+      // the last branch before it.
+      if (step > 0 && group == 1) finish_dq(rows_at(step - 1), buffer ^ 1);
       wgmma_wait<1>();
       fence_accumulator(st);
       key_tile_exponents(st, masked, key_bias_of, sLse2, a, t);
+      if (step > 0 && group == 0) finish_dq(rows_at(step - 1), buffer ^ 1);
       wgmma_wait<0>();
       fence_accumulator(dpt);
       key_tile_gradients<kDropout>(st, dpt, sDScaled, sBits, a, warp * 16, g, t);
