@@ -128,9 +128,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bf16_t* v_rows = v_tile + group * 64 * kD;
     float dk[8][4] = {}, dv[8][4] = {};
     // A tile's dQ is finished (the twin's half added, then the split's
-    // running sums, and stored) at the top of the next tile, while the
-    // tensor cores compute that tile's S^T and dP^T: `own` carries this
-    // warp's kept half from one tile to the next.
+    // running sums, and stored) in the next tile, while the tensor cores
+    // compute that tile's S^T and dP^T and the other warpgroup takes its
+    // exponents: `own` carries this warp's kept half from one tile to the
+    // next.
     float own[4][4] = {};
     const auto finish_dq = [&](int64_t i0, int buffer) {
       const float* staged = sums.tile(buffer);
