@@ -128,10 +128,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bf16_t* v_rows = v_tile + group * 64 * kD;
     float dk[8][4] = {}, dv[8][4] = {};
     // A tile's dQ is finished (the twin's half added, then the split's
-    // running sums, and stored) in the next tile, while the tensor cores
-    // compute that tile's S^T and dP^T and the other warpgroup takes its
-    // exponents: `own` carries this warp's kept half from one tile to the
-    // next.
+    // running sums, and stored) in the next tile, beside that tile's
+    // products and the other warpgroup's exponents or gradients: `own`
+    // carries this warp's kept half from one tile to the next.
     float own[4][4] = {};
     const auto finish_dq = [&](int64_t i0, int buffer) {
       const float* staged = sums.tile(buffer);
@@ -214,17 +213,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
                    r.Lq, next, first_word, row_words, kDropout);
       qo.fetch(buffer ^ 1, r, next, r.Lq, a);  // commits (an empty group past the last tile)
-      // The last tile's dQ finished in the second warpgroup before P^T's
-      // exponents and in the first after them, so that each scheduler (a
-      // warp of each warpgroup) has one warp on the exponents (the SFUs)
-      // while the other adds and stores. No branch between the wait and
-      // the exponents: ptxas puts the wait at the top of the block after
-      // the last branch before it.
+      // The last tile's dQ is finished by the second warpgroup before P^T's
+      // exponents, by the first once its dV and dK are issued: on each
+      // scheduler (a warp of each warpgroup) one warp's exponents (the
+      // SFUs) run beside the other's adds and stores, then the first
+      // warpgroup's products beside the second's gradients. No branch
+      // between the wait and the exponents: ptxas puts the wait at the top
+      // of the block after the last branch before it.
       if (step > 0 && group == 1) finish_dq(rows_at(step - 1), buffer ^ 1);
       wgmma_wait<1>();
       fence_accumulator(st);
       key_tile_exponents(st, masked, key_bias_of, sLse2, a, t);
-      if (step > 0 && group == 0) finish_dq(rows_at(step - 1), buffer ^ 1);
       wgmma_wait<0>();
       fence_accumulator(dpt);
       key_tile_gradients<kDropout>(st, dpt, sDScaled, sBits, a, warp * 16, g, t);
@@ -252,6 +251,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
         for (int hf = 0; hf < 2; ++hf)
           *reinterpret_cast<uint32_t*>(sDs + SwizzledTile::chunk(warp * 16 + g + 8 * hf, nt) +
                                        2 * t) = pack_bf16(dpt[nt][2 * hf], dpt[nt][2 * hf + 1]);
+      if (step > 0 && group == 0) finish_dq(rows_at(step - 1), buffer ^ 1);
       fence_shared_for_wgmma();
       __syncthreads();  // every warp's dS^T rows are in sDs, every warp past the last dQ's reads
       // dQ of the tile's 64 queries, dS K summed over the block's 128 keys:
