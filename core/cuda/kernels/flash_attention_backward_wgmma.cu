@@ -197,11 +197,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       for (int ks = 0; ks < 4; ++ks)
         wgmma_ss(dpt, k_major_step(v_rows, ks), k_major_step(o_tile, ks), ks > 0);
       wgmma_commit();
-      // While they run: the next tile's copies queued into the buffers the
-      // last tile used (its products were waited for before the barrier
-      // above), then the last tile's dQ finished and stored (what it reads,
-      // the staged sums and dq's angles, is queued only after the next
-      // barrier).
+      // While they run, the next tile's copies are queued into the buffers
+      // the last tile used (its products were waited for before the barrier
+      // above). What the last tile's dQ still reads, the staged sums and
+      // dq's angles, is queued only after the next barrier.
       if (step == 0 && !last) {
         const int64_t j_next = j0 + tiles * kRowsPerBlock;
         copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
@@ -216,10 +215,11 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       // The last tile's dQ is finished by the second warpgroup before P^T's
       // exponents, by the first once its dV and dK are issued: on each
       // scheduler (a warp of each warpgroup) one warp's exponents (the
-      // SFUs) run beside the other's adds and stores, then the first
-      // warpgroup's products beside the second's gradients. No branch
-      // between the wait and the exponents: ptxas puts the wait at the top
-      // of the block after the last branch before it.
+      // SFUs) run beside the other's adds and stores, and the first
+      // warpgroup's tail beside the second's gradients, with its products
+      // on the tensor cores. No branch between the wait and the exponents:
+      // ptxas puts the wait at the top of the block after the last branch
+      // before it.
       if (step > 0 && group == 1) finish_dq(rows_at(step - 1), buffer ^ 1);
       wgmma_wait<1>();
       fence_accumulator(st);
