@@ -77,6 +77,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     return owner == 0 ? make_float2(acc[kept_tile(n, 0)][2 * hf], acc[kept_tile(n, 0)][2 * hf + 1])
                       : make_float2(acc[kept_tile(n, 1)][2 * hf], acc[kept_tile(n, 1)][2 * hf + 1]);
   };
+  // Queues key tile j0's K and V into the given buffers.
+  const auto queue_key_tile = [&r](bf16_t* k_dst, bf16_t* v_dst, int64_t j0) {
+    copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_dst, streams[kStreamK], j0,
+                                                                   r.Lk);
+    copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_dst, streams[kStreamV], j0,
+                                                                   r.Lk);
+  };
   bf16_t *k_tile = sK, *v_tile = sV, *next_k = sK2, *next_v = sV2;
   const int64_t query_tiles = (r.Lq + kInnerTile - 1) / kInnerTile;
   int64_t sweep = 0;  // the key tiles this block has swept its query rows for
@@ -97,18 +104,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
     const bool dq_final = last && partials.splits == 1;
     const bool stage_angles = !rotate_loads && rotate_grads && dq_final;
     const bool came_early = kt != r.tile && r.Lq > 0;
+    // Queues the row data of the query tile at rows i0 into `buffer`.
+    const auto fetch_rows = [&](int buffer, int64_t i0) {
+      rows.fetch(buffer, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, i0,
+                 first_word, row_words, kDropout);
+    };
     // This sweep's first tile, and the key tile's K and V unless they came
     // early: one copy group, waited for at once (nothing else to run yet).
     if (r.Lq > 0) {
-      rows.fetch(0, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits], r.Lq, start,
-                 first_word, row_words, kDropout);
+      fetch_rows(0, start);
       if (!first) sums.fetch(0, streams[kStreamSums], r.Lq, start);
-      if (!came_early) {
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(k_tile, streams[kStreamK],
-                                                                       j0, r.Lk);
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(v_tile, streams[kStreamV],
-                                                                       j0, r.Lk);
-      }
+      if (!came_early) queue_key_tile(k_tile, v_tile, j0);
       if (stage_angles)
         copy_angles_async<kInnerTile, kThreadsPerBlock>(tile_angles(0), r, start, r.Lq, a);
       qo.fetch(0, r, start, r.Lq, a);
@@ -155,9 +161,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       }
       const int64_t q0 = i0 + local * 16;  // this warp's 16 query rows
       const float one[2] = {1.0f, 1.0f};
-      const auto tile_of = [this_group = group, kept_tile](int n) {
-        return kept_tile(n, this_group);
-      };
+      const auto tile_of = [group, kept_tile](int n) { return kept_tile(n, group); };
       if (dq_final) {
         // With RoPE inside, qo's angle slots for this tile already take the
         // tile after next: dq's angles come from the table.
@@ -201,16 +205,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, 1)
       // the last tile used (its products were waited for before the barrier
       // above). What the last tile's dQ still reads, the staged sums and
       // dq's angles, is queued only after the next barrier.
-      if (step == 0 && !last) {
-        const int64_t j_next = j0 + tiles * kRowsPerBlock;
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_k, streams[kStreamK],
-                                                                       j_next, r.Lk);
-        copy_tile_async<kRowsPerBlock, kThreadsPerBlock, SwizzledTile>(next_v, streams[kStreamV],
-                                                                       j_next, r.Lk);
-      }
-      if (next < r.Lq)
-        rows.fetch(buffer ^ 1, streams[kStreamLse], streams[kStreamDelta], streams[kStreamBits],
-                   r.Lq, next, first_word, row_words, kDropout);
+      if (step == 0 && !last) queue_key_tile(next_k, next_v, j0 + tiles * kRowsPerBlock);
+      if (next < r.Lq) fetch_rows(buffer ^ 1, next);
       qo.fetch(buffer ^ 1, r, next, r.Lq, a);  // commits (an empty group past the last tile)
       // The last tile's dQ is finished by the second warpgroup before P^T's
       // exponents, by the first once its dV and dK are issued: on each
