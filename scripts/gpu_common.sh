@@ -92,7 +92,7 @@ gpu_unpack() {
   done
   # cuDNN is opened at run time (core/cuda/cudnn_library.cpp), so ldd does not
   # ask for it: where the loader would not find libcudnn.so.9, add its folder.
-  if ! ldconfig -p 2> /dev/null | grep -q 'libcudnn.so.9 '; then
+  if ! ldconfig -p 2> /dev/null | grep 'libcudnn.so.9 ' > /dev/null; then
     found=$(find /usr/local/cuda*/ /opt /usr/lib /usr/local/lib -name libcudnn.so.9 2> /dev/null | head -1)
     [[ -n $found ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:${found%/*} &&
       echo "gpu_unpack: libcudnn.so.9 from $found"

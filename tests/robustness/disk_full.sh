@@ -40,6 +40,6 @@ for f in "$mnt"/run/checkpoints/ckpt-*.h5; do
   n=$((n + 1))
 done
 ((n >= 1)) || fail "no checkpoint survived"
-ls "$mnt/run/checkpoints" | grep -q '\.tmp' && fail "a temporary checkpoint was left behind"
+ls "$mnt/run/checkpoints" | grep '\.tmp' > /dev/null && fail "a temporary checkpoint was left behind"
 grep -qv '^{.*}$' "$mnt/run/metrics.jsonl" && fail "metrics.jsonl holds a partial line"
 echo "disk full: clear error (exit 1), $n earlier checkpoint(s) intact, no temp file left"

@@ -32,7 +32,7 @@ ROFORMER_TEST_KILL_DURING_CHECKPOINT=8 "$roformer" pretrain --config "$work/mini
 second=$?
 set -e
 [[ $first -eq 137 && $second -eq 137 ]] || { echo "expected two SIGKILLs, got $first and $second"; exit 1; }
-ls "$work/run/checkpoints" | grep -q '\.tmp' || { echo "expected a half-written temp checkpoint"; exit 1; }
+ls "$work/run/checkpoints" | grep '\.tmp' > /dev/null || { echo "expected a half-written temp checkpoint"; exit 1; }
 "$roformer" pretrain --config "$work/mini.yaml" > "$work/resumed.out" 2>&1
 
 losses "$work/run/metrics.jsonl" > "$work/resumed.txt"
@@ -41,6 +41,6 @@ bad=0
 same_losses "$work/resumed.txt" "$work/straight.txt" || bad=1
 covered=$(cut -d' ' -f1 "$work/resumed.txt" | sort -un | wc -l)
 [[ $covered -eq 12 ]] || { echo "resumed runs logged $covered distinct steps, expected 12"; bad=1; }
-ls "$work/run/checkpoints" | grep -q '\.tmp' && { echo "temp checkpoint left behind"; bad=1; }
+ls "$work/run/checkpoints" | grep '\.tmp' > /dev/null && { echo "temp checkpoint left behind"; bad=1; }
 [[ $bad -eq 0 ]] && echo "kill-and-resume: all 12 step losses bit-identical"
 exit $bad

@@ -42,7 +42,7 @@ grep -q 'stage 2/2: .*rope_base 160000' "$work/straight.out" || { echo "no stage
 grep -q 'tokens 1.02k/1.02k' "$work/straight.out" || { echo "stage 2 progress not in tokens"; cat "$work/straight.out"; exit 1; }
 # With log.eval_every_length, stage 2's end also validates at stage 1's length.
 for len in 32 64; do
-  grep '"type":"validation"' "$work/straight/metrics.jsonl" | grep '"global_step":13,' | grep -q "\"max_seq_len\":$len,.*\"perplexity\":[0-9]" \
+  grep '"type":"validation"' "$work/straight/metrics.jsonl" | grep '"global_step":13,' | grep "\"max_seq_len\":$len,.*\"perplexity\":[0-9]" > /dev/null \
     || { echo "no validation at length $len after stage 2"; grep validation "$work/straight/metrics.jsonl"; exit 1; }
 done
 # Telemetry fields on every train record.
