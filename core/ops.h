@@ -130,11 +130,16 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 // fused: only the row statistics are kept for backward. The loss is f32 for
 // f32/bf16 logits, f64 for f64; a bad target is raised at the next sync point.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
-// The same loss and, as an i64 [] tensor on the logits' device, the number of
-// rows it averages over (targets != ignore_index): what a caller needs to
-// normalise across micro-batches or ranks without a host read.
-std::pair<Tensor, Tensor> cross_entropy_with_count(const Tensor& logits, const Tensor& targets,
-                                                   int64_t ignore_index = -100);
+// The same loss with what a caller normalises and scores it by, as i64 []
+// tensors on the logits' device (no host read): `count`, the rows it
+// averages over (targets != ignore_index), and `correct`, those of them whose
+// argmax logit is the target (argmax's rule: the first NaN, else the first
+// largest). Both come out of the loss's one pass over the logits.
+struct CrossEntropyOutputs {
+  Tensor loss, count, correct;
+};
+CrossEntropyOutputs cross_entropy_with_counts(const Tensor& logits, const Tensor& targets,
+                                              int64_t ignore_index = -100);
 
 // Rotary position embedding (paper eq. 34) of x [..., S, D] at positions [S]
 // (i32/i64): pairs (x[2i], x[2i+1]) (interleaved) or (x[i], x[i+D/2]) (half)

@@ -1,6 +1,7 @@
 #include "layers/roformer.h"
 
 #include <cmath>
+#include <utility>
 
 #include "core/precision.h"
 #include "core/profile.h"
@@ -331,7 +332,7 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const MaskedRows& 
   out.num_masked = masked.count;
   if (masked.count == 0) {
     out.loss = mul(sum(hidden), 0.0);
-    out.correct = Tensor::zeros({}, DType::f32, hidden.device());
+    out.correct = Tensor::zeros({}, DType::i64, hidden.device());
     return out;
   }
   Tensor selected;
@@ -340,21 +341,12 @@ MlmOutput RoFormerForMaskedLM::mlm_loss(const Tensor& hidden, const MaskedRows& 
     selected = index_select(hidden, masked.rows);
   }
   const Tensor logits = head_.forward(selected);  // [M, V]
-  const Tensor& target = masked.targets;
-  {
-    RF_PROFILE("cross_entropy");
-    out.loss = cross_entropy(logits, target);
-  }
-  RF_PROFILE("argmax");
-  {
-    // Counted where the logits are: a wrong row's argmax differs from its
-    // target (indices below 2^24 are exact in f32).
-    NoGradGuard no_grad;
-    const Tensor miss = sub(cast(argmax(logits.detach(), 1), DType::f32), cast(target, DType::f32));
-    const Tensor one = Tensor::ones({}, DType::f32, hidden.device());
-    const Tensor zero = Tensor::zeros({}, DType::f32, hidden.device());
-    out.correct = sum(where(miss, zero, one));
-  }
+  RF_PROFILE("cross_entropy");
+  // The loss's one pass over the logits also counts the rows whose argmax
+  // is the target, on the device.
+  CrossEntropyOutputs ce = cross_entropy_with_counts(logits, masked.targets);
+  out.loss = std::move(ce.loss);
+  out.correct = std::move(ce.correct);
   return out;
 }
 

@@ -168,7 +168,7 @@ class RoFormerLMHead : public Module {
 struct MlmOutput {
   Tensor loss;             // scalar mean cross-entropy over masked rows (with history)
   int64_t num_masked = 0;  // rows whose label != -100
-  // Of those, the rows whose argmax logit is the label: a scalar f32 on the
+  // Of those, the rows whose argmax logit is the label: a scalar i64 on the
   // model's device, so computing it waits for nothing.
   Tensor correct;
   // The loss and the correct rows, read back together: one wait for the

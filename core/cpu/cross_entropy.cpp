@@ -1,12 +1,14 @@
 // Fused log-softmax + negative log-likelihood over rows of logits [N, C]: one
 // pass over each row (a running max and sum, rescaled per chunk, with a
-// vectorised exp); rows run in parallel, the loss is summed in row order.
+// vectorised exp, and the first column of the max for the accuracy); rows
+// run in parallel, the loss is summed in row order.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
@@ -35,11 +37,35 @@ const row_t<T>* load_chunk(const T* x, int64_t c0, int64_t n, row_t<T>* buf) {
   }
 }
 
+// argmax of a row by max's rule (core/cpu/reduce.cpp): the first NaN, else
+// the first of the largest value.
 template <class T>
-row_t<T> row_logsumexp(const T* x, int64_t cols) {
+int64_t serial_argmax(const T* x, int64_t cols) {
+  if (cols == 0) return 0;
+  int64_t best = 0;
+  double best_value = double(x[0]);
+  for (int64_t c = 1; c < cols; ++c) {
+    const double v = double(x[c]);
+    if (v > best_value || (std::isnan(v) && !std::isnan(best_value))) {
+      best_value = v;
+      best = c;
+    }
+  }
+  return best;
+}
+
+template <class A>
+struct RowStats {
+  A lse;
+  int64_t argmax;
+};
+
+template <class T>
+RowStats<row_t<T>> row_logsumexp(const T* x, int64_t cols) {
   using A = row_t<T>;
   alignas(64) A buf[std::is_same_v<T, A> ? 1 : kChunk];
   A m = -std::numeric_limits<A>::infinity(), s = 0;
+  int64_t first = 0;  // the first column of m
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t n = std::min(kChunk, cols - c0);
     const A* v = load_chunk(x, c0, n, buf);
@@ -47,6 +73,9 @@ row_t<T> row_logsumexp(const T* x, int64_t cols) {
 #pragma omp simd reduction(max : cm)
     for (int64_t i = 0; i < n; ++i) cm = v[i] > cm ? v[i] : cm;
     if (cm > m) {
+      int64_t i = 0;
+      while (i < n && !(v[i] == cm)) ++i;
+      first = c0 + i;
       s *= std::exp(m - cm);
       m = cm;
     }
@@ -55,7 +84,10 @@ row_t<T> row_logsumexp(const T* x, int64_t cols) {
     for (int64_t i = 0; i < n; ++i) cs += vexp(v[i] - m);
     s += cs;
   }
-  return m + std::log(s);
+  const A lse = m + std::log(s);
+  // A finite lse means no NaN and no infinity in the row: then `first` is
+  // argmax's answer. The other rows (a diverged run's) take the serial scan.
+  return {lse, std::isfinite(lse) ? first : serial_argmax(x, cols)};
 }
 
 template <class Fn>
@@ -70,9 +102,10 @@ void with_targets(const View& targets, Fn&& fn) {
 }  // namespace
 
 void cross_entropy_forward(Stream stream, KT logits_kt, KT targets_kt, int64_t ignore_index,
-                           int32_t site, KT lse_kt, KT row_loss_kt, KT loss_kt, KT count_kt) {
+                           int32_t site, KT lse_kt, KT row_loss_kt, KT loss_kt, KT count_kt,
+                           KT correct_kt) {
   const View logits(logits_kt), targets(targets_kt), lse(lse_kt), row_loss(row_loss_kt),
-      loss(loss_kt), count_out(count_kt);
+      loss(loss_kt), count_out(count_kt), correct_out(correct_kt);
   RF_CHECK(logits.dim() == 2 && logits.is_contiguous() && targets.is_contiguous() &&
                targets.numel() == logits.shape()[0],
            "cross_entropy_forward: expected contiguous logits [N, C] and targets [N], got ",
@@ -81,6 +114,7 @@ void cross_entropy_forward(Stream stream, KT logits_kt, KT targets_kt, int64_t i
   double* plse = lse.data_as<double>();
   double* ploss = row_loss.data_as<double>();
   int64_t count = 0;
+  std::vector<uint8_t> hit(size_t(rows), 0);
   with_targets(targets, [&](auto target) {
     // Counted rows, and the first bad target in row order (reported, then
     // treated as ignored so nothing reads outside the row).
@@ -102,10 +136,13 @@ void cross_entropy_forward(Stream stream, KT logits_kt, KT targets_kt, int64_t i
     with_targets(targets, [&](auto target) {
       parallel_rows(rows, cols, [&](int64_t r) {
         const T* xr = x + r * cols;
-        const double l = double(row_logsumexp(xr, cols));
+        const auto stats = row_logsumexp(xr, cols);
+        const double l = double(stats.lse);
         const int64_t t = target(r);
+        const bool in = t != ignore_index && t >= 0 && t < cols;
         plse[r] = l;
-        ploss[r] = t == ignore_index || t < 0 || t >= cols ? 0.0 : l - double(row_t<T>(xr[t]));
+        ploss[r] = in ? l - double(row_t<T>(xr[t])) : 0.0;
+        hit[size_t(r)] = in && stats.argmax == t;
       });
     });
   });
@@ -118,6 +155,9 @@ void cross_entropy_forward(Stream stream, KT logits_kt, KT targets_kt, int64_t i
   else
     *loss.data_as<float>() = float(mean);
   *count_out.data_as<int64_t>() = count;
+  int64_t correct = 0;
+  for (uint8_t h : hit) correct += h;
+  *correct_out.data_as<int64_t>() = correct;
 }
 
 void cross_entropy_backward(Stream, KT logits_kt, KT targets_kt, int64_t ignore_index, KT lse_kt,

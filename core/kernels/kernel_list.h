@@ -170,9 +170,12 @@ struct ResidualDropout {
   X(scatter_add_rows, void(Stream, KT grad_out, KT ids, KT grad_table))                         \
   /* --- cross-entropy (core/cpu/cross_entropy.cpp) ---------------------------------------- */\
   /* logits [N, C], targets [N]; lse, row_loss [N] f64; loss [] (f64 for f64 logits, else */   \
-  /* f32) = sum of row losses in row order / count; count [] i64 = rows not ignored. */        \
+  /* f32) = sum of row losses in row order / count; count [] i64 = rows not ignored; */         \
+  /* correct [] i64 = of those, rows whose argmax (max's rule: the first NaN, else the */       \
+  /* first largest) is the target. */                                                         \
   X(cross_entropy_forward, void(Stream, KT logits, KT targets, int64_t ignore_index,            \
-                                int32_t site, KT lse, KT row_loss, KT loss, KT count))          \
+                                int32_t site, KT lse, KT row_loss, KT loss, KT count,           \
+                                KT correct))                                                    \
   /* grad [N, C] = (softmax - onehot) * grad_loss[] / count[] for counted rows, 0 else. */     \
   X(cross_entropy_backward, void(Stream, KT logits, KT targets, int64_t ignore_index, KT lse,   \
                                  KT grad_loss, KT count, KT grad))                              \

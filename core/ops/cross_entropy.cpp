@@ -1,15 +1,17 @@
 // cross_entropy: fused log-softmax + NLL, mean over rows whose target is not
-// ignore_index. Backward keeps the logits, the targets and one log-sum-exp per
-// row, and recomputes softmax on the fly: no [N, C] probabilities are stored.
-// Nothing is read on the host: the loss and the counted rows are device
-// tensors, and a bad target is raised at the next sync point.
+// ignore_index, with the rows counted and those whose argmax is the target
+// (the MLM accuracy, from the same pass over the logits). Backward keeps the
+// logits, the targets and one log-sum-exp per row, and recomputes softmax on
+// the fly: no [N, C] probabilities are stored. Nothing is read on the host:
+// the loss and both counts are device tensors, and a bad target is raised at
+// the next sync point.
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 
 namespace roformer {
 
-std::pair<Tensor, Tensor> cross_entropy_with_count(const Tensor& logits, const Tensor& targets,
-                                                   int64_t ignore_index) {
+CrossEntropyOutputs cross_entropy_with_counts(const Tensor& logits, const Tensor& targets,
+                                              int64_t ignore_index) {
   const Device device = kernel_device("cross_entropy", {&logits, &targets});
   if (logits.dim() != 2 || !is_floating(logits.dtype()))
     throw Error(detail::concat("cross_entropy: expected floating logits [N, C], got ",
@@ -36,8 +38,10 @@ std::pair<Tensor, Tensor> cross_entropy_with_count(const Tensor& logits, const T
   Tensor row_loss = Tensor::empty({rows}, DType::f64, device);
   Tensor out = Tensor::empty({}, loss_dtype, device);
   Tensor count = Tensor::empty({}, DType::i64, device);
-  launch::cross_entropy_forward(device, xc, tc, ignore_index, site, lse, row_loss, out, count);
-  if (!needs_grad({&logits})) return {out, count};
+  Tensor correct = Tensor::empty({}, DType::i64, device);
+  launch::cross_entropy_forward(device, xc, tc, ignore_index, site, lse, row_loss, out, count,
+                                correct);
+  if (!needs_grad({&logits})) return {out, count, correct};
   const SavedTensor saved_logits(xc, "cross_entropy"), saved_targets(tc, "cross_entropy");
   const DType logits_dtype = logits.dtype();
   out = record("cross_entropy", out, {&logits}, [=](const Tensor& g) {
@@ -47,11 +51,11 @@ std::pair<Tensor, Tensor> cross_entropy_with_count(const Tensor& logits, const T
                                    g.contiguous(), count, grad);
     return std::vector<Tensor>{grad};
   });
-  return {out, count};
+  return {out, count, correct};
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
-  return cross_entropy_with_count(logits, targets, ignore_index).first;
+  return cross_entropy_with_counts(logits, targets, ignore_index).loss;
 }
 
 }  // namespace roformer

@@ -271,13 +271,46 @@ TEST(KernelErrors, CrossEntropyCountsOnlyValidRowsAndNeedsNoHostRead) {
   EXPECT_NEAR(g[1], (0.25 - 1.0) / 2.0, 1e-12);              // mean over the 2 counted rows
   for (int c = 4; c < 8; ++c) EXPECT_EQ(g[size_t(c)], 0.0);  // ignored row
   // The count comes out as a device tensor next to the loss.
-  const auto [loss2, count] =
-      cross_entropy_with_count(x.detach(), Tensor::from_vector<int32_t>({-100, -100, 3}, {3}));
+  const auto [loss2, count, correct] =
+      cross_entropy_with_counts(x.detach(), Tensor::from_vector<int32_t>({-100, -100, 3}, {3}));
   EXPECT_EQ(count.dtype(), DType::i64);
   EXPECT_EQ(count.item(), 1.0);
   EXPECT_NEAR(loss2.item(), std::log(4.0), 1e-12);
-  EXPECT_EQ(cross_entropy_with_count(x.detach(), Tensor::full({3}, -100, DType::i64)).second.item(),
+  // All-zero logits: argmax is column 0, so target 3 is a miss.
+  EXPECT_EQ(correct.dtype(), DType::i64);
+  EXPECT_EQ(correct.item(), 0.0);
+  EXPECT_EQ(cross_entropy_with_counts(x.detach(), Tensor::full({3}, -100, DType::i64)).count.item(),
             0.0);
+}
+
+// `correct` follows argmax's rule (the first NaN, else the first largest)
+// on the rows it counts, and ignores the others.
+TEST(KernelErrors, CrossEntropyCountsTheRowsWhoseArgmaxIsTheTarget) {
+  const double nan = std::nan(""), inf = INFINITY;
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const Tensor x = Tensor::from_vector<double>({1,    5,    5,    2,     // tie: the first 5
+                                                  1,    5,    5,    2,     // the second 5 loses
+                                                  0,    nan,  9,    nan,   // the first NaN
+                                                  0,    9,    9,    nan,   // a NaN beats 9
+                                                  -inf, -inf, -inf, -inf,  // all -inf: column 0
+                                                  3,    inf,  2,    inf,   // the first inf
+                                                  7,    1,    2,    3,     // hit, but ignored
+                                                  0,    0,    0,    8},    // a plain hit
+                                                 {8, 4})
+                         .to(dtype);
+    const Tensor targets = Tensor::from_vector<int64_t>({1, 2, 1, 3, 0, 1, -100, 3}, {8});
+    const auto out = cross_entropy_with_counts(x, targets);
+    EXPECT_EQ(out.count.item(), 7.0);
+    // Hits: rows 0, 2, 3, 4, 5 and 7 (row 1 is the tie's loser, row 6 ignored).
+    EXPECT_EQ(out.correct.item(), 6.0);
+    // The same as argmax against the counted targets.
+    const auto best = argmax(x, 1).to_vector<int64_t>();
+    const auto t = targets.to_vector<int64_t>();
+    int64_t hits = 0;
+    for (size_t r = 0; r < t.size(); ++r) hits += t[r] != -100 && best[r] == t[r];
+    EXPECT_EQ(out.correct.item(), double(hits));
+  }
 }
 
 TEST(KernelTensor, CarriesPointerDtypeSizesAndStrides) {

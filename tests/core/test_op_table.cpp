@@ -309,12 +309,20 @@ std::vector<OpCase> make_table() {
   // The loss with its count: the loss is the differentiable output, and the
   // count (4 rows not ignored) must match what the loss was divided by.
   t.push_back(
-      {.op = "cross_entropy_with_count",
-       .name = "cross_entropy_with_count",
+      {.op = "cross_entropy_with_counts",
+       .name = "cross_entropy_with_counts",
        .inputs = {in({6, 5}, strided, -2.0, 2.0), fixed(i64({0, 4, -100, 2, -100, 1}, {6}))},
        .build = [](const X& x) {
-         auto [loss, count] = cross_entropy_with_count(x[0], x[1]);
-         if (count.item() != 4.0) throw Error("cross_entropy_with_count: count is not 4");
+         auto [loss, count, correct] = cross_entropy_with_counts(x[0], x[1]);
+         if (count.item() != 4.0) throw Error("cross_entropy_with_counts: count is not 4");
+         // The rows whose argmax is the target, against argmax itself.
+         const auto best = argmax(x[0].detach(), 1).to_vector<int64_t>();
+         const auto t = x[1].to_vector<int64_t>();
+         int64_t hits = 0;
+         for (size_t r = 0; r < t.size(); ++r) hits += t[r] != -100 && best[r] == t[r];
+         if (correct.item() != double(hits))
+           throw Error(detail::concat("cross_entropy_with_counts: correct is ", correct.item(),
+                                      ", argmax says ", hits));
          return loss;
        }});
   t.push_back({.op = "rope",
@@ -1082,7 +1090,8 @@ TEST(OpTableCoverage, EveryPublicOpHasAnEntry) {
   // Free functions of core/ops.h returning tensors: the ops.
   const std::string ops = read_source("core/ops.h");
   ASSERT_FALSE(ops.empty()) << "cannot read core/ops.h";
-  const std::regex op_decl(R"(\n(?:Tensor|std::pair<Tensor, Tensor>|std::vector<Tensor>) (\w+)\()");
+  const std::regex op_decl(
+      R"(\n(?:Tensor|std::pair<Tensor, Tensor>|std::vector<Tensor>|CrossEntropyOutputs) (\w+)\()");
   std::set<std::string> declared;
   for (auto it = std::sregex_iterator(ops.begin(), ops.end(), op_decl);
        it != std::sregex_iterator(); ++it)

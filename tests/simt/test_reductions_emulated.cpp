@@ -323,7 +323,7 @@ TEST(SoftmaxEmulated, ForwardAndBackwardMatchTheCpu) {
 
 // --- cross-entropy ------------------------------------------------------------------------
 struct CrossEntropyOut {
-  Tensor lse, row_loss, loss, count, grad;
+  Tensor lse, row_loss, loss, count, correct, grad;
   KernelError error;
 };
 
@@ -335,6 +335,7 @@ CrossEntropyOut cross_entropy_on(bool emulated, const Tensor& logits, const Tens
                     poisoned({rows}, DType::f64),
                     poisoned({}, loss_dtype),
                     poisoned({}, DType::i64),
+                    poisoned({}, DType::i64),
                     poisoned(logits.shape(), logits.dtype()),
                     KernelError{}};
   EmulatedStream s;
@@ -343,7 +344,8 @@ CrossEntropyOut cross_entropy_on(bool emulated, const Tensor& logits, const Tens
   auto* backward = emulated ? &emu::cross_entropy_backward : &cpu::cross_entropy_backward;
   const int32_t site = 42;
   forward(stream, kernel_tensor(logits), kernel_tensor(targets), ignore, site, kernel_tensor(o.lse),
-          kernel_tensor(o.row_loss), kernel_tensor(o.loss), kernel_tensor(o.count));
+          kernel_tensor(o.row_loss), kernel_tensor(o.loss), kernel_tensor(o.count),
+          kernel_tensor(o.correct));
   backward(stream, kernel_tensor(logits), kernel_tensor(targets), ignore, kernel_tensor(o.lse),
            kernel_tensor(grad_loss), kernel_tensor(o.count), kernel_tensor(o.grad));
   if (emulated)
@@ -353,12 +355,22 @@ CrossEntropyOut cross_entropy_on(bool emulated, const Tensor& logits, const Tens
   return o;
 }
 
+// Rows the kernels count and score: every 7th ignored, every 3rd aimed at
+// its argmax (a hit), the others at an arbitrary column.
+std::vector<int64_t> cross_entropy_targets(const Tensor& logits, int64_t ignore) {
+  const int64_t rows = logits.shape()[0], cols = logits.shape()[1];
+  const std::vector<int64_t> best = argmax(logits, 1).to_vector<int64_t>();
+  std::vector<int64_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    targets[size_t(r)] = r % 7 == 3 ? ignore : r % 3 == 0 ? best[size_t(r)] : (r * 37) % cols;
+  return targets;
+}
+
 void expect_cross_entropy_matches(int64_t rows, int64_t cols, DType t, DType it) {
   const int64_t ignore = -100;
   SCOPED_TRACE(name_of(t, {rows, cols}) + " targets " + dtype_name(it));
   const Tensor logits = random({rows, cols}, 31, t, 3.0);
-  std::vector<int64_t> targets(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) targets[size_t(r)] = r % 7 == 3 ? ignore : (r * 37) % cols;
+  const std::vector<int64_t> targets = cross_entropy_targets(logits, ignore);
   const Tensor tt = Tensor::from_vector(targets, {rows}).to(it);
   const Tensor grad_loss = Tensor::full({}, 0.75, t == DType::f64 ? DType::f64 : DType::f32);
   const CrossEntropyOut ref = cross_entropy_on(false, logits, tt, ignore, grad_loss);
@@ -368,15 +380,81 @@ void expect_cross_entropy_matches(int64_t rows, int64_t cols, DType t, DType it)
   expect_close(got.row_loss, ref.row_loss, tol, "row_loss");
   expect_close(got.loss, ref.loss, tol, "loss");
   expect_equal(got.count, ref.count, "count");
+  expect_equal(got.correct, ref.correct, "correct");
+  // Every row aimed at its argmax hits (a random row has no ties), and few
+  // others do.
+  int64_t aimed = 0;
+  for (int64_t r = 0; r < rows; ++r) aimed += r % 7 != 3 && r % 3 == 0;
+  EXPECT_GE(ref.correct.item(), double(aimed));
+  EXPECT_LT(ref.correct.item(), double(aimed) + 0.1 * double(rows));
   expect_close(got.grad, ref.grad, tolerance(t), "grad");
   EXPECT_EQ(got.error.raised, 0);
 }
 
 TEST(CrossEntropyEmulated, ForwardAndBackwardMatchTheCpu) {
+  // 300 columns: bf16 rows are not whole 16-byte packs (one column a step),
+  // f32 and f64 rows are.
   for (DType t : kFloats) expect_cross_entropy_matches(70, 300, t, DType::i64);
   expect_cross_entropy_matches(70, 300, DType::f32, DType::i32);
+  // 600 packs of eight a row: two packs a step, then one, for each thread.
+  for (DType t : kFloats) expect_cross_entropy_matches(9, 4800, t, DType::i64);
   // More rows than the finishing block's 1024 threads.
   expect_cross_entropy_matches(1100, 40, DType::f32, DType::i64);
+}
+
+// Ties, NaN and infinities, placed where different threads (and, in packs,
+// different packs) hold them: the count follows argmax's rule (the first
+// NaN, else the first largest) like the CPU's, and the losses agree.
+TEST(CrossEntropyEmulated, CorrectFollowsArgmaxOnTiesNanAndInfinities) {
+  const double nan = std::nan(""), inf = INFINITY;
+  for (const int64_t cols : {int64_t(600), int64_t(4800)}) {
+    for (DType t : kFloats) {
+      SCOPED_TRACE(name_of(t, {10, cols}));
+      std::vector<double> v = random({10, cols}, 35, DType::f64).to_vector<double>();
+      auto at = [&](int64_t r, int64_t c) -> double& { return v[size_t(r * cols + c)]; };
+      const int64_t early = 17, late = cols - 45;  // other threads, other packs
+      std::vector<int64_t> targets(10);
+      at(0, early) = at(0, late) = 50;  // a tie: the first wins
+      targets[0] = early;
+      at(1, early) = at(1, late) = 50;
+      targets[1] = late;  // the tie's loser
+      at(2, early) = 50;
+      at(2, late) = nan;  // a NaN beats the max
+      targets[2] = late;
+      at(3, early) = nan;
+      at(3, late) = nan;
+      targets[3] = late;  // the second NaN loses
+      at(4, early) = inf;
+      targets[4] = early;
+      at(5, late) = -inf;  // finite row otherwise: -inf is no obstacle
+      at(5, early) = 60;
+      targets[5] = early;
+      for (int64_t c = 0; c < cols; ++c) at(6, c) = -inf;
+      targets[6] = 0;  // all -inf: column 0
+      at(7, late) = 70;
+      targets[7] = late;
+      at(8, late) = 70;
+      targets[8] = -100;  // a hit, ignored
+      targets[9] = 3;
+      const Tensor logits = Tensor::from_vector(v, {10, cols}).to(t);
+      const Tensor tt = Tensor::from_vector(targets, {10});
+      const Tensor grad_loss = Tensor::full({}, 1.0, t == DType::f64 ? DType::f64 : DType::f32);
+      const CrossEntropyOut ref = cross_entropy_on(false, logits, tt, -100, grad_loss);
+      const CrossEntropyOut got = cross_entropy_on(true, logits, tt, -100, grad_loss);
+      // Hits: rows 0, 2, 4, 5, 6 and 7.
+      EXPECT_EQ(ref.correct.item(), 6.0);
+      expect_equal(got.correct, ref.correct, "correct");
+      expect_equal(got.count, ref.count, "count");
+      const std::vector<double> lg = got.lse.to_vector<double>(), lr = ref.lse.to_vector<double>();
+      for (size_t r = 0; r < lr.size(); ++r) {
+        // The broken rows' lse is not finite on either side; the others agree.
+        EXPECT_EQ(std::isfinite(lg[r]), std::isfinite(lr[r])) << "row " << r;
+        if (std::isfinite(lr[r])) {
+          EXPECT_NEAR(lg[r], lr[r], 1e-4 * std::fabs(lr[r])) << "row " << r;
+        }
+      }
+    }
+  }
 }
 
 // A target out of range: the row counts for nothing, its gradient is zero,

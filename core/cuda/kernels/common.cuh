@@ -207,6 +207,17 @@ __device__ A block_max(A v, A* shared) {
   return block_reduce(v, shared, MaxOp{}, A(-INFINITY));
 }
 
+// Whether (value a, index ia) wins over (b, ib) as max's serial scan decides
+// (max_kernel, core/cpu/reduce.cpp): the first NaN, else the first of the
+// largest value. For reductions that split the scan.
+template <class A>
+__device__ __forceinline__ bool argmax_wins(A a, int64_t ia, A b, int64_t ib) {
+  const bool a_nan = isnan(a), b_nan = isnan(b);
+  if (a_nan != b_nan) return a_nan;
+  if (!a_nan && a != b) return a > b;
+  return ia < ib;
+}
+
 // The max of a row and the sum of exp(x - max) over it, in A = acc_t<T>: the
 // common first pass of softmax and cross-entropy (one block per row; every
 // thread gets both). `shared` holds 32 values of A.

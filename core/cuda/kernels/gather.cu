@@ -29,18 +29,27 @@ __global__ void first_bad_id(const I* ids, int64_t count, int64_t rows, unsigned
   }
 }
 
-template <class I>
+// One thread per (row, word W): the widest word (16 bytes down to the 2 that
+// every dtype is a multiple of) that the rows' size and both pointers allow,
+// so an f32 row of 768 takes 192 threads, not 1,536.
+template <class I, class W>
 __global__ void gather_rows_kernel(const char* table, const I* ids, char* out, int64_t count,
                                    int64_t rows, int64_t row_bytes) {
-  // One thread per (row, 2-byte word): every dtype is a multiple of 2 bytes.
-  const int64_t words = row_bytes / 2;
+  const int64_t words = row_bytes / int64_t(sizeof(W));
   RF_GRID_LOOP(i, count * words) {
     const int64_t n = i / words, w = i % words;
     const int64_t v = id_at(ids, n);
-    uint16_t* dst = reinterpret_cast<uint16_t*>(out + n * row_bytes) + w;
-    *dst = v < 0 || v >= rows ? uint16_t(0)
-                              : reinterpret_cast<const uint16_t*>(table + v * row_bytes)[w];
+    W* dst = reinterpret_cast<W*>(out + n * row_bytes) + w;
+    *dst = v < 0 || v >= rows ? W{} : reinterpret_cast<const W*>(table + v * row_bytes)[w];
   }
+}
+
+// The width gather_rows_kernel moves: 16, 8, 4 or 2 bytes.
+int gather_word_bytes(const void* table, const void* out, int64_t row_bytes) {
+  const uintptr_t both = reinterpret_cast<uintptr_t>(table) | reinterpret_cast<uintptr_t>(out);
+  for (int bytes : {16, 8, 4})
+    if (row_bytes % bytes == 0 && both % uintptr_t(bytes) == 0) return bytes;
+  return 2;
 }
 
 template <class I>
@@ -57,6 +66,39 @@ __global__ void make_keys(const I* ids, int64_t count, int64_t rows, int64_t* ke
 // batch's tokens, so neither pass is long for one thread.
 constexpr int64_t kSegmentChunk = 256;
 
+// The end of the run of `key` that starts at sorted index j, within
+// [j, end): keys are sorted, so a binary search (a run can be most of the
+// batch: the token-type table has two rows).
+__device__ __forceinline__ int64_t run_end(const int64_t* keys, int64_t j, int64_t end,
+                                           int64_t key) {
+  int64_t lo = j + 1, hi = end;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (keys[mid] == key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// acc plus values at[j] for j in [j, e), added one by one in order (the bits
+// of a plain loop), their loads issued eight at a time: a thread then waits
+// on memory once per eight values, not once per value.
+template <class A, class At>
+__device__ __forceinline__ A add_in_order(A acc, int64_t j, int64_t e, At at) {
+  constexpr int kInFlight = 8;
+  for (; j + kInFlight <= e; j += kInFlight) {
+    A v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) v[u] = at(j + u);
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) acc += v[u];
+  }
+  for (; j < e; ++j) acc += at(j);
+  return acc;
+}
+
 // first_run[chunk][c]: the sum of column c over the chunk's leading run of
 // one id, in position order.
 template <class T>
@@ -67,36 +109,33 @@ __global__ void leading_run_sums(const T* grad_out, const int64_t* keys, const i
   if (c >= dim) return;
   const int64_t begin = int64_t(blockIdx.y) * chunk;
   const int64_t end = begin + chunk < count ? begin + chunk : count;
-  const int64_t key = keys[begin];
-  A s = A(0);
-  for (int64_t j = begin; j < end && keys[j] == key; ++j)
-    s += convert<A>(grad_out[positions[j] * dim + c]);
-  first_run[int64_t(blockIdx.y) * dim + c] = s;
+  const int64_t run = run_end(keys, begin, end, keys[begin]);
+  first_run[int64_t(blockIdx.y) * dim + c] = add_in_order(
+      A(0), begin, run, [&](int64_t j) { return convert<A>(grad_out[positions[j] * dim + c]); });
 }
 
+// A block per segment start (the first sorted index of an id), blockIdx.y
+// and the threads over the columns: the segment's rows in its first chunk,
+// then the leading-run sums of the chunks it goes on into, in order.
 template <class T>
 __global__ void segment_sums(const T* grad_out, const int64_t* keys, const int64_t* positions,
                              const acc_t<T>* first_run, T* grad_table, int64_t count, int64_t rows,
                              int64_t dim, int64_t chunk) {
   using A = acc_t<T>;
-  RF_GRID_LOOP(i, count * dim) {
-    const int64_t s = i / dim, c = i % dim;
+  const int64_t c = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  for (int64_t s = blockIdx.x; s < count; s += gridDim.x) {
     const int64_t key = keys[s];
     if (key >= rows || (s > 0 && keys[s - 1] == key)) continue;  // not a segment start
+    if (c >= dim) continue;
     const int64_t k0 = s / chunk;
     const int64_t first_end = (k0 + 1) * chunk < count ? (k0 + 1) * chunk : count;
-    A acc = A(0);
-    int64_t j = s;
-    for (; j < first_end && keys[j] == key; ++j)
-      acc += convert<A>(grad_out[positions[j] * dim + c]);
+    const int64_t e = run_end(keys, s, count, key);
+    A acc = add_in_order(A(0), s, e < first_end ? e : first_end,
+                         [&](int64_t j) { return convert<A>(grad_out[positions[j] * dim + c]); });
     // Past its first chunk, each chunk the segment reaches starts with it.
-    if (j == first_end && j < count && keys[j] == key) {
-      for (int64_t k = k0 + 1;; ++k) {
-        const int64_t end = (k + 1) * chunk < count ? (k + 1) * chunk : count;
-        acc += first_run[k * dim + c];
-        if (end == count || keys[end - 1] != key || keys[end] != key) break;
-      }
-    }
+    if (e > first_end)
+      acc = add_in_order(acc, k0 + 1, (e - 1) / chunk + 1,
+                         [&](int64_t k) { return first_run[k * dim + c]; });
     T* dst = grad_table + key * dim + c;
     *dst = convert<T>(convert<A>(*dst) + acc);
   }
@@ -125,9 +164,13 @@ void gather_rows(Stream stream, const KernelTensor& table, const KernelTensor& i
               count, rows, first.as<unsigned long long>());
     report_first_bad(stream, site, first.as<const unsigned long long>(), ids);
     if (row_bytes == 0) return;
-    RF_LAUNCH((gather_rows_kernel<I>), grid_for(count * (row_bytes / 2)), kThreads, 0,
-              native(stream), table.as<const char>(), ids.as<const I>(), out.as<char>(), count,
-              rows, row_bytes);
+    const int word = gather_word_bytes(table.data, out.data, row_bytes);
+    const auto kernel = word == 16  ? gather_rows_kernel<I, uint4>
+                        : word == 8 ? gather_rows_kernel<I, uint2>
+                        : word == 4 ? gather_rows_kernel<I, uint32_t>
+                                    : gather_rows_kernel<I, uint16_t>;
+    RF_LAUNCH(kernel, grid_for(count * (row_bytes / word)), kThreads, 0, native(stream),
+              table.as<const char>(), ids.as<const I>(), out.as<char>(), count, rows, row_bytes);
   });
 }
 
@@ -170,9 +213,12 @@ void scatter_add_rows(Stream stream, const KernelTensor& grad_out, const KernelT
     const dim3 grid(unsigned((dim + kThreads - 1) / kThreads), unsigned(chunks));
     RF_LAUNCH((leading_run_sums<T>), grid, kThreads, 0, native(stream), grad_out.as<const T>(),
               sorted_keys, sorted_positions, first_run.as<A>(), count, dim, chunk);
-    RF_LAUNCH((segment_sums<T>), grid_for(count * dim), kThreads, 0, native(stream),
-              grad_out.as<const T>(), sorted_keys, sorted_positions, first_run.as<const A>(),
-              grad_table.as<T>(), count, rows, dim, chunk);
+    // A block per sorted index up to 2^16 (most are not segment starts and
+    // leave at once), then each block takes every 2^16-th.
+    const dim3 segments(unsigned(count < 65536 ? count : 65536), grid.x);
+    RF_LAUNCH((segment_sums<T>), segments, kThreads, 0, native(stream), grad_out.as<const T>(),
+              sorted_keys, sorted_positions, first_run.as<const A>(), grad_table.as<T>(), count,
+              rows, dim, chunk);
   });
 }
 

@@ -59,18 +59,10 @@ __global__ void max_kernel(const T* x, T* values, int64_t* indices, SplitDims g,
   }
 }
 
-// Whether (value a, index ia) wins over (b, ib) as the serial scan above
-// decides: the first NaN, else the largest value at its first index.
-__device__ __forceinline__ bool max_wins(double a, int64_t ia, double b, int64_t ib) {
-  const bool a_nan = isnan(a), b_nan = isnan(b);
-  if (a_nan != b_nan) return a_nan;
-  if (!a_nan && a != b) return a > b;
-  return ia < ib;
-}
-
 // One warp per output for long reductions (the MLM head's vocabulary rows):
 // lanes scan every 32nd element, reading neighbours together, then combine
-// by max_wins; the same winner as max_kernel's one-thread scan.
+// by argmax_wins (common.cuh); the same winner as max_kernel's one-thread
+// scan.
 template <class T>
 __global__ void max_warp_kernel(const T* x, T* values, int64_t* indices, SplitDims g, int64_t n,
                                 int64_t stride) {
@@ -91,7 +83,7 @@ __global__ void max_warp_kernel(const T* x, T* values, int64_t* indices, SplitDi
     for (int w = 16; w > 0; w /= 2) {
       const double other_value = __shfl_xor_sync(0xffffffffu, best_value, w);
       const int64_t other = __shfl_xor_sync(0xffffffffu, best, w);
-      if (max_wins(other_value, other, best_value, best)) best_value = other_value, best = other;
+      if (argmax_wins(other_value, other, best_value, best)) best_value = other_value, best = other;
     }
     if (lane == 0) {
       values[o] = p[best * stride];
