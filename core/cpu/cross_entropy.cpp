@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu/argmax_rule.h"
 #include "core/cpu/strided_loop.h"
 #include "core/cpu/vector_math.h"
 
@@ -37,23 +38,6 @@ const row_t<T>* load_chunk(const T* x, int64_t c0, int64_t n, row_t<T>* buf) {
   }
 }
 
-// argmax of a row by max's rule (core/cpu/reduce.cpp): the first NaN, else
-// the first of the largest value.
-template <class T>
-int64_t serial_argmax(const T* x, int64_t cols) {
-  if (cols == 0) return 0;
-  int64_t best = 0;
-  double best_value = double(x[0]);
-  for (int64_t c = 1; c < cols; ++c) {
-    const double v = double(x[c]);
-    if (v > best_value || (std::isnan(v) && !std::isnan(best_value))) {
-      best_value = v;
-      best = c;
-    }
-  }
-  return best;
-}
-
 template <class A>
 struct RowStats {
   A lse;
@@ -61,7 +45,7 @@ struct RowStats {
 };
 
 template <class T>
-RowStats<row_t<T>> row_logsumexp(const T* x, int64_t cols) {
+RowStats<row_t<T>> row_logsumexp_argmax(const T* x, int64_t cols) {
   using A = row_t<T>;
   alignas(64) A buf[std::is_same_v<T, A> ? 1 : kChunk];
   A m = -std::numeric_limits<A>::infinity(), s = 0;
@@ -87,7 +71,7 @@ RowStats<row_t<T>> row_logsumexp(const T* x, int64_t cols) {
   const A lse = m + std::log(s);
   // A finite lse means no NaN and no infinity in the row: then `first` is
   // argmax's answer. The other rows (a diverged run's) take the serial scan.
-  return {lse, std::isfinite(lse) ? first : serial_argmax(x, cols)};
+  return {lse, std::isfinite(lse) ? first : argmax_index(x, cols)};
 }
 
 template <class Fn>
@@ -136,7 +120,7 @@ void cross_entropy_forward(Stream stream, KT logits_kt, KT targets_kt, int64_t i
     with_targets(targets, [&](auto target) {
       parallel_rows(rows, cols, [&](int64_t r) {
         const T* xr = x + r * cols;
-        const auto stats = row_logsumexp(xr, cols);
+        const auto stats = row_logsumexp_argmax(xr, cols);
         const double l = double(stats.lse);
         const int64_t t = target(r);
         const bool in = t != ignore_index && t >= 0 && t < cols;

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cpu/argmax_rule.h"
 #include "core/cpu/strided_loop.h"
 
 namespace roformer::kernels::cpu {
@@ -102,15 +103,7 @@ void max(Stream, KT x_kt, int32_t dim, KT values_kt, KT indices_kt) {
     int64_t* pi = indices.data_as<int64_t>();
     parallel_rows(geo.n_rest, n, [&](int64_t o) {
       const T* p = px + geo.base(o);
-      int64_t best = 0;
-      double best_value = double(p[0]);
-      for (int64_t i = 1; i < n; ++i) {
-        const double v = double(p[i * stride]);
-        if (v > best_value || (std::isnan(v) && !std::isnan(best_value))) {
-          best_value = v;
-          best = i;
-        }
-      }
+      const int64_t best = argmax_index(p, n, stride);
       pv[o] = p[best * stride];
       pi[o] = best;
     });

@@ -179,6 +179,12 @@ struct MaxOp {
     return b > a ? b : a;
   }
 };
+struct MinOp {
+  template <class A>
+  __device__ __forceinline__ A operator()(A a, A b) const {
+    return b < a ? b : a;
+  }
+};
 template <class A, class Op>
 __device__ __forceinline__ A warp_reduce(A v, Op op) {
 #pragma unroll
@@ -208,8 +214,8 @@ __device__ A block_max(A v, A* shared) {
 }
 
 // Whether (value a, index ia) wins over (b, ib) as max's serial scan decides
-// (max_kernel, core/cpu/reduce.cpp): the first NaN, else the first of the
-// largest value. For reductions that split the scan.
+// (max_kernel; argmax_index, core/cpu/argmax_rule.h): the first NaN, else the
+// first of the largest value. For reductions that split the scan.
 template <class A>
 __device__ __forceinline__ bool argmax_wins(A a, int64_t ia, A b, int64_t ib) {
   const bool a_nan = isnan(a), b_nan = isnan(b);

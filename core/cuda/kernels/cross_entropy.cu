@@ -61,13 +61,6 @@ struct RowScan {
   }
 };
 
-struct MinOp {
-  template <class V>
-  __device__ __forceinline__ V operator()(V a, V b) const {
-    return b < a ? b : a;
-  }
-};
-
 // argmax of a row by that rule, for the rows the fast scan cannot answer
 // (a NaN or an infinity makes their log-sum-exp non-finite). Every thread
 // gets it.
@@ -124,6 +117,7 @@ __global__ void row_loss_kernel(const T* logits, const I* targets, int64_t cols,
   const int64_t r = blockIdx.x;
   const T* x = logits + r * cols;
   RowScan<A> scan;
+  int64_t singles = 0;  // the first column taken one by one
   if constexpr (Packs) {
     // Two packs a step in flight, so a thread waits on memory half as often.
     const Pack8<T>* packs = reinterpret_cast<const Pack8<T>*>(x);
@@ -149,16 +143,11 @@ __global__ void row_loss_kernel(const T* logits, const I* targets, int64_t cols,
     }
     // The tail past the packs: higher columns than any pack's, so each
     // thread still takes its columns in increasing order.
-    const int64_t c = n * 8 + threadIdx.x;
-    if (c < cols) {
-      const A v[1] = {convert<A>(x[c])};
-      scan.add(v, c);
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const A v[1] = {convert<A>(x[c])};
-      scan.add(v, c);
-    }
+    singles = n * 8;
+  }
+  for (int64_t c = singles + threadIdx.x; c < cols; c += blockDim.x) {
+    const A v[1] = {convert<A>(x[c])};
+    scan.add(v, c);
   }
   const A m = block_max(scan.max, shared);
   const A s = block_sum(scan.max == m ? scan.sum : scan.sum * exp(scan.max - m), shared);
@@ -232,6 +221,7 @@ __global__ void cross_entropy_grad_kernel(const T* logits, const I* targets, con
   const int64_t n = *count;
   const A s = A(in && n > 0 ? convert<double>(*grad_loss) / double(n) : 0.0);
   const A l = A(lse[r]);
+  int64_t singles = 0;  // the first column taken one by one
   if constexpr (Packs) {
     const Pack8<T>* xp = reinterpret_cast<const Pack8<T>*>(x);
     Pack8<T>* gp = reinterpret_cast<Pack8<T>*>(g);
@@ -246,20 +236,13 @@ __global__ void cross_entropy_grad_kernel(const T* logits, const I* targets, con
       }
       gp[p] = out;
     }
-    const int64_t c = cols / 8 * 8 + threadIdx.x;  // the tail past the packs
-    if (c < cols) {
-      if (in)
-        softmax_grad<T, A, 1>(x + c, g + c, c, t, l, s);
-      else
-        g[c] = convert<T>(0.0f);
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      if (in)
-        softmax_grad<T, A, 1>(x + c, g + c, c, t, l, s);
-      else
-        g[c] = convert<T>(0.0f);
-    }
+    singles = cols / 8 * 8;  // the tail past the packs
+  }
+  for (int64_t c = singles + threadIdx.x; c < cols; c += blockDim.x) {
+    if (in)
+      softmax_grad<T, A, 1>(x + c, g + c, c, t, l, s);
+    else
+      g[c] = convert<T>(0.0f);
   }
 }
 
