@@ -16,6 +16,7 @@
 #include "core/cpu/philox_simd.h"
 #include "core/cpu/strided_loop.h"
 #include "core/kernels/coalesce_dims.h"
+#include "core/kernels/fast_divmod.h"
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/philox.h"
@@ -335,6 +336,45 @@ int64_t walk_offset(int64_t i, int32_t ndim, const int64_t* sizes, const int64_t
     i /= sizes[d];
   }
   return off;
+}
+
+// The rope kernels divide by a FastDivmod: every divisor class (1, powers
+// of two and their neighbours, small and large, random) against / and % over
+// the dividends where an error would show first (around multiples of the
+// divisor, the range's ends) and random ones.
+TEST(FastDivmod, QuotientAndRemainderAreExactBelowTwoToThe31) {
+  using kernels::FastDivmod;
+  const uint32_t limit = uint32_t(kernels::kFastDivmodLimit);
+  std::mt19937 rng(5);
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 2048; ++d) divisors.push_back(d);
+  for (int k = 1; k <= 31; ++k) {
+    const uint32_t p = uint32_t(1) << k;
+    divisors.insert(divisors.end(), {p - 1, p, p + 1});
+  }
+  for (int i = 0; i < 2000; ++i) divisors.push_back(rng() % limit + 1);
+  int64_t checked = 0;
+  for (const uint32_t d : divisors) {
+    if (d > limit) continue;
+    const FastDivmod fast(d);
+    std::vector<uint32_t> dividends = {0, 1, limit - 1, limit - 2, d - 1, d};
+    for (int i = 0; i < 64; ++i) dividends.push_back(rng() % limit);
+    for (const uint64_t q : {uint64_t(1), uint64_t(2), uint64_t(limit - 1) / d, uint64_t(limit) / d,
+                             uint64_t(rng() % limit) / d})
+      for (const int64_t delta : {-1, 0, 1}) {
+        const int64_t n = int64_t(q * d) + delta;
+        if (n >= 0 && n < int64_t(limit)) dividends.push_back(uint32_t(n));
+      }
+    for (const uint32_t n : dividends) {
+      if (n >= limit) continue;
+      uint32_t quotient = 0, remainder = 0;
+      fast.divmod(n, quotient, remainder);
+      ASSERT_EQ(quotient, n / d) << n << " / " << d;
+      ASSERT_EQ(remainder, n % d) << n << " % " << d;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 300000);
 }
 
 TEST(CoalesceDims, EveryElementKeepsItsOffsetsAndContiguousCallsAreFlat) {

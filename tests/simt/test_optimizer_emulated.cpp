@@ -7,6 +7,7 @@
 //
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/flat_parameters.h"
@@ -94,6 +95,77 @@ TEST(OptimizerEmulated, FusedAdamWMatchesTheCpuAdamWBitForBit) {
   }
 }
 
+// The kernel moves a pack of eight elements as whole words only when every
+// buffer starts on a pack boundary and the pack lies in one segment; buffers
+// one float off those boundaries take every element alone. Both give the
+// same bits, with segments that end inside packs.
+TEST(OptimizerEmulated, FusedAdamWGivesTheSameBitsOnUnalignedBuffers) {
+  Generator gen{9, 0};
+  const int64_t n = 1001;
+  const std::vector<float> p0 = Tensor::randn({n}, gen).to_vector<float>(),
+                           g0 = Tensor::randn({n}, gen).to_vector<float>(),
+                           m0 = Tensor::randn({n}, gen).to_vector<float>(),
+                           v0 = Tensor::rand({n}, gen).to_vector<float>();
+  const std::vector<int64_t> starts = {0, 333, 600, 803, n};
+  const std::vector<uint8_t> modes = {simt_cuda::kSegmentDecay, simt_cuda::kSegmentNoDecay,
+                                      simt_cuda::kSegmentSkip, simt_cuda::kSegmentDecay};
+  simt_cuda::AdamWArgs a;
+  a.step_size = 1e-3f;
+  a.bc2_sqrt = 0.05f;
+  a.grad_scale = 0.5f;
+  a.decay = 0.999f;
+  struct Result {
+    std::vector<float> p, m, v;
+    std::vector<uint16_t> working;
+    double update_sq = NAN;
+  };
+  // The buffers at element `shift` of their vectors (16-byte aligned storage).
+  auto run = [&](int64_t shift, bool measure) {
+    std::vector<float> p(size_t(n + shift)), g(size_t(n + shift)), m(size_t(n + shift)),
+        v(size_t(n + shift));
+    std::copy(p0.begin(), p0.end(), p.begin() + shift);
+    std::copy(g0.begin(), g0.end(), g.begin() + shift);
+    std::copy(m0.begin(), m0.end(), m.begin() + shift);
+    std::copy(v0.begin(), v0.end(), v.begin() + shift);
+    std::vector<uint16_t> working(size_t(n + shift), 0xffff);
+    std::vector<double> scratch(simt_cuda::adamw_update_scratch_bytes() / sizeof(double), NAN);
+    Result r;
+    simt_cuda::adamw_step(p.data() + shift, g.data() + shift, m.data() + shift, v.data() + shift,
+                          working.data() + shift, n, starts.data(), modes.data(), int(modes.size()),
+                          a, nullptr, measure ? &r.update_sq : nullptr,
+                          measure ? scratch.data() : nullptr);
+    r.p.assign(p.begin() + shift, p.end());
+    r.m.assign(m.begin() + shift, m.end());
+    r.v.assign(v.begin() + shift, v.end());
+    r.working.assign(working.begin() + shift, working.end());
+    return r;
+  };
+  for (const bool measure : {false, true}) {
+    const Result packed = run(0, measure), alone = run(1, measure);
+    EXPECT_EQ(packed.p, alone.p);
+    EXPECT_EQ(packed.m, alone.m);
+    EXPECT_EQ(packed.v, alone.v);
+    EXPECT_EQ(packed.working, alone.working);
+    // The skipped segment is untouched, and still in the working copy.
+    for (int64_t i = 600; i < 803; ++i) {
+      ASSERT_EQ(packed.p[size_t(i)], p0[size_t(i)]) << i;
+      ASSERT_EQ(packed.m[size_t(i)], m0[size_t(i)]) << i;
+      ASSERT_NE(packed.working[size_t(i)], 0xffff) << i;
+    }
+    EXPECT_NE(packed.p[0], p0[0]);
+    if (measure) {
+      double ref = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = double(packed.p[size_t(i)] - p0[size_t(i)]);
+        ref += d * d;
+      }
+      EXPECT_GT(ref, 0.0);
+      EXPECT_NEAR(packed.update_sq, ref, 1e-12 * ref);
+      EXPECT_NEAR(alone.update_sq, ref, 1e-12 * ref);
+    }
+  }
+}
+
 TEST(OptimizerEmulated, GradNormStatsSumSquaresAndCountNonFinite) {
   Generator gen{21, 0};
   const int64_t n = 200003;  // more than the 512 x 256 threads of one sweep
@@ -109,6 +181,15 @@ TEST(OptimizerEmulated, GradNormStatsSumSquaresAndCountNonFinite) {
   for (float x : g) ref += double(x) * double(x);
   EXPECT_NEAR(first.sum_squares, ref, 1e-12 * ref);
   EXPECT_EQ(first.non_finite, 0u);
+  // One float off a pack boundary: every element loaded alone, the same sum
+  // of the elements after the first.
+  {
+    simt_cuda::GradStats shifted{NAN, 12345};
+    simt_cuda::grad_norm_stats(g.data() + 1, n - 1, &shifted, scratch.data(), nullptr);
+    const double rest = ref - double(g[0]) * double(g[0]);
+    EXPECT_NEAR(shifted.sum_squares, rest, 1e-12 * rest);
+    EXPECT_EQ(shifted.non_finite, 0u);
+  }
   g[5] = NAN;
   g[size_t(n - 1)] = INFINITY;
   const simt_cuda::GradStats bad = run();

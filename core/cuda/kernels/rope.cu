@@ -3,6 +3,7 @@
 // -- interleaved pairs (2i, 2i+1) or halves (i, i + D/2); inverse rotates by
 // minus the angle (the backward).
 #include "core/cuda/kernels/common.cuh"
+#include "core/kernels/fast_divmod.h"
 
 namespace roformer::kernels::cuda {
 
@@ -20,25 +21,73 @@ __global__ void rope_table_kernel(const I* positions, int64_t pstride, double ba
   }
 }
 
-// The element offsets in x (geo) and out (out_geo, x's shape) of row r of
-// [..., S, D], the row's position index s = r % S: one walk of the dims
-// for both.
-struct RowOffsets {
-  int64_t x, out;
+// The divisors of a launch's index math: items a row, S, and x's sizes
+// before [S, D], innermost first (outer[j] divides by size nd - 3 - j, so
+// that an unrolled loop indexes them by constants: a kernel parameter
+// indexed at run time is copied to local memory). The kernels take them
+// (kFast) where every item index is under 2^31, FastDivmod's range: 64-bit
+// divisions, a call of ~70 instructions each, had bounded the packed kernel
+// at about twice its bytes' time.
+struct RopeIndex {
+  FastDivmod per_row, seq, outer[kMaxDims - 2];
+  int32_t outer_dims = 0;
 };
-__device__ __forceinline__ RowOffsets rope_row_offsets(const KernelTensor& geo,
-                                                       const KernelTensor& out_geo, int64_t r,
-                                                       int64_t S) {
+
+RopeIndex rope_index(const KernelTensor& x, int64_t per_row) {
+  RopeIndex ix;
+  ix.per_row = FastDivmod(uint32_t(per_row));
+  ix.seq = FastDivmod(uint32_t(x.size(-2)));
+  ix.outer_dims = x.ndim - 2;
+  for (int32_t j = 0; j < ix.outer_dims; ++j)
+    ix.outer[j] = FastDivmod(uint32_t(x.sizes[x.ndim - 3 - j]));
+  return ix;
+}
+
+// Item idx of a launch of per_row items a row of x [..., S, D]: its row's
+// position s = r % S, its place in the row, and the row's element offsets
+// in x (geo) and out (out_geo, x's shape), one walk of the dims for both.
+struct RopeItem {
+  int64_t s, within, x, out;
+};
+
+template <bool kFast>
+__device__ __forceinline__ RopeItem rope_item(const RopeIndex& ix, const KernelTensor& geo,
+                                              const KernelTensor& out_geo, int64_t idx,
+                                              int64_t per_row, int64_t S) {
   const int32_t nd = geo.ndim;
-  RowOffsets o{(r % S) * geo.strides[nd - 2], (r % S) * out_geo.strides[nd - 2]};
-  int64_t rest = r / S;
-  for (int32_t d = nd - 3; d >= 0; --d) {
-    const int64_t i = rest % geo.sizes[d];
-    o.x += i * geo.strides[d];
-    o.out += i * out_geo.strides[d];
-    rest /= geo.sizes[d];
+  int64_t within, s, rest;
+  if constexpr (kFast) {
+    uint32_t r, w, q, m;
+    ix.per_row.divmod(uint32_t(idx), r, w);
+    ix.seq.divmod(r, q, m);
+    within = w;
+    s = m;
+    rest = q;
+  } else {
+    const int64_t r = idx / per_row;
+    within = idx % per_row;
+    s = r % S;
+    rest = r / S;
   }
-  return o;
+  RopeItem item{s, within, s * geo.strides[nd - 2], s * out_geo.strides[nd - 2]};
+#pragma unroll
+  for (int32_t j = 0; j < kMaxDims - 2; ++j) {
+    if (j >= nd - 2) break;
+    const int32_t d = nd - 3 - j;
+    int64_t i;
+    if constexpr (kFast) {
+      uint32_t q, m;
+      ix.outer[j].divmod(uint32_t(rest), q, m);
+      i = m;
+      rest = q;
+    } else {
+      i = rest % geo.sizes[d];
+      rest /= geo.sizes[d];
+    }
+    item.x += i * geo.strides[d];
+    item.out += i * out_geo.strides[d];
+  }
+  return item;
 }
 
 // The pair (x0, x1) rotated by the angle whose cosine is c and sine sk
@@ -50,9 +99,9 @@ __device__ __forceinline__ void rotate_pair(A x0, A x1, A c, A sk, T& y0, T& y1)
 }
 
 // One thread per pair of one row.
-template <class T>
+template <class T, bool kFast>
 __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table, T* out,
-                            KernelTensor out_geo, int64_t rows, int64_t S, int64_t D,
+                            KernelTensor out_geo, RopeIndex ix, int64_t rows, int64_t S, int64_t D,
                             bool interleaved, bool inverse) {
   using A = acc_t<T>;
   const int64_t half = D / 2;
@@ -60,9 +109,8 @@ __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table,
   const A* sin_table = table + S * half;
   const int64_t sd = geo.strides[geo.ndim - 1];
   RF_GRID_LOOP(idx, rows * half) {
-    const int64_t r = idx / half, k = idx % half;
-    const int64_t s = r % S;
-    const RowOffsets off = rope_row_offsets(geo, out_geo, r, S);
+    const RopeItem off = rope_item<kFast>(ix, geo, out_geo, idx, half, S);
+    const int64_t s = off.s, k = off.within;
     const int64_t lo = interleaved ? 2 * k : k, hi = interleaved ? 2 * k + 1 : k + half;
     const A x0 = convert<A>(x[off.x + lo * sd]), x1 = convert<A>(x[off.x + hi * sd]);
     const A c = cos_table[s * half + k];
@@ -78,17 +126,16 @@ __global__ void rope_kernel(const T* x, KernelTensor geo, const acc_t<T>* table,
 // out once a pack, not once a pair: the per-pair 64-bit divisions bounded the
 // kernel above (attention_bench's separate rows: 0.25 ms for q and k of 32K
 // tokens, where their bytes take 0.07 at the H100's copy rate).
-template <class T, bool kInterleaved>
+template <class T, bool kInterleaved, bool kFast>
 __global__ void rope_packed_kernel(const T* x, KernelTensor geo, const acc_t<T>* table, T* out,
-                                   KernelTensor out_geo, int64_t rows, int64_t S, int64_t D,
-                                   bool inverse) {
+                                   KernelTensor out_geo, RopeIndex ix, int64_t rows, int64_t S,
+                                   int64_t D, bool inverse) {
   using A = acc_t<T>;
   const int64_t half = D / 2;
   const int64_t per_row = kInterleaved ? D / 8 : D / 16;  // packs (pack pairs) a row
   RF_GRID_LOOP(idx, rows * per_row) {
-    const int64_t r = idx / per_row, p = idx % per_row;
-    const int64_t s = r % S;
-    const RowOffsets off = rope_row_offsets(geo, out_geo, r, S);
+    const RopeItem off = rope_item<kFast>(ix, geo, out_geo, idx, per_row, S);
+    const int64_t s = off.s, p = off.within;
     const A* cos_row = table + s * half;
     const A* sin_row = table + S * half + s * half;
     const A sign = inverse ? A(-1) : A(1);
@@ -175,13 +222,20 @@ void rope(Stream stream, const KernelTensor& x, const KernelTensor& table, bool 
     RF_CHECK(table.dtype == (std::is_same_v<A, double> ? DType::f64 : DType::f32),
              "rope kernel: the table's dtype does not match x's arithmetic type");
     if (rope_takes_packs<T>(x, out, interleaved)) {
-      const auto kernel = interleaved ? rope_packed_kernel<T, true> : rope_packed_kernel<T, false>;
-      RF_LAUNCH(kernel, grid_for(rows * (D / (interleaved ? 8 : 16))), kThreads, 0, native(stream),
-                x.as<const T>(), x, table.as<const A>(), out.as<T>(), out, rows, S, D, inverse);
+      const int64_t per_row = D / (interleaved ? 8 : 16), items = rows * per_row;
+      const bool fast = items < kFastDivmodLimit;
+      const auto kernel =
+          interleaved
+              ? (fast ? rope_packed_kernel<T, true, true> : rope_packed_kernel<T, true, false>)
+              : (fast ? rope_packed_kernel<T, false, true> : rope_packed_kernel<T, false, false>);
+      RF_LAUNCH(kernel, grid_for(items), kThreads, 0, native(stream), x.as<const T>(), x,
+                table.as<const A>(), out.as<T>(), out, rope_index(x, per_row), rows, S, D, inverse);
       return;
     }
-    RF_LAUNCH((rope_kernel<T>), grid_for(rows * (D / 2)), kThreads, 0, native(stream),
-              x.as<const T>(), x, table.as<const A>(), out.as<T>(), out, rows, S, D, interleaved,
+    const int64_t items = rows * (D / 2);
+    const auto kernel = items < kFastDivmodLimit ? rope_kernel<T, true> : rope_kernel<T, false>;
+    RF_LAUNCH(kernel, grid_for(items), kThreads, 0, native(stream), x.as<const T>(), x,
+              table.as<const A>(), out.as<T>(), out, rope_index(x, D / 2), rows, S, D, interleaved,
               inverse);
   });
 }
