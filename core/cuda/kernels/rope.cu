@@ -30,15 +30,21 @@ __global__ void rope_table_kernel(const I* positions, int64_t pstride, double ba
 // at about twice its bytes' time.
 struct RopeIndex {
   FastDivmod per_row, seq, outer[kMaxDims - 2];
-  int32_t outer_dims = 0;
 };
 
-RopeIndex rope_index(const KernelTensor& x, int64_t per_row) {
+// Whether a launch of `items` items takes the FastDivmods.
+inline bool rope_index_fast(int64_t items) {
+  return items < kFastDivmodLimit;
+}
+
+// The divisors of a launch of `items` items, per_row a row (left at their
+// defaults where the launch divides in 64 bits).
+RopeIndex rope_index(const KernelTensor& x, int64_t items, int64_t per_row) {
   RopeIndex ix;
+  if (!rope_index_fast(items)) return ix;
   ix.per_row = FastDivmod(uint32_t(per_row));
   ix.seq = FastDivmod(uint32_t(x.size(-2)));
-  ix.outer_dims = x.ndim - 2;
-  for (int32_t j = 0; j < ix.outer_dims; ++j)
+  for (int32_t j = 0; j + 2 < x.ndim; ++j)
     ix.outer[j] = FastDivmod(uint32_t(x.sizes[x.ndim - 3 - j]));
   return ix;
 }
@@ -223,20 +229,21 @@ void rope(Stream stream, const KernelTensor& x, const KernelTensor& table, bool 
              "rope kernel: the table's dtype does not match x's arithmetic type");
     if (rope_takes_packs<T>(x, out, interleaved)) {
       const int64_t per_row = D / (interleaved ? 8 : 16), items = rows * per_row;
-      const bool fast = items < kFastDivmodLimit;
+      const bool fast = rope_index_fast(items);
       const auto kernel =
           interleaved
               ? (fast ? rope_packed_kernel<T, true, true> : rope_packed_kernel<T, true, false>)
               : (fast ? rope_packed_kernel<T, false, true> : rope_packed_kernel<T, false, false>);
       RF_LAUNCH(kernel, grid_for(items), kThreads, 0, native(stream), x.as<const T>(), x,
-                table.as<const A>(), out.as<T>(), out, rope_index(x, per_row), rows, S, D, inverse);
+                table.as<const A>(), out.as<T>(), out, rope_index(x, items, per_row), rows, S, D,
+                inverse);
       return;
     }
     const int64_t items = rows * (D / 2);
-    const auto kernel = items < kFastDivmodLimit ? rope_kernel<T, true> : rope_kernel<T, false>;
+    const auto kernel = rope_index_fast(items) ? rope_kernel<T, true> : rope_kernel<T, false>;
     RF_LAUNCH(kernel, grid_for(items), kThreads, 0, native(stream), x.as<const T>(), x,
-              table.as<const A>(), out.as<T>(), out, rope_index(x, D / 2), rows, S, D, interleaved,
-              inverse);
+              table.as<const A>(), out.as<T>(), out, rope_index(x, items, D / 2), rows, S, D,
+              interleaved, inverse);
   });
 }
 
