@@ -18,15 +18,12 @@ constexpr int kNormThreads = 256;
 
 // Packs of eight floats (two 16-byte words): a thread of one scalar load at a
 // time kept too few bytes in flight to reach the memory's bandwidth.
+using kernels::cuda::on_pack_boundary;
 using kernels::cuda::Pack8;
 constexpr int kPack = 8;
 
 __host__ __device__ inline int64_t packs_of(int64_t n) {
   return (n + kPack - 1) / kPack;
-}
-
-bool pack_aligned(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % alignof(Pack8<float>) == 0;
 }
 
 // Each thread takes packs j, j + stride, ... two at a time (both loads in
@@ -130,8 +127,8 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   double update_sq = 0.0;
   const auto measure = [&](float before, float after) {
     if constexpr (kMeasure) {
-      const double change =
-          double(__fsub_rn(after, before));  // the f32 difference, as after - before
+      // The f32 difference, as after - before.
+      const double change = double(__fsub_rn(after, before));
       update_sq += change * change;
     }
   };
@@ -167,8 +164,11 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
       }
       continue;
     }
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t mode = decays[segment_of(starts, num_segments, i)];
+    // The pack's elements in order: each one's segment is the pack's first
+    // one's or a later one (starts[num_segments] = n ends the walk).
+    for (int64_t i = begin, s = seg; i < end; ++i) {
+      while (starts[s + 1] <= i) ++s;
+      const uint8_t mode = decays[s];
       if (mode == kSegmentSkip) {
         if (working) working[i] = __float2bfloat16_rn(p[i]);
         continue;
@@ -207,8 +207,8 @@ void grad_norm_stats(const float* g, int64_t n, GradStats* out, void* scratch,
                      cudaStream_t stream) {
   auto* sums = static_cast<double*>(scratch);
   auto* bad = reinterpret_cast<unsigned long long*>(sums + kNormBlocks);
-  RF_LAUNCH(grad_norm_partials, kNormBlocks, kNormThreads, 0, stream, g, n, pack_aligned(g), sums,
-            bad);
+  RF_LAUNCH(grad_norm_partials, kNormBlocks, kNormThreads, 0, stream, g, n, on_pack_boundary(g),
+            sums, bad);
   RF_LAUNCH(grad_norm_finish, 1, kNormBlocks, 0, stream, sums, bad, out);
 }
 
@@ -221,9 +221,9 @@ void adamw_step(float* params, const float* grads, float* exp_avg, float* exp_av
                 const uint8_t* segment_decays, int num_segments, const AdamWArgs& args,
                 cudaStream_t stream, double* update_sum_squares, void* scratch) {
   auto* working = reinterpret_cast<__nv_bfloat16*>(working_bf16);
-  const bool aligned = pack_aligned(params) && pack_aligned(grads) && pack_aligned(exp_avg) &&
-                       pack_aligned(exp_avg_sq) &&
-                       (!working || reinterpret_cast<uintptr_t>(working) % 16 == 0);
+  const bool aligned = on_pack_boundary(params) && on_pack_boundary(grads) &&
+                       on_pack_boundary(exp_avg) && on_pack_boundary(exp_avg_sq) &&
+                       (!working || on_pack_boundary(working));
   if (update_sum_squares) {
     // Every block writes its partial, so n = 0 gives 0.
     auto* partials = static_cast<double*>(scratch);

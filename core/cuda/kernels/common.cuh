@@ -106,6 +106,13 @@ template <class T>
 struct alignas(16) Pack8 {
   T v[8];
 };
+static_assert(alignof(Pack8<double>) == 16 && alignof(Pack8<bf16_t>) == 16,
+              "a Pack8 of any element type starts on a 16-byte boundary");
+
+// Whether p may be read or written as Pack8s (of any element type).
+__host__ __device__ __forceinline__ bool on_pack_boundary(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // Whether every operand of `geo` is contiguous (coalesced to one dim of unit
 // stride) and starts on a Pack8 boundary: then a kernel may take eight
@@ -115,8 +122,7 @@ bool packs_of_eight(const Strided<N>& geo, const void* const (&data)[N]) {
   // Types under 2 bytes would pad a Pack8 past their eight elements.
   if (sizeof(Pack8<T>) != 8 * sizeof(T) || geo.ndim != 1) return false;
   for (int k = 0; k < N; ++k)
-    if (geo.strides[k][0] != 1 || reinterpret_cast<uintptr_t>(data[k]) % alignof(Pack8<T>) != 0)
-      return false;
+    if (geo.strides[k][0] != 1 || !on_pack_boundary(data[k])) return false;
   return true;
 }
 
@@ -224,9 +230,9 @@ __device__ __forceinline__ bool argmax_wins(A a, int64_t ia, A b, int64_t ib) {
   return ia < ib;
 }
 
-// The max of a row and the sum of exp(x - max) over it, in A = acc_t<T>: the
-// common first pass of softmax and cross-entropy (one block per row; every
-// thread gets both). `shared` holds 32 values of A.
+// The max of a row and the sum of exp(x - max) over it, in A = acc_t<T>:
+// softmax's first pass (one block per row; every thread gets both; the
+// cross-entropy scans its rows once, cross_entropy.cu). `shared` holds 32 values of A.
 template <class A>
 struct RowMaxSumExp {
   A max, sum;

@@ -26,8 +26,7 @@ __device__ __forceinline__ bool counted(const I* targets, int64_t r, int64_t ign
 // row's last cols % 8 columns are then taken one by one.
 template <class T>
 bool rows_in_packs(const void* data, int64_t cols) {
-  return sizeof(Pack8<T>) == 8 * sizeof(T) &&
-         reinterpret_cast<uintptr_t>(data) % alignof(Pack8<T>) == 0 &&
+  return sizeof(Pack8<T>) == 8 * sizeof(T) && on_pack_boundary(data) &&
          (cols * int64_t(sizeof(T))) % int64_t(alignof(Pack8<T>)) == 0;
 }
 

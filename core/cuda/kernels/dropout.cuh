@@ -49,9 +49,8 @@ __device__ __forceinline__ void drop_feature_group(const T* x, T* out, int64_t f
   auto kept = [&](uint32_t d, T value) {
     return dropped(dropout_draw_of(words, d), threshold, value, scale);
   };
-  const bool whole = f0 + int64_t(kDropoutDrawsPerBlock) <= features &&
-                     reinterpret_cast<uintptr_t>(x + f0) % alignof(Pack8<T>) == 0 &&
-                     reinterpret_cast<uintptr_t>(out + f0) % alignof(Pack8<T>) == 0;
+  const bool whole = f0 + int64_t(kDropoutDrawsPerBlock) <= features && on_pack_boundary(x + f0) &&
+                     on_pack_boundary(out + f0);
   if (whole) {
     const Pack8<T> in = *reinterpret_cast<const Pack8<T>*>(x + f0);
     Pack8<T> result;

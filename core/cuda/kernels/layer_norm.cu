@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kRowThreads,
 inline int warp_row_packs(int64_t cols, std::initializer_list<const void*> data) {
   if (cols % 8 != 0 || cols > 8 * 32 * kWarpRowMaxPacks) return 0;
   for (const void* p : data)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+    if (p && !on_pack_boundary(p)) return 0;
   return int((cols / 8 + 31) / 32);
 }
 

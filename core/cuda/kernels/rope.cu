@@ -182,8 +182,7 @@ bool rope_takes_packs(const KernelTensor& x, const KernelTensor& out, bool inter
     return false;
   for (int32_t d = 0; d + 1 < x.ndim; ++d)
     if (x.sizes[d] > 1 && (x.strides[d] % 8 != 0 || out.strides[d] % 8 != 0)) return false;
-  return reinterpret_cast<uintptr_t>(x.data) % alignof(Pack8<T>) == 0 &&
-         reinterpret_cast<uintptr_t>(out.data) % alignof(Pack8<T>) == 0;
+  return on_pack_boundary(x.data) && on_pack_boundary(out.data);
 }
 
 }  // namespace
