@@ -136,21 +136,24 @@ TEST(ElementwiseEmulated, WhereAndGeluOverLayouts) {
   }
 }
 
-// GELU over contiguous operands: eight elements a thread as 16-byte words
-// (2100 = 262 packs and a tail of 4 through the strided kernel), and the
-// same operands one element off a 16-byte boundary (no packs at all).
+// GELU over contiguous operands: packs of eight elements as 16-byte words,
+// two packs a thread (2,100 = 262 packs, halves of 131, and a tail of 4
+// through the strided kernel; 2,092 = 261 packs, whose last thread has no
+// second pack), and the same operands one element off a 16-byte boundary
+// (no packs at all).
 TEST(ElementwiseEmulated, GeluOverContiguousOperandsInPacksOfEight) {
   for (DType t : {DType::f32, DType::bf16, DType::f64}) {
-    for (int64_t skew : {0, 1}) {
-      SCOPED_TRACE(std::string(dtype_name(t)) + (skew ? ", skewed by one element" : ""));
-      const int64_t n = 2100;
+    for (const auto& [n, skew] : {std::pair<int64_t, int64_t>{2100, 0}, {2100, 1}, {2092, 0}}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + ", " + std::to_string(n) + " elements" +
+                   (skew ? ", skewed by one element" : ""));
+      const Shape shape = n == 2100 ? kShape : Shape{n};
       auto flat = [&](uint64_t seed) {
-        return random({n + skew}, seed, t, 2.0).narrow(0, skew, n).reshape(kShape);
+        return random({n + skew}, seed, t, 2.0).narrow(0, skew, n).reshape(shape);
       };
       const Tensor x = flat(7), dy = flat(8);
-      const Tensor y = poisoned({n + skew}, t).narrow(0, skew, n).reshape(kShape);
-      const Tensor dx = poisoned({n + skew}, t).narrow(0, skew, n).reshape(kShape);
-      const Tensor ref_y = result(false, t), ref_dx = result(false, t);
+      const Tensor y = poisoned({n + skew}, t).narrow(0, skew, n).reshape(shape);
+      const Tensor dx = poisoned({n + skew}, t).narrow(0, skew, n).reshape(shape);
+      const Tensor ref_y = poisoned(shape, t), ref_dx = poisoned(shape, t);
       const Tensor xc = x.contiguous(), dyc = dy.contiguous();
       cpu::gelu_forward(cpu_stream(), kernel_tensor(xc), kernel_tensor(ref_y));
       cpu::gelu_backward(cpu_stream(), kernel_tensor(xc), kernel_tensor(dyc),

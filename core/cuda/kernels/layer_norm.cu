@@ -169,46 +169,90 @@ __global__ void __launch_bounds__(kRowThreads)
 }
 
 // Rows a warp of the backward takes in turn when it also sums the parameter
-// gradients: its partial sums of dy * xhat and dy stay in registers over
-// the chunk, then go out as one row of `partial` each.
+// gradients: its partial sums of dy * xhat and dy run over the chunk, then go
+// out as one row of `partial` each.
 constexpr int64_t kWarpChunk = 16;
+
+// Where a warp keeps those running sums. In registers they took 48 of f32's
+// 128 at 768 columns (two blocks an SM) and made the kernel spill; in shared
+// memory (f32 up to 768 columns: 48 KB a block) it needs 116-118 and spills
+// nothing at the same two blocks an SM (three, at 80 registers, would
+// spill 96-168 bytes a thread: ptxas sm_90). Sum s (0: dy * xhat, 1: dy) of element e of lane
+// `lane`'s pack k sits at [warp][s][k][e / 4][lane][e % 4], so a warp's
+// 16-byte accesses are 512 adjacent bytes (no bank conflicts), and each lane
+// touches its own elements alone (no barrier): the adds are the registers'
+// in the same order, the same bits.
+template <class A, int kPacks, bool kParams>
+struct WarpParamSums {
+  static constexpr bool kShared = kParams && sizeof(A) == 4 && kPacks <= 3;
+  struct alignas(16) Quad {
+    A v[4];
+  };
+  static constexpr int kQuads = kShared ? kRowsPerWarpBlock * 2 * kPacks * 2 * 32 : 1;
+  static constexpr int kMinBlocks = (kParams && kPacks <= 3 && sizeof(A) == 4) ? 2 : 1;
+};
 
 // dx for `chunk` consecutive rows a warp (one without the parameter
 // gradients), and dx_x (x's gradient in TX, the residual dropout's mask
 // applied) where given; with kParams, partial[w][c] and partial[chunks + w][c]
 // get warp w's sums of dy * xhat and dy over its rows (chunks = the warps
 // with rows).
-// With the sums, two blocks an SM (16 warps, 128 registers) for f32 and bf16
-// up to 768 columns: their registers would leave one (ptxas sm_90, f32 at
-// 768: 134 registers, or 128 with one 8-byte spill; the kDrop instantiation
-// spills 152 bytes to L1, docs/performance/gpu-step-changes.md); f64 and wider rows keep
-// their registers.
+// The next row's statistics and token are loaded while this row is worked
+// on, so a row starts with its dropout draws, not a wait on memory.
 // kDrop: whether the residual dropout applies (a template flag, so the
 // kernel without it keeps the registers it had before the dropout existed).
 template <class T, class TX, int kPacks, bool kParams, bool kDrop>
 __global__ void __launch_bounds__(kRowThreads,
-                                  (kParams && kPacks <= 3 && sizeof(acc_t<T>) == 4) ? 2 : 1)
+                                  (WarpParamSums<acc_t<T>, kPacks, kParams>::kMinBlocks))
     layer_norm_dx_warp_kernel(const T* x, const T* w, const acc_t<T>* mean, const acc_t<T>* var,
                               const T* dy, T* dx, TX* dx_x, int64_t rows, int64_t cols,
                               acc_t<T> eps, int64_t chunk, acc_t<T>* partial, RowDropout drop) {
   using A = acc_t<T>;
+  using Sums = WarpParamSums<A, kPacks, kParams>;
+  using Quad = typename Sums::Quad;
+  __shared__ Quad shared_sums[Sums::kQuads];
   const int lane = threadIdx.x % 32;
   const int64_t warp = int64_t(blockIdx.x) * kRowsPerWarpBlock + threadIdx.x / 32;
   const int64_t chunks = (rows + chunk - 1) / chunk;
   if (warp >= chunks) return;
   const int64_t packs = cols / 8;
+  const int64_t r_begin = warp * chunk;
   const int64_t r_end = (warp + 1) * chunk < rows ? (warp + 1) * chunk : rows;
-  A sum_gx[kParams ? kPacks : 1][8] = {}, sum_g[kParams ? kPacks : 1][8] = {};
-  for (int64_t r = warp * chunk; r < r_end; ++r) {
+  // Quad h of sum s of pack k: this lane's elements 4 h... of it.
+  Quad* const own = shared_sums + (Sums::kShared ? (threadIdx.x / 32) * 2 * kPacks * 2 * 32 : 0);
+  const auto quad = [&](int s, int k, int h) -> Quad& {
+    return own[((s * kPacks + k) * 2 + h) * 32 + lane];
+  };
+  A sum_gx[kParams && !Sums::kShared ? kPacks : 1][8] = {},
+                                                sum_g[kParams && !Sums::kShared ? kPacks : 1][8] =
+                                                    {};
+  if constexpr (Sums::kShared) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) quad(s, k, h) = Quad{};
+  }
+  // Row r's mean and variance, and its token when dropout draws: loaded a
+  // row ahead.
+  A next_m = mean[r_begin], next_v = var[r_begin];
+  uint32_t next_sequence = 0, next_position = 0;
+  if constexpr (kDrop) drop.token(r_begin, next_sequence, next_position);
+  for (int64_t r = r_begin; r < r_end; ++r) {
     const int64_t first = r * packs;
-    const A m = mean[r], rstd = A(1) / sqrt(var[r] + eps);
-    // The residual dropout's decisions for the row, drawn before the row's
-    // values are live (bit 8 k + e: element e of pack k): the words
-    // themselves would not fit beside them in the registers.
+    const A m = next_m, rstd = A(1) / sqrt(next_v + eps);
+    const uint32_t sequence = next_sequence, position = next_position;
+    if (r + 1 < r_end) {
+      next_m = mean[r + 1];
+      next_v = var[r + 1];
+      if constexpr (kDrop) drop.token(r + 1, next_sequence, next_position);
+    }
+    // The residual dropout's decisions for the row (bit 8 k + e: element e
+    // of pack k), drawn before the row's values are live: one register,
+    // where the Philox words would not fit beside them.
     uint32_t keep = 0;
     if constexpr (kDrop) {
-      uint32_t sequence = 0, position = 0;
-      drop.token(r, sequence, position);
 #pragma unroll 1
       for (int k = 0; k < kPacks; ++k)
         if (lane + 32 * k < packs)
@@ -231,7 +275,24 @@ __global__ void __launch_bounds__(kRowThreads,
         xhat[k][e] = (convert<A>(xp.v[e]) - m) * rstd;
         sg += gw[k][e];
         sgx += gw[k][e] * xhat[k][e];
-        if constexpr (kParams) {
+      }
+      if constexpr (Sums::kShared) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          Quad gx = quad(0, k, h), g = quad(1, k, h);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const A gv = convert<A>(gp.v[4 * h + j]);
+            gx.v[j] += gv * xhat[k][4 * h + j];
+            g.v[j] += gv;
+          }
+          quad(0, k, h) = gx;
+          quad(1, k, h) = g;
+        }
+      } else if constexpr (kParams) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const A g = convert<A>(gp.v[e]);
           sum_gx[k][e] += g * xhat[k][e];
           sum_g[k][e] += g;
         }
@@ -269,8 +330,16 @@ __global__ void __launch_bounds__(kRowThreads,
       if (p >= packs) continue;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        partial[warp * cols + 8 * p + e] = sum_gx[k][e];
-        partial[(chunks + warp) * cols + 8 * p + e] = sum_g[k][e];
+        A gx_sum, g_sum;
+        if constexpr (Sums::kShared) {
+          gx_sum = quad(0, k, e / 4).v[e % 4];
+          g_sum = quad(1, k, e / 4).v[e % 4];
+        } else {
+          gx_sum = sum_gx[k][e];
+          g_sum = sum_g[k][e];
+        }
+        partial[warp * cols + 8 * p + e] = gx_sum;
+        partial[(chunks + warp) * cols + 8 * p + e] = g_sum;
       }
     }
   }
