@@ -176,20 +176,24 @@ constexpr int64_t kWarpChunk = 16;
 // Where a warp keeps those running sums. In registers they took 48 of f32's
 // 128 at 768 columns (two blocks an SM) and made the kernel spill; in shared
 // memory (f32 up to 768 columns: 48 KB a block) it needs 116-118 and spills
-// nothing at the same two blocks an SM (three, at 80 registers, would
-// spill 96-168 bytes a thread: ptxas sm_90). Sum s (0: dy * xhat, 1: dy) of element e of lane
-// `lane`'s pack k sits at [warp][s][k][e / 4][lane][e % 4], so a warp's
-// 16-byte accesses are 512 adjacent bytes (no bank conflicts), and each lane
-// touches its own elements alone (no barrier): the adds are the registers'
-// in the same order, the same bits.
+// nothing at the same two blocks an SM (three, at 80 registers, would spill
+// 96-168 bytes a thread: ptxas sm_90). Sum s (0: dy * xhat, 1: dy) of
+// element e of lane `lane`'s pack k sits at [warp][s][k][e / 4][lane][e % 4],
+// so a warp's 16-byte accesses are 512 adjacent bytes (no bank conflicts),
+// and each lane touches its own elements alone (no barrier): the adds are
+// the registers' in the same order, the same bits. f64 and wider rows keep
+// the sums in registers, one block an SM.
 template <class A, int kPacks, bool kParams>
 struct WarpParamSums {
   static constexpr bool kShared = kParams && sizeof(A) == 4 && kPacks <= 3;
   struct alignas(16) Quad {
     A v[4];
   };
-  static constexpr int kQuads = kShared ? kRowsPerWarpBlock * 2 * kPacks * 2 * 32 : 1;
-  static constexpr int kMinBlocks = (kParams && kPacks <= 3 && sizeof(A) == 4) ? 2 : 1;
+  static constexpr int kQuadsPerWarp = 2 * kPacks * 2 * 32;
+  static constexpr int kQuads = kShared ? kRowsPerWarpBlock * kQuadsPerWarp : 1;
+  // The sums' registers where they stay there: [kRegisterPacks][8] each.
+  static constexpr int kRegisterPacks = kParams && !kShared ? kPacks : 1;
+  static constexpr int kMinBlocks = kShared ? 2 : 1;
 };
 
 // dx for `chunk` consecutive rows a warp (one without the parameter
@@ -219,13 +223,11 @@ __global__ void __launch_bounds__(kRowThreads,
   const int64_t r_begin = warp * chunk;
   const int64_t r_end = (warp + 1) * chunk < rows ? (warp + 1) * chunk : rows;
   // Quad h of sum s of pack k: this lane's elements 4 h... of it.
-  Quad* const own = shared_sums + (Sums::kShared ? (threadIdx.x / 32) * 2 * kPacks * 2 * 32 : 0);
+  Quad* const own = shared_sums + (Sums::kShared ? (threadIdx.x / 32) * Sums::kQuadsPerWarp : 0);
   const auto quad = [&](int s, int k, int h) -> Quad& {
     return own[((s * kPacks + k) * 2 + h) * 32 + lane];
   };
-  A sum_gx[kParams && !Sums::kShared ? kPacks : 1][8] = {},
-                                                sum_g[kParams && !Sums::kShared ? kPacks : 1][8] =
-                                                    {};
+  A sum_gx[Sums::kRegisterPacks][8] = {}, sum_g[Sums::kRegisterPacks][8] = {};
   if constexpr (Sums::kShared) {
 #pragma unroll
     for (int s = 0; s < 2; ++s)
