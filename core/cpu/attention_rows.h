@@ -35,15 +35,10 @@ inline int64_t keep_words(int64_t sk) {
 // safe for concurrent execution). Inside the parallel region oneDNN runs
 // single-threaded: a head's products do not depend on the thread count.
 
-struct HeadGemm {
-  dnnl::matmul primitive;
-  dnnl::memory::desc a, b, c, scratchpad;
-};
-
 // A head's 2-D operand: rows x cols with the given strides (one of them 1),
 // f32 or bf16 (bf16 autocast: products accumulate in f32, write f32).
 struct Matrix {
-  int64_t rows, cols, row_stride, col_stride;
+  int64_t rows = 0, cols = 0, row_stride = 0, col_stride = 0;
   DType dtype = DType::f32;
   dnnl::memory::desc desc() const {
     return dnnl::memory::desc({rows, cols}, onednn_dtype(dtype), {row_stride, col_stride});
@@ -54,17 +49,40 @@ struct Matrix {
   }
   Matrix t() const { return {cols, rows, col_stride, row_stride, dtype}; }
   Matrix as(DType d) const { return {rows, cols, row_stride, col_stride, d}; }
+  // What the product reads where oneDNN has no bf16 matmul: a bf16 operand
+  // as a dense f32 copy (run makes it), anything else as it is.
+  Matrix gemm_operand() const {
+    if (dtype != DType::bf16 || onednn_has_bf16_matmul()) return *this;
+    return {rows, cols, cols, 1, DType::f32};
+  }
 };
 
-// c = a x b.
+struct HeadGemm {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c, scratchpad;
+  // The operands as the callers hold them, and whether run widens each into
+  // f32 first (Matrix::gemm_operand).
+  Matrix a_in, b_in;
+  bool widen_a = false, widen_b = false;
+};
+
+// c = a x b (c in f32).
 inline std::shared_ptr<HeadGemm> head_gemm(const Matrix& a, const Matrix& b, const Matrix& c) {
-  const std::string key = "attn_head_gemm|" + a.key() + "|" + b.key() + "|" + c.key();
+  RF_CHECK(c.dtype == DType::f32, "attention head product: f32 results only, not ",
+           dtype_name(c.dtype));
+  const Matrix ga = a.gemm_operand(), gb = b.gemm_operand();
+  const std::string key =
+      "attn_head_gemm|" + a.key() + "|" + b.key() + "|" + c.key() + "|" + ga.key() + "|" + gb.key();
   return cached_primitive<HeadGemm>(key, [&] {
     count_primitive_built();
     HeadGemm g;
-    g.a = a.desc();
-    g.b = b.desc();
+    g.a = ga.desc();
+    g.b = gb.desc();
     g.c = c.desc();
+    g.a_in = a;
+    g.b_in = b;
+    g.widen_a = ga.dtype != a.dtype;
+    g.widen_b = gb.dtype != b.dtype;
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(g.a, g.b, g.c), attr, onednn_engine());
@@ -74,14 +92,32 @@ inline std::shared_ptr<HeadGemm> head_gemm(const Matrix& a, const Matrix& b, con
   });
 }
 
+// A bf16 matrix m at src as dense f32 rows into dst (exact).
+inline const float* widened(const Matrix& m, const void* src, std::vector<float>& dst) {
+  dst.resize(size_t(m.rows * m.cols));
+  const bf16* in = static_cast<const bf16*>(src);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    float* out = dst.data() + r * m.cols;
+    if (m.col_stride == 1) {
+      from_bf16_row(in + r * m.row_stride, out, m.cols);
+    } else {
+      for (int64_t c = 0; c < m.cols; ++c) out[c] = float(in[r * m.row_stride + c * m.col_stride]);
+    }
+  }
+  return dst.data();
+}
+
 // Per-thread execution state: a stream and a scratchpad buffer.
 struct ThreadGemmState {
   dnnl::stream stream{onednn_engine()};
   std::vector<char> scratchpad;
+  std::vector<float> a32, b32;  // widened operands (HeadGemm::widen_a, widen_b)
 };
 
 inline void run(const HeadGemm& g, const void* a, const void* b, void* c) {
   thread_local ThreadGemmState state;
+  if (g.widen_a) a = widened(g.a_in, a, state.a32);
+  if (g.widen_b) b = widened(g.b_in, b, state.b32);
   const size_t need = g.scratchpad.get_size();
   if (state.scratchpad.size() < need) state.scratchpad.resize(need);
   dnnl::engine& eng = onednn_engine();

@@ -127,18 +127,38 @@ void product(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt, bool accumu
     matmul_loop<double>(a_in, b_in, bias, out, accumulate);
     return;
   }
-  // Operands without a unit stride in the matrix dims go through a copy.
-  std::unique_ptr<Scratch> a_copy, b_copy;
-  if (!matrix_friendly(a_in)) {
-    a_copy = std::make_unique<Scratch>(a_in.shape(), a_in.dtype());
-    copy(stream, a_kt, a_copy->view().kt());
+  // Operands without a unit stride in the matrix dims go through a copy, and
+  // so do bf16 ones (f32 copies) where oneDNN has no bf16 matmul
+  // (onednn_has_bf16_matmul): then a bf16 out takes the f32 product (its old
+  // values added when the product adds into it), rounded into it once, as
+  // oneDNN's bf16 kernels round their f32 sums.
+  const bool widen = !onednn_has_bf16_matmul();
+  const auto gemm_dtype = [&](const View& t) {
+    return widen && t.dtype() == DType::bf16 ? DType::f32 : t.dtype();
+  };
+  std::unique_ptr<Scratch> a_copy, b_copy, bias_copy, out_copy;
+  const auto copy_of = [&](const View& t, std::unique_ptr<Scratch>& keep) {
+    keep = std::make_unique<Scratch>(t.shape(), gemm_dtype(t));
+    copy(stream, t.kt(), keep->view().kt());
+    return keep->view();
+  };
+  const bool a_as_is = matrix_friendly(a_in) && gemm_dtype(a_in) == a_in.dtype();
+  const bool b_as_is = matrix_friendly(b_in) && gemm_dtype(b_in) == b_in.dtype();
+  const View a = a_as_is ? a_in : copy_of(a_in, a_copy);
+  const View b = b_as_is ? b_in : copy_of(b_in, b_copy);
+  const View bias_used =
+      !bias.defined() || gemm_dtype(bias) == bias.dtype() ? bias : copy_of(bias, bias_copy);
+  View out_used = out;
+  if (gemm_dtype(out) != out.dtype()) {
+    if (accumulate) {
+      out_used = copy_of(out, out_copy);
+    } else {
+      out_copy = std::make_unique<Scratch>(out.shape(), gemm_dtype(out));
+      out_used = out_copy->view();
+    }
   }
-  if (!matrix_friendly(b_in)) {
-    b_copy = std::make_unique<Scratch>(b_in.shape(), b_in.dtype());
-    copy(stream, b_kt, b_copy->view().kt());
-  }
-  matmul_onednn(a_copy ? a_copy->view() : a_in, b_copy ? b_copy->view() : b_in, bias, out,
-                accumulate);
+  matmul_onednn(a, b, bias_used, out_used, accumulate);
+  if (out_copy) copy(stream, out_used.kt(), out_kt);
 }
 
 }  // namespace

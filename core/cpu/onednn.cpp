@@ -50,6 +50,31 @@ dnnl::memory onednn_memory(const dnnl::memory::desc& desc, const View& t) {
   return dnnl::memory(desc, onednn_engine(), t.data());
 }
 
+namespace {
+std::atomic<bool> g_bf16_matmul_disabled{false};
+
+bool probe_bf16_matmul() {
+  const dnnl::memory::desc bf16_2x2({2, 2}, dnnl::memory::data_type::bf16, {2, 1});
+  const dnnl::memory::desc f32_2x2({2, 2}, dnnl::memory::data_type::f32, {2, 1});
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(bf16_2x2, bf16_2x2, f32_2x2),
+                                    onednn_engine());
+    return true;
+  } catch (const dnnl::error&) {  // dnnl_unimplemented: no kernel for this ISA
+    return false;
+  }
+}
+}  // namespace
+
+bool onednn_has_bf16_matmul() {
+  static const bool available = probe_bf16_matmul();
+  return available && !g_bf16_matmul_disabled.load();
+}
+
+void set_onednn_bf16_matmul_disabled(std::optional<bool> disabled) {
+  g_bf16_matmul_disabled = disabled.value_or(false);
+}
+
 std::string geometry_key(const View& t) {
   if (!t.defined()) return "-";
   std::string key = dtype_name(t.dtype());

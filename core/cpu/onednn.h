@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 
 #include "core/cpu/view.h"
@@ -21,6 +22,16 @@ dnnl::memory::data_type onednn_dtype(DType dtype);
 dnnl::memory::desc onednn_desc(const View& t);
 dnnl::memory::desc onednn_desc(const Shape& shape, const Shape& strides, DType dtype);
 dnnl::memory onednn_memory(const dnnl::memory::desc& desc, const View& t);
+
+// Whether oneDNN multiplies bf16 matrices on this CPU (oneDNN 2.6 has no bf16
+// matmul below AVX-512, not even a reference one), probed once. Without it the
+// kernels multiply f32 copies of the bf16 operands: a product of two bf16
+// values is exact in f32 and oneDNN's bf16 kernels sum in f32 too, so the
+// results are the same up to the order of the sums, only slower.
+bool onednn_has_bf16_matmul();
+// Tests: take the f32 path as if the CPU had no bf16 matmul (true), or follow
+// the probe again (nullopt).
+void set_onednn_bf16_matmul_disabled(std::optional<bool> disabled);
 
 // A key describing tensor geometry for the primitive cache.
 std::string geometry_key(const View& t);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "core/ops.h"
 #include "core/ops/dispatch.h"
 #include "core/philox.h"
+#include "tests/core/gradcheck.h"
 #include "tests/test_support.h"
 
 namespace roformer {
@@ -118,6 +120,59 @@ TEST(PrimitiveCache, IsBoundedAndEvictsTheLeastRecentlyUsed) {
   }
   EXPECT_LE(primitive_cache_size(), 3u);
   set_primitive_cache_capacity(saved);
+}
+
+// Where oneDNN has no bf16 matmul (below AVX-512; forced here), a bf16
+// product is the f32 product of the same values, rounded once into a bf16
+// out: bit for bit what the f32 kernel gives on f32 copies of the operands
+// in the same geometry, with a bias and when adding into out. Where oneDNN
+// has one, the two agree to bf16's rounding.
+TEST(Bf16Matmul, WithoutOneDnnBf16IsTheF32ProductOfTheBf16Values) {
+  const bool native = kernels::cpu::onednn_has_bf16_matmul();
+  struct Disabled {
+    Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(true); }
+    ~Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(std::nullopt); }
+  };
+  Generator gen{23, 0};
+  const Device cpu = Device::cpu();
+  // b and out through transposed views: the copies take any strides.
+  const Tensor a = Tensor::randn({2, 19, 24}, gen).to(DType::bf16);
+  const Tensor b = Tensor::randn({2, 13, 24}, gen).to(DType::bf16).transpose(1, 2);
+  const Tensor bias = Tensor::randn({13}, gen).to(DType::bf16);
+  const Tensor before = Tensor::randn({2, 13, 19}, gen);
+  const Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32).contiguous();
+  const Tensor bias32 = bias.to(DType::f32);
+  for (const DType out_dtype : {DType::f32, DType::bf16}) {
+    for (const bool accumulate : {false, true}) {
+      SCOPED_TRACE(std::string("into ") + dtype_name(out_dtype) + (accumulate ? ", adding" : ""));
+      const Tensor start = before.to(out_dtype);
+      // The f32 kernel on the widened values, rounded once.
+      Tensor want = start.to(DType::f32).clone().transpose(1, 2);
+      if (accumulate)
+        launch::matmul_accumulate(cpu, a32, b32, want);
+      else
+        launch::matmul(cpu, a32, b32, bias32, want);
+      Tensor got = start.clone().transpose(1, 2);
+      {
+        Disabled f32_products;
+        ASSERT_FALSE(kernels::cpu::onednn_has_bf16_matmul());
+        if (accumulate)
+          launch::matmul_accumulate(cpu, a, b, got);
+        else
+          launch::matmul(cpu, a, b, bias, got);
+      }
+      EXPECT_EQ(got.to(DType::f64).to_vector<double>(),
+                want.to(out_dtype).to(DType::f64).to_vector<double>());
+      if (!native) continue;
+      Tensor by_onednn = start.clone().transpose(1, 2);
+      if (accumulate)
+        launch::matmul_accumulate(cpu, a, b, by_onednn);
+      else
+        launch::matmul(cpu, a, b, bias, by_onednn);
+      const double tolerance = out_dtype == DType::bf16 ? 1e-2 : 2e-6;
+      EXPECT_TRUE(testing::all_close(got, by_onednn, tolerance, tolerance));
+    }
+  }
 }
 
 TEST(Copy, OverlappingStridedViewsCopyAsIfThroughATemporary) {

@@ -24,6 +24,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/cpu/onednn.h"
 #include "core/precision.h"
 #include "tests/core/op_table.h"
 
@@ -956,14 +957,16 @@ std::vector<Tensor> nudged_bases(const OpCase& c) {
 // One autocast cell: `got` (f32 under bf16 products on some device) against
 // the f64 reference at the bf16 tolerances for a matrix op, against `plain`
 // (f32 on that device) exactly for every other op.
+bool is_matrix_op(const OpCase& c) {
+  return c.op == "linear" || c.op == "stacked_linear" || c.op == "matmul" || c.op == "attention" ||
+         c.op == "cudnn_attention" || c.op == "rope_attention" || c.op == "varlen_attention" ||
+         c.op == "varlen_rope_attention" || c.op == "varlen_attention_packed" ||
+         c.op == "gelu_tanh_ffn";
+}
+
 void check_autocast(const OpCase& c, const Result& got, const Result& plain, const Result& ref,
                     const std::string& column) {
-  const bool matrix_op = c.op == "linear" || c.op == "stacked_linear" || c.op == "matmul" ||
-                         c.op == "attention" || c.op == "cudnn_attention" ||
-                         c.op == "rope_attention" || c.op == "varlen_attention" ||
-                         c.op == "varlen_rope_attention" || c.op == "varlen_attention_packed" ||
-                         c.op == "gelu_tanh_ffn";
-  if (!matrix_op) {
+  if (!is_matrix_op(c)) {
     // Not a product: the same function, so exactly the plain f32 numbers.
     const std::string same = compare(c, got, plain, 0.0, 0.0);
     EXPECT_EQ(same, "") << c.name << ": autocast changed a non-matrix op (" << column << ")";
@@ -979,9 +982,8 @@ void check_autocast(const OpCase& c, const Result& got, const Result& plain, con
   Coverage::get().set(c.name, column, diff.empty() ? errors_cell(got, ref) : "FAIL");
 }
 
-TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
-  const OpCase& c = *GetParam();
-  if (!c.supports(DType::f32)) GTEST_SKIP() << c.name << " has no f32 path";
+// The CPU autocast cell of c: f32 under bf16 products against f64 and f32.
+void check_cpu_autocast(const OpCase& c, const std::string& column) {
   const std::vector<Tensor> bases = nudged_bases(c);
   const Result ref = run(c, bases, DType::f64, Device::cpu(), c.grad);
   const Result plain = run(c, bases, DType::f32, Device::cpu(), c.grad);
@@ -990,7 +992,37 @@ TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
     MatmulPrecisionScope bf16_products(DType::bf16);
     got = run(c, bases, DType::f32, Device::cpu(), c.grad);
   }
-  check_autocast(c, got, plain, ref, "cpu autocast");
+  check_autocast(c, got, plain, ref, column);
+}
+
+TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
+  const OpCase& c = *GetParam();
+  if (!c.supports(DType::f32)) GTEST_SKIP() << c.name << " has no f32 path";
+  check_cpu_autocast(c, "cpu autocast");
+}
+
+// A CPU whose oneDNN has no bf16 matmul (below AVX-512) multiplies f32
+// copies of the bf16 operands (onednn_has_bf16_matmul): forced here, so the
+// path runs on every machine. bf16 tensors and bf16 autocast stay within
+// bf16's tolerances of f64, and autocast still rounds the operands (its
+// cells in a column of their own, which the table does not print).
+TEST_P(OpTable, CpuBf16ProductsWithoutOneDnnBf16AgainstFloat64) {
+  const OpCase& c = *GetParam();
+  if (!is_matrix_op(c)) GTEST_SKIP() << c.name << " multiplies no matrices";
+  struct Disabled {
+    Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(true); }
+    ~Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(std::nullopt); }
+  } f32_products;
+  ASSERT_FALSE(kernels::cpu::onednn_has_bf16_matmul());
+  const std::vector<Tensor> bases = make_bases(c);
+  const Result ref = run(c, bases, DType::f64, Device::cpu(), c.grad);
+  if (c.supports(DType::bf16)) {
+    const Result got = run(c, bases, DType::bf16, Device::cpu(), c.grad);
+    EXPECT_EQ(compare(c, got, ref, c.tolerance(DType::bf16, false), c.tolerance(DType::bf16, true)),
+              "")
+        << c.name << " in bf16, f32 products, vs f64";
+  }
+  if (c.supports(DType::f32)) check_cpu_autocast(c, "cpu autocast, f32 products");
 }
 
 // The same rules on each accelerator (fresh memory poisoned).
