@@ -81,7 +81,7 @@ grep -q 'check_out.txt' <<< "$listing" || fail "check_out.txt is not in the cut 
 grep -q 'over the tool.s limit: the logs alone' "$work/big/summary.txt" || fail "the cut is not said"
 diff <(cat "$work/full.log") - <<'LOG' || fail "the parts or their variables"
 check run budget=230 memcheck=60
-bench run budget=280 seqs=512 1536 hf=512 setups=eager,compile
+bench run budget=280 seqs=512 1536 128 hf=512 setups=eager,compile
 bench profile precisions=bf16,bf16-alternating kernels=0 gemm=0
 bench kernels part=set
 bench gemm
