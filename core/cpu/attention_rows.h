@@ -92,18 +92,14 @@ inline std::shared_ptr<HeadGemm> head_gemm(const Matrix& a, const Matrix& b, con
   });
 }
 
-// A bf16 matrix m at src as dense f32 rows into dst (exact).
+// A bf16 matrix m at src as dense f32 rows into dst (exact), by the copy
+// kernel's casts.
 inline const float* widened(const Matrix& m, const void* src, std::vector<float>& dst) {
   dst.resize(size_t(m.rows * m.cols));
-  const bf16* in = static_cast<const bf16*>(src);
-  for (int64_t r = 0; r < m.rows; ++r) {
-    float* out = dst.data() + r * m.cols;
-    if (m.col_stride == 1) {
-      from_bf16_row(in + r * m.row_stride, out, m.cols);
-    } else {
-      for (int64_t c = 0; c < m.cols; ++c) out[c] = float(in[r * m.row_stride + c * m.col_stride]);
-    }
-  }
+  const View in(const_cast<void*>(src), DType::bf16, {m.rows, m.cols},
+                {m.row_stride, m.col_stride});
+  const View out(dst.data(), DType::f32, {m.rows, m.cols}, {m.cols, 1});
+  copy(Stream{}, in.kt(), out.kt());
   return dst.data();
 }
 

@@ -137,10 +137,14 @@ void product(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt, bool accumu
     return widen && t.dtype() == DType::bf16 ? DType::f32 : t.dtype();
   };
   std::unique_ptr<Scratch> a_copy, b_copy, bias_copy, out_copy;
-  const auto copy_of = [&](const View& t, std::unique_ptr<Scratch>& keep) {
+  const auto scratch_for = [&](const View& t, std::unique_ptr<Scratch>& keep) {
     keep = std::make_unique<Scratch>(t.shape(), gemm_dtype(t));
-    copy(stream, t.kt(), keep->view().kt());
     return keep->view();
+  };
+  const auto copy_of = [&](const View& t, std::unique_ptr<Scratch>& keep) {
+    const View c = scratch_for(t, keep);
+    copy(stream, t.kt(), c.kt());
+    return c;
   };
   const bool a_as_is = matrix_friendly(a_in) && gemm_dtype(a_in) == a_in.dtype();
   const bool b_as_is = matrix_friendly(b_in) && gemm_dtype(b_in) == b_in.dtype();
@@ -148,15 +152,9 @@ void product(Stream stream, KT a_kt, KT b_kt, KT bias_kt, KT out_kt, bool accumu
   const View b = b_as_is ? b_in : copy_of(b_in, b_copy);
   const View bias_used =
       !bias.defined() || gemm_dtype(bias) == bias.dtype() ? bias : copy_of(bias, bias_copy);
-  View out_used = out;
-  if (gemm_dtype(out) != out.dtype()) {
-    if (accumulate) {
-      out_used = copy_of(out, out_copy);
-    } else {
-      out_copy = std::make_unique<Scratch>(out.shape(), gemm_dtype(out));
-      out_used = out_copy->view();
-    }
-  }
+  const View out_used = gemm_dtype(out) == out.dtype() ? out
+                        : accumulate                   ? copy_of(out, out_copy)
+                                                       : scratch_for(out, out_copy);
   matmul_onednn(a, b, bias_used, out_used, accumulate);
   if (out_copy) copy(stream, out_used.kt(), out_kt);
 }

@@ -71,8 +71,11 @@ bool onednn_has_bf16_matmul() {
   return available && !g_bf16_matmul_disabled.load();
 }
 
-void set_onednn_bf16_matmul_disabled(std::optional<bool> disabled) {
-  g_bf16_matmul_disabled = disabled.value_or(false);
+Bf16MatmulDisabled::Bf16MatmulDisabled() {
+  g_bf16_matmul_disabled = true;
+}
+Bf16MatmulDisabled::~Bf16MatmulDisabled() {
+  g_bf16_matmul_disabled = false;
 }
 
 std::string geometry_key(const View& t) {

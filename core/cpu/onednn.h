@@ -8,7 +8,6 @@
 #include <functional>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <optional>
 #include <string>
 
 #include "core/cpu/view.h"
@@ -29,9 +28,15 @@ dnnl::memory onednn_memory(const dnnl::memory::desc& desc, const View& t);
 // values is exact in f32 and oneDNN's bf16 kernels sum in f32 too, so the
 // results are the same up to the order of the sums, only slower.
 bool onednn_has_bf16_matmul();
-// Tests: take the f32 path as if the CPU had no bf16 matmul (true), or follow
-// the probe again (nullopt).
-void set_onednn_bf16_matmul_disabled(std::optional<bool> disabled);
+// Tests: the f32 path as if the CPU had no bf16 matmul, for the guard's
+// lifetime.
+class Bf16MatmulDisabled {
+ public:
+  Bf16MatmulDisabled();
+  ~Bf16MatmulDisabled();
+  Bf16MatmulDisabled(const Bf16MatmulDisabled&) = delete;
+  Bf16MatmulDisabled& operator=(const Bf16MatmulDisabled&) = delete;
+};
 
 // A key describing tensor geometry for the primitive cache.
 std::string geometry_key(const View& t);

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -129,10 +128,6 @@ TEST(PrimitiveCache, IsBoundedAndEvictsTheLeastRecentlyUsed) {
 // has one, the two agree to bf16's rounding.
 TEST(Bf16Matmul, WithoutOneDnnBf16IsTheF32ProductOfTheBf16Values) {
   const bool native = kernels::cpu::onednn_has_bf16_matmul();
-  struct Disabled {
-    Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(true); }
-    ~Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(std::nullopt); }
-  };
   Generator gen{23, 0};
   const Device cpu = Device::cpu();
   // b and out through transposed views: the copies take any strides.
@@ -154,7 +149,7 @@ TEST(Bf16Matmul, WithoutOneDnnBf16IsTheF32ProductOfTheBf16Values) {
         launch::matmul(cpu, a32, b32, bias32, want);
       Tensor got = start.clone().transpose(1, 2);
       {
-        Disabled f32_products;
+        const kernels::cpu::Bf16MatmulDisabled f32_products;
         ASSERT_FALSE(kernels::cpu::onednn_has_bf16_matmul());
         if (accumulate)
           launch::matmul_accumulate(cpu, a, b, got);

@@ -1009,10 +1009,7 @@ TEST_P(OpTable, CpuBf16AutocastAgainstFloat64) {
 TEST_P(OpTable, CpuBf16ProductsWithoutOneDnnBf16AgainstFloat64) {
   const OpCase& c = *GetParam();
   if (!is_matrix_op(c)) GTEST_SKIP() << c.name << " multiplies no matrices";
-  struct Disabled {
-    Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(true); }
-    ~Disabled() { kernels::cpu::set_onednn_bf16_matmul_disabled(std::nullopt); }
-  } f32_products;
+  const kernels::cpu::Bf16MatmulDisabled f32_products;
   ASSERT_FALSE(kernels::cpu::onednn_has_bf16_matmul());
   const std::vector<Tensor> bases = make_bases(c);
   const Result ref = run(c, bases, DType::f64, Device::cpu(), c.grad);
