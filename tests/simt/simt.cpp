@@ -2,7 +2,6 @@
 #include "tests/simt/simt.h"
 
 #include <sys/mman.h>
-#include <ucontext.h>
 
 #include <algorithm>
 #include <deque>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "tests/simt/fiber_context.h"
 
 // The linker's bounds of the shared window (every `__shared__` variable and
 // the dynamic shared memory).
@@ -39,10 +39,10 @@ size_t window_size() {
 
 constexpr int kWarp = 32;
 constexpr int kWarpGroup = 4 * kWarp;
-constexpr size_t kStackBytes = 64 * 1024;  // AddressSanitizer clears a stack's shadow per switch
+constexpr size_t kStackBytes = 64 * 1024;  // unpoisoned for every block under AddressSanitizer
 constexpr size_t kGuardBytes = 4096;       // an inaccessible page below each stack
 
-// Fiber stacks of one launch, each above a guard page.
+// Fiber stacks, each above a guard page (kept from launch to launch: stacks_for).
 class Stacks {
  public:
   explicit Stacks(size_t count) : count_(count) {
@@ -60,6 +60,7 @@ class Stacks {
   Stacks(const Stacks&) = delete;
   Stacks& operator=(const Stacks&) = delete;
   char* stack(size_t i) const { return base_ + i * (kStackBytes + kGuardBytes) + kGuardBytes; }
+  size_t count() const { return count_; }
 
  private:
   size_t count_ = 0, bytes_ = 0;
@@ -137,7 +138,7 @@ struct WarpGroup {
 };
 
 struct Fiber {
-  ucontext_t context;
+  FiberContext context;
   std::vector<PendingWgmma> wgmma_open;                   // since the last wgmma commit
   std::deque<std::vector<PendingWgmma>> wgmma_committed;  // oldest first
   std::vector<PendingCopy> open_group;                    // since the last commit
@@ -167,7 +168,7 @@ struct Block {
   bool warp_serial = false;
   bool early_copies = false;
   size_t dynamic_bytes = 0;
-  ucontext_t main;
+  FiberContext main;  // the launch's
   const std::function<void()>* body = nullptr;
   std::exception_ptr error;
   std::string fault;
@@ -229,20 +230,18 @@ void switch_away(bool exited) {
     bool all_done = true;
     for (const Fiber& f : b.fibers) all_done = all_done && f.done;
     if (!all_done && !b.error) b.fault = describe_deadlock(b);
-    if (exited)
-      setcontext(&b.main);
-    else
-      swapcontext(&b.fibers[size_t(from)].context, &b.main);  // never resumed
+    FiberContext::jump(b.fibers[size_t(from)].context, b.main, true);  // never resumed
     return;
   }
   b.running = to;
   current_thread = &b.fibers[size_t(to)].state;
-  if (exited) setcontext(&b.fibers[size_t(to)].context);
-  swapcontext(&b.fibers[size_t(from)].context, &b.fibers[size_t(to)].context);
+  FiberContext::jump(b.fibers[size_t(from)].context, b.fibers[size_t(to)].context, exited);
   b.fibers[size_t(from)].wait_generation = nullptr;  // resumed: what it waited for happened
 }
 
+// A fiber's entry: the kernel's body as one thread; it ends by switching away.
 void fiber_main() {
+  FiberContext::entered();
   Block& b = *g_block;
   try {
     (*b.body)();
@@ -260,6 +259,7 @@ void fiber_main() {
               " exited with wgmma products no wgmma.wait_group retired";
   self.done = true;
   switch_away(true);
+  __builtin_unreachable();  // nothing switches back to an exited fiber
 }
 
 // The running thread arrives at `bar` of `count` threads; the last to arrive
@@ -445,25 +445,28 @@ void collective(Op op, const uint32_t* in, int n_in, uint32_t* out, int n_out) {
   std::memcpy(out, w.out[lane], size_t(n_out) * 4);
 }
 
-// Out of line: getcontext and swapcontext return twice, which would clobber
-// the launch loop's variables.
-__attribute__((noinline)) void make_fiber(Fiber& f, char* stack) {
+void make_fiber(Fiber& f, char* stack) {
   // Each block's fibers start on the stacks of the last block's, whose frames
   // never returned (a fiber ends by switching away): their redzones would
   // still be poisoned under AddressSanitizer, and a new frame over them
   // reported as a wild access.
   if (&__asan_unpoison_memory_region != nullptr) __asan_unpoison_memory_region(stack, kStackBytes);
-  getcontext(&f.context);
-  f.context.uc_stack.ss_sp = stack;
-  f.context.uc_stack.ss_size = kStackBytes;
-  f.context.uc_link = nullptr;
-  makecontext(&f.context, fiber_main, 0);
+  f.context.start_on(stack, kStackBytes, fiber_main);
 }
 
-__attribute__((noinline)) void run_block(Block& b) {
+void run_block(Block& b) {
   b.running = b.reverse ? int(b.fibers.size()) - 1 : 0;
   current_thread = &b.fibers[size_t(b.running)].state;
-  swapcontext(&b.main, &b.fibers[size_t(b.running)].context);
+  b.main.on_this_thread();
+  FiberContext::jump(b.main, b.fibers[size_t(b.running)].context);
+}
+
+// The fiber stacks for a launch of `threads`: kept from launch to launch
+// (under g_launch_mutex), so their pages are mapped and touched once.
+const Stacks& stacks_for(size_t threads) {
+  static std::unique_ptr<Stacks> stacks;
+  if (!stacks || stacks->count() < threads) stacks = std::make_unique<Stacks>(threads);
+  return *stacks;
 }
 
 }  // namespace
@@ -808,7 +811,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
   RF_CHECK(static_bytes + dynamic_shared_bytes <= kMaxDynamicShared, "simt: ", static_bytes,
            " bytes of static and ", dynamic_shared_bytes, " of dynamic shared memory");
 
-  Stacks stacks(threads);
+  const Stacks& stacks = stacks_for(threads);
   Block b;
   b.fibers.resize(threads);
   b.warps.resize(threads / kWarp);

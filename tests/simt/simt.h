@@ -4,7 +4,7 @@
 //
 // What it emulates:
 // - a launch runs the grid's blocks one after another; each thread of a block
-//   is a fiber (ucontext) on the calling OS thread, switched only at
+//   is a fiber (fiber_context.h) on the calling OS thread, switched only at
 //   __syncthreads() and at warp collectives, in lane order (reversed on every
 //   other block, so a missing barrier meets both orders); blocks 0 and 1 of
 //   every four switch warps at each collective (lockstep), blocks 2 and 3 run
