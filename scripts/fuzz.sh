@@ -20,13 +20,14 @@ command -v clang++ > /dev/null || { echo "fuzz: clang++ is missing (scripts/setu
 launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 # -O1 and line tables only, as libFuzzer's and OSS-Fuzz's builds: the
-# sanitized libraries build in 474 s on two cores against 591 at -O2 -g, the
-# fuzzers run as many inputs a second, and reports still name file and line
+# sanitized libraries build faster than at -O2 -g, the fuzzers run as many
+# inputs a second, and reports still name file and line
 # (docs/performance/build-and-ci.md).
 opt="-O1 -gline-tables-only"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="$opt" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
-  -DROFORMER_FUZZ=ON -DROFORMER_BUILD_TESTS=OFF -DROFORMER_BUILD_BENCH=OFF -DROFORMER_WITH_CUDA=OFF -DROFORMER_NATIVE=OFF "${launcher[@]}" > /dev/null
+  -DROFORMER_FUZZ=ON -DROFORMER_BUILD_TESTS=OFF -DROFORMER_BUILD_BENCH=OFF \
+  -DROFORMER_WITH_CUDA=OFF -DROFORMER_NATIVE=OFF "${launcher[@]}" > /dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}

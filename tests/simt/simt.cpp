@@ -457,7 +457,6 @@ void make_fiber(Fiber& f, char* stack) {
 void run_block(Block& b) {
   b.running = b.reverse ? int(b.fibers.size()) - 1 : 0;
   current_thread = &b.fibers[size_t(b.running)].state;
-  b.main.on_this_thread();
   FiberContext::jump(b.main, b.fibers[size_t(b.running)].context);
 }
 
@@ -818,6 +817,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_b
   b.warpgroups.resize(threads / kWarpGroup);
   b.body = &body;
   b.dynamic_bytes = dynamic_shared_bytes;
+  b.main.on_this_thread();
   g_block = &b;
   struct Reset {
     ~Reset() {
